@@ -1,0 +1,361 @@
+//! The `train` program: options, validation, and the training loop.
+//!
+//! Phases of a step: draw a batch → forward → loss → backward → clip + AdamW
+//! update at the scheduled learning rate → log. Every user error (bad preset,
+//! unreadable corpus, impossible shapes) is reported before any model is built.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use burn::backend::Autodiff;
+use burn::module::AutodiffModule;
+use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
+use burn::prelude::*;
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{ElementConversion, TensorData};
+use burn_offload::{BlockModel, DecoderBlock};
+use indicatif::{ProgressBar, ProgressStyle};
+use models::{cross_entropy, ModelConfig};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+use serde::Serialize;
+
+use crate::data::{default_corpus, read_corpus, Batcher, Tokenizer};
+use crate::schedule::WarmupCosine;
+use crate::{process_rss_bytes, DefaultBackend};
+
+/// Everything the `train` command line can set.
+#[derive(Debug, Clone)]
+pub struct TrainOptions {
+    pub model: String,
+    pub steps: usize,
+    pub batch: usize,
+    pub seq_len: usize,
+    pub lr: f64,
+    pub warmup: usize,
+    pub min_lr_ratio: f64,
+    pub weight_decay: f64,
+    pub grad_clip: f64,
+    pub seed: u64,
+    pub data: Option<PathBuf>,
+    pub tokenizer: String,
+    pub metrics: Option<PathBuf>,
+    pub sample_tokens: usize,
+    pub temperature: f64,
+    pub progress: bool,
+}
+
+impl Default for TrainOptions {
+    fn default() -> Self {
+        Self {
+            model: "tiny".into(),
+            steps: 300,
+            batch: 16,
+            seq_len: 64,
+            lr: 3e-3,
+            warmup: 20,
+            min_lr_ratio: 0.1,
+            weight_decay: 0.01,
+            grad_clip: 1.0,
+            seed: 42,
+            data: None,
+            tokenizer: "byte".into(),
+            metrics: None,
+            sample_tokens: 200,
+            temperature: 0.0,
+            progress: false,
+        }
+    }
+}
+
+/// One line of `--metrics` (JSON lines).
+#[derive(Debug, Clone, Serialize)]
+pub struct StepMetrics {
+    pub step: usize,
+    pub loss: f32,
+    pub lr: f64,
+    pub tokens_per_s: f64,
+    /// Resident set size of the process (host memory), when the OS reports it.
+    pub rss_bytes: Option<u64>,
+}
+
+/// What a finished run returns.
+#[derive(Debug, Clone)]
+pub struct TrainReport {
+    pub config: ModelConfig,
+    pub losses: Vec<f32>,
+    pub sample: String,
+}
+
+/// Model config after applying the tokenizer: presets take the tokenizer's
+/// vocabulary; a JSON config must already be large enough for it.
+fn resolve_config(opts: &TrainOptions, tokenizer: &Tokenizer) -> Result<ModelConfig> {
+    let mut config = ModelConfig::from_arg(&opts.model)?;
+    let vocab = tokenizer.vocab_size();
+    if models::PRESETS.contains(&opts.model.as_str()) {
+        config.set_vocab_size(vocab);
+    } else if config.vocab_size() < vocab {
+        bail!(
+            "model vocab_size {} is smaller than the {} tokenizer's vocabulary ({vocab})",
+            config.vocab_size(),
+            tokenizer.name()
+        );
+    }
+    if opts.seq_len > config.max_seq_len() {
+        bail!(
+            "--seq-len {} exceeds the model's context length {}",
+            opts.seq_len,
+            config.max_seq_len()
+        );
+    }
+    Ok(config)
+}
+
+fn validate(opts: &TrainOptions) -> Result<()> {
+    let positive = [
+        ("--steps", opts.steps),
+        ("--batch", opts.batch),
+        ("--seq-len", opts.seq_len),
+    ];
+    for (flag, value) in positive {
+        if value == 0 {
+            bail!("{flag} must be at least 1");
+        }
+    }
+    if !(opts.lr.is_finite() && opts.lr > 0.0) {
+        bail!("--lr must be a positive number, got {}", opts.lr);
+    }
+    if !(opts.temperature.is_finite() && opts.temperature >= 0.0) {
+        bail!("--temperature must be >= 0, got {}", opts.temperature);
+    }
+    if !(0.0..=1.0).contains(&opts.min_lr_ratio) {
+        bail!(
+            "--min-lr-ratio must be in [0, 1], got {}",
+            opts.min_lr_ratio
+        );
+    }
+    Ok(())
+}
+
+/// Runs a training job on the default backend.
+pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
+    validate(opts)?;
+    let tokenizer = Tokenizer::from_name(&opts.tokenizer)?;
+    let config = resolve_config(opts, &tokenizer)?;
+    let text = match &opts.data {
+        Some(path) => read_corpus(path)?,
+        None => default_corpus(),
+    };
+    let tokens = tokenizer.encode(&text);
+    let batcher = Batcher::new(tokens, opts.seq_len, opts.seed)?;
+    let metrics = match &opts.metrics {
+        Some(path) => Some(BufWriter::new(File::create(path).with_context(|| {
+            format!("cannot create metrics file `{}`", path.display())
+        })?)),
+        None => None,
+    };
+
+    type B = Autodiff<DefaultBackend>;
+    let device = Default::default();
+    B::seed(&device, opts.seed);
+    let job = Job {
+        opts,
+        tokenizer: &tokenizer,
+        batcher,
+        metrics,
+        config: config.clone(),
+    };
+    let (losses, sample) = match &config {
+        ModelConfig::Gpt2(c) => job.train::<B, _>(c.init::<B>(&device), &device)?,
+        ModelConfig::Llama(c) => job.train::<B, _>(c.init::<B>(&device), &device)?,
+    };
+    Ok(TrainReport {
+        config,
+        losses,
+        sample,
+    })
+}
+
+struct Job<'a> {
+    opts: &'a TrainOptions,
+    tokenizer: &'a Tokenizer,
+    batcher: Batcher,
+    metrics: Option<BufWriter<File>>,
+    config: ModelConfig,
+}
+
+impl Job<'_> {
+    fn train<AB, M>(mut self, mut model: M, device: &AB::Device) -> Result<(Vec<f32>, String)>
+    where
+        AB: AutodiffBackend,
+        M: BlockModel<AB> + AutodiffModule<AB>,
+        M::InnerModule: BlockModel<AB::InnerBackend>,
+    {
+        let opts = self.opts;
+        let schedule = WarmupCosine {
+            peak: opts.lr,
+            warmup: opts.warmup.min(opts.steps),
+            total: opts.steps,
+            min_ratio: opts.min_lr_ratio,
+        };
+        let mut optim = AdamWConfig::new()
+            .with_weight_decay(opts.weight_decay as f32)
+            .with_grad_clipping((opts.grad_clip > 0.0).then_some(
+                burn::grad_clipping::GradientClippingConfig::Norm(opts.grad_clip as f32),
+            ))
+            .init::<AB, M>();
+        let bar = progress_bar(opts, &self.config);
+        let tokens_per_step = (opts.batch * opts.seq_len) as f64;
+        let mut losses = Vec::with_capacity(opts.steps);
+
+        for step in 0..opts.steps {
+            let started = Instant::now();
+            let lr = schedule.lr(step);
+            let (inputs, targets) = self.batch_tensors::<AB>(device);
+            let loss = cross_entropy(model.forward(inputs), targets);
+            let loss_value: f32 = loss.clone().into_scalar().elem();
+            if !loss_value.is_finite() {
+                bail!("loss became {loss_value} at step {step}; try a lower --lr");
+            }
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            model = optim.step(lr, model, grads);
+            losses.push(loss_value);
+
+            let tokens_per_s = tokens_per_step / started.elapsed().as_secs_f64();
+            let line = StepMetrics {
+                step,
+                loss: loss_value,
+                lr,
+                tokens_per_s,
+                rss_bytes: process_rss_bytes(),
+            };
+            self.log(&line)?;
+            bar.set_message(format!("loss {loss_value:.4} · {tokens_per_s:.0} tok/s"));
+            bar.inc(1);
+        }
+        bar.finish();
+        if let Some(metrics) = self.metrics.as_mut() {
+            metrics.flush().context("cannot write metrics")?;
+        }
+        let prompt = self.tokenizer.encode("The ");
+        let ids = generate(
+            &model.valid(),
+            &prompt,
+            opts.sample_tokens,
+            opts.seq_len,
+            opts.temperature,
+            opts.seed,
+            device,
+        );
+        Ok((losses, self.tokenizer.decode(&ids)))
+    }
+
+    fn batch_tensors<AB: Backend>(
+        &mut self,
+        device: &AB::Device,
+    ) -> (Tensor<AB, 2, Int>, Tensor<AB, 2, Int>) {
+        let (batch, seq) = (self.opts.batch, self.opts.seq_len);
+        let (inputs, targets) = self.batcher.next_batch(batch);
+        let tensor = |v: Vec<i64>| Tensor::from_data(TensorData::new(v, [batch, seq]), device);
+        (tensor(inputs), tensor(targets))
+    }
+
+    fn log(&mut self, line: &StepMetrics) -> Result<()> {
+        if let Some(metrics) = self.metrics.as_mut() {
+            serde_json::to_writer(&mut *metrics, line)?;
+            metrics.write_all(b"\n").context("cannot write metrics")?;
+        }
+        Ok(())
+    }
+}
+
+/// Continues a short prompt with the trained model: greedy at temperature 0,
+/// otherwise sampled (seeded). The window slides over the last `seq_len` tokens.
+pub fn generate<B: Backend, M: BlockModel<B>>(
+    model: &M,
+    prompt: &[u32],
+    new_tokens: usize,
+    seq_len: usize,
+    temperature: f64,
+    seed: u64,
+    device: &B::Device,
+) -> Vec<u32> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut ids = prompt.to_vec();
+    for _ in 0..new_tokens {
+        let window = &ids[ids.len().saturating_sub(seq_len)..];
+        let input: Vec<i64> = window.iter().map(|&t| t as i64).collect();
+        let tokens =
+            Tensor::<B, 2, Int>::from_data(TensorData::new(input, [1, window.len()]), device);
+        let hidden = model
+            .blocks()
+            .iter()
+            .fold(model.embed(tokens), |x, b| b.forward(x));
+        let last = hidden.narrow(1, window.len() - 1, 1);
+        let logits: Vec<f32> = model
+            .head(last)
+            .into_data()
+            .convert::<f32>()
+            .to_vec()
+            .unwrap_or_default();
+        ids.push(pick_token(&logits, temperature, &mut rng));
+    }
+    ids
+}
+
+fn pick_token(logits: &[f32], temperature: f64, rng: &mut StdRng) -> u32 {
+    let argmax = || {
+        logits
+            .iter()
+            .enumerate()
+            .fold((0, f32::NEG_INFINITY), |best, (i, &l)| {
+                if l > best.1 {
+                    (i, l)
+                } else {
+                    best
+                }
+            })
+            .0 as u32
+    };
+    if temperature == 0.0 {
+        return argmax();
+    }
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let weights: Vec<f64> = logits
+        .iter()
+        .map(|&l| ((l as f64 - max) / temperature).exp())
+        .collect();
+    let mut draw = rng.random::<f64>() * weights.iter().sum::<f64>();
+    for (i, w) in weights.iter().enumerate() {
+        draw -= w;
+        if draw <= 0.0 {
+            return i as u32;
+        }
+    }
+    argmax()
+}
+
+fn progress_bar(opts: &TrainOptions, config: &ModelConfig) -> ProgressBar {
+    if !opts.progress {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(opts.steps as u64);
+    let style = ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg} · ETA {eta}")
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> ");
+    bar.set_style(style);
+    bar.set_prefix(format!("{} params", human_count(config.num_params())));
+    bar
+}
+
+/// `124.4M`, `6.74B`.
+pub fn human_count(n: usize) -> String {
+    match n {
+        n if n >= 1_000_000_000 => format!("{:.2}B", n as f64 / 1e9),
+        n if n >= 1_000_000 => format!("{:.1}M", n as f64 / 1e6),
+        n if n >= 1_000 => format!("{:.1}K", n as f64 / 1e3),
+        n => n.to_string(),
+    }
+}

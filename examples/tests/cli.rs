@@ -1,0 +1,133 @@
+//! The `train` binary on bad input: a clear one-line error and a non-zero exit.
+
+use std::path::Path;
+use std::process::Command;
+
+/// Runs `train` with a tiny, fast configuration plus `args`; returns (success, stderr).
+fn train(args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_train"))
+        .args([
+            "--steps",
+            "1",
+            "--batch",
+            "1",
+            "--seq-len",
+            "8",
+            "--sample-tokens",
+            "1",
+        ])
+        .args(args)
+        .output()
+        .expect("train binary runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn assert_fails_with(args: &[&str], expected: &str) {
+    let (ok, stderr) = train(args);
+    assert!(!ok, "expected failure for {args:?}");
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("error:"))
+        .unwrap_or_default();
+    assert!(
+        line.contains(expected),
+        "for {args:?}: want `{expected}` in error line, stderr was:\n{stderr}"
+    );
+    assert!(
+        !stderr.contains("panicked"),
+        "panic instead of an error:\n{stderr}"
+    );
+}
+
+fn write(dir: &Path, name: &str, bytes: &[u8]) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).unwrap();
+    path.display().to_string()
+}
+
+#[test]
+fn default_run_succeeds() {
+    let (ok, stderr) = train(&["--steps", "2"]);
+    assert!(ok, "{stderr}");
+}
+
+#[test]
+fn missing_data_path() {
+    assert_fails_with(&["--data", "/nonexistent/corpus.txt"], "does not exist");
+}
+
+#[test]
+fn empty_data_file_and_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = write(dir.path(), "empty.txt", b"");
+    assert_fails_with(&["--data", &empty], "is empty");
+    let empty_dir = dir.path().join("nothing");
+    std::fs::create_dir(&empty_dir).unwrap();
+    assert_fails_with(
+        &["--data", empty_dir.to_str().unwrap()],
+        "contains no .txt or .jsonl",
+    );
+}
+
+#[test]
+fn non_utf8_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(
+        dir.path(),
+        "binary.txt",
+        &[0x66, 0x6f, 0xff, 0xfe, 0x00, 0x80],
+    );
+    assert_fails_with(&["--data", &path], "is not UTF-8");
+}
+
+#[test]
+fn jsonl_without_text_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(
+        dir.path(),
+        "docs.jsonl",
+        b"{\"text\": \"fine\"}\n{\"body\": \"no text here\"}\n",
+    );
+    assert_fails_with(&["--data", &path], "line 2");
+}
+
+#[test]
+fn seq_len_longer_than_corpus() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), "short.txt", b"just a few words");
+    assert_fails_with(&["--data", &path, "--seq-len", "64"], "window needs");
+}
+
+#[test]
+fn unknown_preset() {
+    assert_fails_with(&["--model", "gpt-5"], "unknown model preset `gpt-5`");
+}
+
+#[test]
+fn malformed_config_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(
+        dir.path(),
+        "model.json",
+        b"{\"arch\": \"llama\", \"d_model\": 64,",
+    );
+    assert_fails_with(&["--model", &path], "malformed model config");
+    let missing = dir.path().join("absent.json");
+    assert_fails_with(
+        &["--model", missing.to_str().unwrap()],
+        "cannot read model config",
+    );
+}
+
+#[test]
+fn invalid_numbers() {
+    assert_fails_with(&["--lr=-1"], "--lr must be a positive number");
+    assert_fails_with(&["--batch", "0"], "--batch must be at least 1");
+    assert_fails_with(
+        &["--seq-len", "100000"],
+        "exceeds the model's context length",
+    );
+}

@@ -1,0 +1,233 @@
+//! Model configurations: named presets and JSON files.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Gpt2Config, LlamaConfig};
+
+/// Why a model configuration could not be obtained.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error(
+        "unknown model preset `{name}` (known presets: {known}; or pass a path to a config .json)"
+    )]
+    UnknownPreset { name: String, known: String },
+    #[error("cannot read model config `{path}`: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("malformed model config `{path}`: {source}")]
+    Json {
+        path: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("invalid model config: {0}")]
+    Invalid(String),
+}
+
+/// Either model family, tagged by `"arch"` in JSON:
+/// `{"arch": "llama", "vocab_size": 256, "d_model": 64, ...}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "arch", rename_all = "lowercase")]
+pub enum ModelConfig {
+    Gpt2(Gpt2Config),
+    Llama(LlamaConfig),
+}
+
+/// Preset names accepted by [`ModelConfig::preset`]. `tiny` is `gpt2-tiny`.
+pub const PRESETS: &[&str] = &[
+    "tiny",
+    "gpt2-tiny",
+    "llama-tiny",
+    "gpt2-124m",
+    "gpt2-xl",
+    "llama-1b",
+    "llama-3b",
+    "llama-7b",
+    "llama-8b",
+];
+
+impl ModelConfig {
+    /// A named preset (shapes of the public models; `*-tiny` for tests and CPU runs).
+    pub fn preset(name: &str) -> Result<Self, ConfigError> {
+        let config = match name {
+            "tiny" | "gpt2-tiny" => ModelConfig::Gpt2(Gpt2Config::tiny()),
+            "llama-tiny" => ModelConfig::Llama(LlamaConfig::tiny()),
+            "gpt2-124m" => ModelConfig::Gpt2(Gpt2Config::gpt2_124m()),
+            "gpt2-xl" => ModelConfig::Gpt2(Gpt2Config::gpt2_xl()),
+            "llama-1b" => ModelConfig::Llama(LlamaConfig::llama_1b()),
+            "llama-3b" => ModelConfig::Llama(LlamaConfig::llama_3b()),
+            "llama-7b" => ModelConfig::Llama(LlamaConfig::llama_7b()),
+            "llama-8b" => ModelConfig::Llama(LlamaConfig::llama_8b()),
+            _ => {
+                return Err(ConfigError::UnknownPreset {
+                    name: name.to_string(),
+                    known: PRESETS.join(", "),
+                })
+            }
+        };
+        Ok(config)
+    }
+
+    /// Parses a JSON config.
+    pub fn from_json(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        let config: ModelConfig =
+            serde_json::from_str(text).map_err(|source| ConfigError::Json {
+                path: origin.to_string(),
+                source,
+            })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Reads a JSON config file.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::from_json(&text, &path.display().to_string())
+    }
+
+    /// `--model` argument: a preset name, or a path to a `.json` config.
+    pub fn from_arg(arg: &str) -> Result<Self, ConfigError> {
+        let path = Path::new(arg);
+        if arg.ends_with(".json") || path.is_file() {
+            Self::from_file(path)
+        } else {
+            Self::preset(arg)
+        }
+    }
+
+    /// Checks that the shapes are consistent.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        match self {
+            ModelConfig::Gpt2(c) => c.validate(),
+            ModelConfig::Llama(c) => c.validate(),
+        }
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        match self {
+            ModelConfig::Gpt2(c) => c.vocab_size,
+            ModelConfig::Llama(c) => c.vocab_size,
+        }
+    }
+
+    pub fn set_vocab_size(&mut self, vocab_size: usize) {
+        match self {
+            ModelConfig::Gpt2(c) => c.vocab_size = vocab_size,
+            ModelConfig::Llama(c) => c.vocab_size = vocab_size,
+        }
+    }
+
+    /// Longest sequence the model accepts (GPT-2's learned positions; Llama's RoPE
+    /// has no hard limit but we keep the configured context length).
+    pub fn max_seq_len(&self) -> usize {
+        match self {
+            ModelConfig::Gpt2(c) => c.n_ctx,
+            ModelConfig::Llama(c) => c.max_seq_len,
+        }
+    }
+
+    pub fn n_layer(&self) -> usize {
+        match self {
+            ModelConfig::Gpt2(c) => c.n_layer,
+            ModelConfig::Llama(c) => c.n_layer,
+        }
+    }
+
+    /// Number of trainable parameters.
+    pub fn num_params(&self) -> usize {
+        match self {
+            ModelConfig::Gpt2(c) => c.num_params(),
+            ModelConfig::Llama(c) => c.num_params(),
+        }
+    }
+}
+
+/// Shared shape checks for attention.
+pub(crate) fn check_heads(
+    d_model: usize,
+    n_head: usize,
+    n_kv_head: usize,
+) -> Result<(), ConfigError> {
+    let invalid = |m: String| Err(ConfigError::Invalid(m));
+    if d_model == 0 || n_head == 0 || n_kv_head == 0 {
+        return invalid("d_model and head counts must be positive".into());
+    }
+    if !d_model.is_multiple_of(n_head) {
+        return invalid(format!(
+            "d_model {d_model} is not divisible by n_head {n_head}"
+        ));
+    }
+    if !n_head.is_multiple_of(n_kv_head) {
+        return invalid(format!(
+            "n_head {n_head} is not divisible by n_kv_head {n_kv_head}"
+        ));
+    }
+    Ok(())
+}
+
+pub(crate) fn check_positive(pairs: &[(&str, usize)]) -> Result<(), ConfigError> {
+    for (name, value) in pairs {
+        if *value == 0 {
+            return Err(ConfigError::Invalid(format!("{name} must be positive")));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_preset_is_valid_and_round_trips_through_json() {
+        for name in PRESETS {
+            let config = ModelConfig::preset(name).unwrap();
+            config.validate().unwrap();
+            let json = serde_json::to_string(&config).unwrap();
+            assert_eq!(ModelConfig::from_json(&json, "test").unwrap(), config);
+        }
+    }
+
+    #[test]
+    fn preset_sizes_match_the_public_models() {
+        let billions = |name: &str| ModelConfig::preset(name).unwrap().num_params() as f64 / 1e9;
+        assert!((billions("gpt2-124m") - 0.124).abs() < 0.002);
+        assert!((billions("gpt2-xl") - 1.558).abs() < 0.01);
+        assert!((billions("llama-7b") - 6.738).abs() < 0.01);
+        assert!((billions("llama-8b") - 8.03).abs() < 0.01);
+    }
+
+    #[test]
+    fn unknown_preset_and_bad_json_are_clear_errors() {
+        let err = ModelConfig::preset("gpt5").unwrap_err().to_string();
+        assert!(
+            err.contains("unknown model preset `gpt5`") && err.contains("llama-7b"),
+            "{err}"
+        );
+        let err = ModelConfig::from_json("{\"arch\": \"llama\", \"d_model\": ", "x.json")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("malformed model config `x.json`"), "{err}");
+        let err = ModelConfig::from_json("{\"arch\": \"rnn\"}", "x.json")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("malformed"), "{err}");
+    }
+
+    #[test]
+    fn inconsistent_shapes_are_rejected() {
+        let mut c = LlamaConfig::tiny();
+        c.n_kv_head = 3;
+        let json = serde_json::to_string(&ModelConfig::Llama(c)).unwrap();
+        let err = ModelConfig::from_json(&json, "x").unwrap_err().to_string();
+        assert!(err.contains("not divisible by n_kv_head"), "{err}");
+    }
+}

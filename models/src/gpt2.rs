@@ -1,0 +1,204 @@
+//! GPT-2: learned positions, pre-LayerNorm, GELU MLP, LM head tied to the token
+//! embedding. Parameter names follow the Hugging Face checkpoint (`wte`, `c_attn`, …).
+
+use burn::module::{Initializer, Module};
+use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig};
+use burn::tensor::activation::gelu;
+use burn::tensor::module::{attention, linear};
+use burn::tensor::ops::AttentionModuleOptions;
+use burn::tensor::{backend::Backend, Int, Tensor};
+use burn_offload::{BlockModel, DecoderBlock};
+use serde::{Deserialize, Serialize};
+
+use crate::config::{check_heads, check_positive, ConfigError};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Gpt2Config {
+    pub vocab_size: usize,
+    /// Number of learned positions (longest sequence).
+    pub n_ctx: usize,
+    pub d_model: usize,
+    pub n_layer: usize,
+    pub n_head: usize,
+    #[serde(default = "default_ln_eps")]
+    pub layer_norm_eps: f64,
+}
+
+fn default_ln_eps() -> f64 {
+    1e-5
+}
+
+impl Gpt2Config {
+    pub fn tiny() -> Self {
+        Self::shape(256, 256, 64, 2, 4)
+    }
+    pub fn gpt2_124m() -> Self {
+        Self::shape(50257, 1024, 768, 12, 12)
+    }
+    pub fn gpt2_xl() -> Self {
+        Self::shape(50257, 1024, 1600, 48, 25)
+    }
+
+    fn shape(
+        vocab_size: usize,
+        n_ctx: usize,
+        d_model: usize,
+        n_layer: usize,
+        n_head: usize,
+    ) -> Self {
+        Self {
+            vocab_size,
+            n_ctx,
+            d_model,
+            n_layer,
+            n_head,
+            layer_norm_eps: default_ln_eps(),
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        check_positive(&[
+            ("vocab_size", self.vocab_size),
+            ("n_ctx", self.n_ctx),
+            ("n_layer", self.n_layer),
+        ])?;
+        check_heads(self.d_model, self.n_head, self.n_head)
+    }
+
+    pub fn num_params(&self) -> usize {
+        let d = self.d_model;
+        let block = 12 * d * d + 13 * d;
+        self.vocab_size * d + self.n_ctx * d + self.n_layer * block + 2 * d
+    }
+
+    /// Random initialisation as in GPT-2: N(0, 0.02), residual projections scaled
+    /// by 1/sqrt(2·n_layer), LayerNorm to identity.
+    pub fn init<B: Backend>(&self, device: &B::Device) -> Gpt2<B> {
+        let std = 0.02;
+        let normal = |std: f64| Initializer::Normal { mean: 0.0, std };
+        let residual_std = std / (2.0 * self.n_layer as f64).sqrt();
+        let d = self.d_model;
+        let linear = |d_in, d_out, std| {
+            LinearConfig::new(d_in, d_out)
+                .with_initializer(normal(std))
+                .init(device)
+        };
+        let block = |_| Gpt2Block {
+            ln_1: LayerNormConfig::new(d)
+                .with_epsilon(self.layer_norm_eps)
+                .init(device),
+            attn: Gpt2Attention {
+                c_attn: linear(d, 3 * d, std),
+                c_proj: linear(d, d, residual_std),
+                n_head: self.n_head,
+            },
+            ln_2: LayerNormConfig::new(d)
+                .with_epsilon(self.layer_norm_eps)
+                .init(device),
+            mlp: Gpt2Mlp {
+                c_fc: linear(d, 4 * d, std),
+                c_proj: linear(4 * d, d, residual_std),
+            },
+        };
+        Gpt2 {
+            wte: EmbeddingConfig::new(self.vocab_size, d)
+                .with_initializer(normal(std))
+                .init(device),
+            wpe: EmbeddingConfig::new(self.n_ctx, d)
+                .with_initializer(normal(0.01))
+                .init(device),
+            blocks: (0..self.n_layer).map(block).collect(),
+            ln_f: LayerNormConfig::new(d)
+                .with_epsilon(self.layer_norm_eps)
+                .init(device),
+        }
+    }
+}
+
+#[derive(Module, Debug)]
+pub struct Gpt2<B: Backend> {
+    pub wte: Embedding<B>,
+    pub wpe: Embedding<B>,
+    pub blocks: Vec<Gpt2Block<B>>,
+    pub ln_f: LayerNorm<B>,
+}
+
+#[derive(Module, Debug)]
+pub struct Gpt2Block<B: Backend> {
+    pub ln_1: LayerNorm<B>,
+    pub attn: Gpt2Attention<B>,
+    pub ln_2: LayerNorm<B>,
+    pub mlp: Gpt2Mlp<B>,
+}
+
+#[derive(Module, Debug)]
+pub struct Gpt2Attention<B: Backend> {
+    /// Fused q, k, v projection `[d, 3d]`.
+    pub c_attn: Linear<B>,
+    pub c_proj: Linear<B>,
+    pub n_head: usize,
+}
+
+#[derive(Module, Debug)]
+pub struct Gpt2Mlp<B: Backend> {
+    pub c_fc: Linear<B>,
+    pub c_proj: Linear<B>,
+}
+
+impl<B: Backend> Gpt2Attention<B> {
+    pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        let [batch, seq, d] = x.dims();
+        let head_dim = d / self.n_head;
+        let heads = |t: Tensor<B, 3>| {
+            t.reshape([batch, seq, self.n_head, head_dim])
+                .swap_dims(1, 2)
+        };
+        let qkv = self.c_attn.forward(x).chunk(3, 2);
+        let [q, k, v]: [Tensor<B, 3>; 3] = qkv.try_into().expect("chunk(3) gives three tensors");
+        let options = AttentionModuleOptions {
+            is_causal: true,
+            ..Default::default()
+        };
+        let y = attention(heads(q), heads(k), heads(v), None, None, options);
+        self.c_proj
+            .forward(y.swap_dims(1, 2).reshape([batch, seq, d]))
+    }
+}
+
+impl<B: Backend> DecoderBlock<B> for Gpt2Block<B> {
+    fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        let x = x.clone() + self.attn.forward(self.ln_1.forward(x));
+        let h = gelu(self.mlp.c_fc.forward(self.ln_2.forward(x.clone())));
+        x + self.mlp.c_proj.forward(h)
+    }
+}
+
+impl<B: Backend> BlockModel<B> for Gpt2<B> {
+    type Block = Gpt2Block<B>;
+
+    fn embed(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
+        let [batch, seq] = tokens.dims();
+        let positions = Tensor::<B, 1, Int>::arange(0..seq as i64, &tokens.device())
+            .reshape([1, seq])
+            .expand([batch, seq]);
+        self.wte.forward(tokens) + self.wpe.forward(positions)
+    }
+
+    fn blocks(&self) -> &[Gpt2Block<B>] {
+        &self.blocks
+    }
+
+    fn head(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
+        // Tied head: logits = ln_f(h) · wteᵀ.
+        linear(
+            self.ln_f.forward(hidden),
+            self.wte.weight.val().transpose(),
+            None,
+        )
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.wte.weight.dims()[0]
+    }
+}

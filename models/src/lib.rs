@@ -1,0 +1,17 @@
+//! GPT-2 and Llama decoders as plain burn modules.
+//!
+//! Both models are ordinary `burn::module::Module`s generic over the backend, so
+//! they train resident with `Autodiff<B>` as well as on `Offload<B>`; both
+//! implement [`burn_offload::BlockModel`] so the offload engine can run them
+//! block by block. Each model file starts with its config; [`ModelConfig`]
+//! names the presets and reads JSON configs.
+
+pub mod config;
+pub mod gpt2;
+pub mod llama;
+pub mod loss;
+
+pub use config::{ConfigError, ModelConfig, PRESETS};
+pub use gpt2::{Gpt2, Gpt2Config};
+pub use llama::{Llama, LlamaConfig};
+pub use loss::cross_entropy;
