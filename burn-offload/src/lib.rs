@@ -1,12 +1,19 @@
 //! burn-offload: train language models larger than GPU memory on one GPU.
 //!
-//! Parameters and optimizer state live in host memory; the GPU is a transient
-//! compute engine that sees one or two transformer blocks at a time. See
-//! `DESIGN.md` (shared design notes) for the whole picture.
-//!
-//! This crate currently defines the contract models implement ([`BlockModel`],
-//! [`DecoderBlock`]) so that the offload engine can drive them block by block.
+//! Parameters and optimizer state live in host memory ([`store::HostStore`]);
+//! the GPU is a transient compute engine that sees one or two transformer
+//! blocks at a time ([`pager::Pager`]). The [`engine::Engine`] runs the
+//! block-streamed schedule: forward without a graph keeping block inputs,
+//! chunked loss, per-block recompute and backward, CPU optimizer over host
+//! slabs ([`optim`]). Models take part by implementing [`BlockModel`].
 
+pub mod engine;
 pub mod model;
+pub mod optim;
+pub mod pager;
+pub mod store;
 
+pub use engine::{Engine, EngineConfig, EngineError, MicroBatch, StepReport};
 pub use model::{BlockModel, DecoderBlock};
+pub use optim::{AdamWConfig, OptimizerConfig, SgdConfig};
+pub use store::{HostStore, StoreError};

@@ -1,0 +1,615 @@
+//! The block-streamed training engine (DESIGN.md §1).
+//!
+//! A step, per micro-batch:
+//! 1. **Forward, no graph.** Embed, then run block 0..L on the inner backend,
+//!    binding each block's weights from the host store just before it runs and
+//!    dropping them right after. Only the block inputs `x_0..x_{L-1}` are kept.
+//! 2. **Head + loss in chunks** of tokens under `Autodiff`, so `tokens × vocab`
+//!    logits never exist at once; each chunk's backward yields its slice of
+//!    `dL/dx_L` and adds to the head's parameter gradients.
+//! 3. **Backward, one block at a time,** L-1..0: recompute block i under
+//!    `Autodiff` from its checkpoint, seed it with the incoming gradient
+//!    (`(y · dy).sum().backward()`), take `dx_i` and the block's parameter
+//!    gradients; the gradients go to the host at once and the graph is dropped.
+//! 4. **Embedding backward** from `dx_0`.
+//!
+//! Then the optimizer runs over the host slabs. In **fused** mode each block is
+//! updated as soon as its gradient arrives and no gradient buffer exists (12
+//! host bytes/param instead of 16). Global-norm clipping needs the norm before
+//! the first update, so fused mode with clipping runs the backward twice: a
+//! first pass only measures the norm, the second applies the clipped updates.
+//! Fused mode cannot accumulate micro-batches (there is nowhere to accumulate).
+
+use std::collections::{HashMap, HashSet};
+
+use burn::backend::Autodiff;
+use burn::module::{AutodiffModule, HasAutodiffModule, Module, ModuleMapper, Param, ParamId};
+use burn::tensor::activation::log_softmax;
+use burn::tensor::backend::Backend;
+use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
+
+use crate::optim::{check_lr, sum_of_squares, OptimizerConfig, OptimizerError, UpdateSlices};
+use crate::pager::{Pager, PagerStats, ToPlaceholders};
+use crate::store::{Collect, HostStore, StoreError, StoreLayout};
+use crate::{BlockModel, DecoderBlock};
+
+type AD<B> = Autodiff<B>;
+
+/// Token ids `(inputs, targets)`, each `[batch, seq]`.
+pub type MicroBatch<B> = (Tensor<B, 2, Int>, Tensor<B, 2, Int>);
+
+/// How the engine trains.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineConfig {
+    pub optimizer: OptimizerConfig,
+    /// Clip the global gradient norm to this value (`None`: no clipping).
+    pub grad_clip: Option<f64>,
+    /// Apply each block's update as soon as its gradient arrives (no gradient buffer).
+    pub fused: bool,
+    /// Tokens per chunk of the LM head and loss.
+    pub loss_chunk_tokens: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            optimizer: OptimizerConfig::AdamW(Default::default()),
+            grad_clip: None,
+            fused: false,
+            loss_chunk_tokens: 4096,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Optimizer(#[from] OptimizerError),
+    #[error("invalid engine config: {0}")]
+    Config(String),
+    #[error("bad batch: {0}")]
+    Batch(String),
+    #[error("checkpoint for block {block} has shape {got:?}, expected {want:?}")]
+    Checkpoint {
+        block: usize,
+        got: Vec<usize>,
+        want: Vec<usize>,
+    },
+}
+
+/// What one optimizer step did.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepReport {
+    /// Mean loss over all tokens of all micro-batches.
+    pub loss: f32,
+    /// Global gradient norm before clipping.
+    pub grad_norm: f64,
+    /// Factor the gradients were multiplied by (1 when not clipped).
+    pub clip_scale: f64,
+    pub tokens: usize,
+}
+
+/// Where a block's gradients go once they are on the host.
+enum Sink {
+    /// Add into the store's gradient buffer.
+    Accumulate,
+    /// Only add their squared norm (first pass of fused + clipping).
+    Norm(f64),
+    /// Apply the update at once (fused), with the gradients scaled.
+    Update { step: u64, lr: f64, scale: f32 },
+}
+
+/// Trains a [`BlockModel`] whose parameters live in a [`HostStore`].
+pub struct Engine<B: Backend, M: BlockModel<B>> {
+    /// Stateless template: the model with every parameter a zero-cost placeholder.
+    template: M,
+    /// Parameters inside blocks (skipped when binding the stem).
+    block_ids: HashSet<ParamId>,
+    /// Parameter id → (group, slot) for export and inspection.
+    slot_of: HashMap<ParamId, (usize, usize)>,
+    store: HostStore,
+    pager: Pager,
+    config: EngineConfig,
+    device: B::Device,
+    /// Optimizer updates applied so far.
+    updates: u64,
+}
+
+impl<B, M> Engine<B, M>
+where
+    B: Backend,
+    M: BlockModel<B> + HasAutodiffModule<AD<B>>,
+    M::TrainModule: BlockModel<AD<B>>,
+    M::Block: HasAutodiffModule<AD<B>>,
+    <M::Block as HasAutodiffModule<AD<B>>>::TrainModule: DecoderBlock<AD<B>>,
+{
+    /// Moves `model`'s parameters into a new host store; the engine keeps only
+    /// a stateless template of the model.
+    pub fn new(model: M, config: EngineConfig, device: &B::Device) -> Result<Self, EngineError> {
+        config.optimizer.validate()?;
+        if config.loss_chunk_tokens == 0 {
+            return Err(EngineError::Config(
+                "loss_chunk_tokens must be at least 1".into(),
+            ));
+        }
+        if let Some(clip) = config.grad_clip {
+            if !(clip.is_finite() && clip > 0.0) {
+                return Err(EngineError::Config(format!(
+                    "grad_clip must be positive, got {clip}"
+                )));
+            }
+        }
+        let layout = StoreLayout {
+            gradient_buffer: !config.fused,
+        };
+        let store = HostStore::from_modules(&model, model.blocks(), layout)?;
+        let template = model.map(&mut ToPlaceholders);
+        Self::with_store(template, store, config, device)
+    }
+
+    /// Pairs a model (its values are ignored) with an existing store, checking
+    /// that every group has the shapes the model expects.
+    pub fn with_store(
+        model: M,
+        store: HostStore,
+        config: EngineConfig,
+        device: &B::Device,
+    ) -> Result<Self, EngineError> {
+        config.optimizer.validate()?;
+        if store.layout.gradient_buffer == config.fused {
+            return Err(EngineError::Config(format!(
+                "store was built {} a gradient buffer but the engine is {}",
+                if store.layout.gradient_buffer {
+                    "with"
+                } else {
+                    "without"
+                },
+                if config.fused { "fused" } else { "not fused" }
+            )));
+        }
+        let blocks = model.blocks();
+        if blocks.len() != store.num_blocks() {
+            return Err(StoreError::BlockCount {
+                got: blocks.len(),
+                want: store.num_blocks(),
+            }
+            .into());
+        }
+        let mut slot_of = HashMap::new();
+        let mut block_ids = HashSet::new();
+        for (i, block) in blocks.iter().enumerate() {
+            let mut collect = Collect::new(false);
+            block.visit(&mut collect);
+            store.check_group(i + 1, collect.out.iter().map(|p| p.shape.clone()).collect())?;
+            for (k, p) in collect.out.into_iter().enumerate() {
+                block_ids.insert(p.id);
+                slot_of.insert(p.id, (i + 1, k));
+            }
+        }
+        let mut collect = Collect::new(false);
+        model.visit(&mut collect);
+        collect.out.retain(|p| !block_ids.contains(&p.id));
+        store.check_group(0, collect.out.iter().map(|p| p.shape.clone()).collect())?;
+        for (k, p) in collect.out.into_iter().enumerate() {
+            slot_of.insert(p.id, (0, k));
+        }
+        let template = model.map(&mut ToPlaceholders);
+        Ok(Self {
+            template,
+            block_ids,
+            slot_of,
+            store,
+            pager: Pager::default(),
+            config,
+            device: device.clone(),
+            updates: 0,
+        })
+    }
+
+    pub fn store(&self) -> &HostStore {
+        &self.store
+    }
+
+    /// Gives up the engine, keeping its store (parameters and optimizer state).
+    pub fn into_store(self) -> HostStore {
+        self.store
+    }
+
+    pub fn pager_stats(&self) -> PagerStats {
+        self.pager.stats()
+    }
+
+    pub fn reset_pager_counters(&mut self) {
+        self.pager.reset_counters();
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// Number of optimizer updates applied so far.
+    pub fn updates(&self) -> u64 {
+        self.updates
+    }
+
+    /// The current value of a parameter (by the id it had in the model given to [`Engine::new`]).
+    pub fn param(&self, id: &ParamId) -> Option<&[f32]> {
+        let (g, k) = *self.slot_of.get(id)?;
+        let slot = &self.store.groups[g].slots[k];
+        Some(&self.store.groups[g].params.as_slice()[slot.offset..slot.offset + slot.len])
+    }
+
+    /// The accumulated gradient of a parameter (`None` in fused mode).
+    pub fn grad(&self, id: &ParamId) -> Option<&[f32]> {
+        let (g, k) = *self.slot_of.get(id)?;
+        let slot = &self.store.groups[g].slots[k];
+        Some(&self.store.groups[g].grads.as_ref()?.as_slice()[slot.offset..slot.offset + slot.len])
+    }
+
+    /// Adam moments `(m, v)` of a parameter.
+    pub fn moments(&self, id: &ParamId) -> Option<(&[f32], &[f32])> {
+        let (g, k) = *self.slot_of.get(id)?;
+        let (group, slot) = (&self.store.groups[g], &self.store.groups[g].slots[k]);
+        let range = slot.offset..slot.offset + slot.len;
+        Some((
+            &group.adam_m.as_slice()[range.clone()],
+            &group.adam_v.as_slice()[range],
+        ))
+    }
+
+    /// A complete, ordinary module with the store's current values (for
+    /// evaluation, sampling or saving).
+    pub fn model(&self) -> M {
+        let mut export = Export {
+            store: &self.store,
+            slot_of: &self.slot_of,
+            device: &self.device,
+        };
+        self.template.clone().map(&mut export)
+    }
+
+    /// One optimizer step over `micro_batches` of `(inputs, targets)`, each
+    /// `[batch, seq]`; their gradients are averaged (gradient accumulation).
+    pub fn step(
+        &mut self,
+        micro_batches: &[MicroBatch<B>],
+        lr: f64,
+    ) -> Result<StepReport, EngineError> {
+        check_lr(lr)?;
+        self.check_batches(micro_batches)?;
+        let k = micro_batches.len();
+        let tokens = micro_batches
+            .iter()
+            .map(|(x, _)| x.dims()[0] * x.dims()[1])
+            .sum();
+        if self.config.fused {
+            if k > 1 {
+                return Err(EngineError::Config(
+                    "fused mode applies each block's update during the backward pass and cannot accumulate \
+                     micro-batches; use one micro-batch or disable fused mode"
+                        .into(),
+                ));
+            }
+            let (inputs, targets) = &micro_batches[0];
+            let step = self.updates + 1;
+            let (loss, norm, scale) = match self.config.grad_clip {
+                None => {
+                    let loss = self.forward_backward(
+                        inputs,
+                        targets,
+                        1.0,
+                        &mut Sink::Update {
+                            step,
+                            lr,
+                            scale: 1.0,
+                        },
+                    );
+                    (loss, f64::NAN, 1.0)
+                }
+                Some(clip) => {
+                    let mut norm = Sink::Norm(0.0);
+                    let loss = self.forward_backward(inputs, targets, 1.0, &mut norm);
+                    let Sink::Norm(sum) = norm else {
+                        unreachable!("the sink stays a norm sink")
+                    };
+                    let (norm, scale) = clip_scale(sum.sqrt(), clip);
+                    self.forward_backward(
+                        inputs,
+                        targets,
+                        1.0,
+                        &mut Sink::Update {
+                            step,
+                            lr,
+                            scale: scale as f32,
+                        },
+                    );
+                    (loss, norm, scale)
+                }
+            };
+            self.updates = step;
+            return Ok(StepReport {
+                loss,
+                grad_norm: norm,
+                clip_scale: scale,
+                tokens,
+            });
+        }
+
+        let loss = self.accumulate_gradients(micro_batches)?;
+        let sum = self
+            .store
+            .groups
+            .iter()
+            .map(|g| {
+                g.grads
+                    .as_ref()
+                    .map_or(0.0, |s| sum_of_squares(s.as_slice()))
+            })
+            .sum::<f64>();
+        let (norm, scale) = match self.config.grad_clip {
+            Some(clip) => clip_scale(sum.sqrt(), clip),
+            None => (sum.sqrt(), 1.0),
+        };
+        self.updates += 1;
+        let optimizer = self.config.optimizer;
+        for group in &mut self.store.groups {
+            let grads = group
+                .grads
+                .as_ref()
+                .expect("gradient buffer in non-fused mode");
+            let slices = UpdateSlices {
+                params: group.params.as_mut_slice(),
+                m: group.adam_m.as_mut_slice(),
+                v: group.adam_v.as_mut_slice(),
+                grads: grads.as_slice(),
+            };
+            optimizer.update(self.updates, lr, scale as f32, slices);
+        }
+        Ok(StepReport {
+            loss,
+            grad_norm: norm,
+            clip_scale: scale,
+            tokens,
+        })
+    }
+
+    /// Zeroes the gradient buffer and accumulates the mean gradient of the
+    /// micro-batches into it; returns the mean loss. Non-fused mode only.
+    pub fn accumulate_gradients(
+        &mut self,
+        micro_batches: &[MicroBatch<B>],
+    ) -> Result<f32, EngineError> {
+        if self.config.fused {
+            return Err(EngineError::Config(
+                "fused mode keeps no gradient buffer".into(),
+            ));
+        }
+        self.check_batches(micro_batches)?;
+        for group in &mut self.store.groups {
+            group.grads.as_mut().expect("gradient buffer").clear();
+        }
+        let k = micro_batches.len() as f32;
+        let mut loss = 0.0;
+        for (inputs, targets) in micro_batches {
+            loss += self.forward_backward(inputs, targets, 1.0 / k, &mut Sink::Accumulate) / k;
+        }
+        Ok(loss)
+    }
+
+    fn check_batches(&self, micro_batches: &[MicroBatch<B>]) -> Result<(), EngineError> {
+        if micro_batches.is_empty() {
+            return Err(EngineError::Batch("no micro-batches".into()));
+        }
+        let first = micro_batches[0].0.dims();
+        for (i, (x, y)) in micro_batches.iter().enumerate() {
+            let (dx, dy) = (x.dims(), y.dims());
+            if dx != dy {
+                return Err(EngineError::Batch(format!(
+                    "micro-batch {i}: inputs {dx:?} and targets {dy:?} differ in shape"
+                )));
+            }
+            if dx != first {
+                return Err(EngineError::Batch(format!(
+                    "micro-batch {i} has shape {dx:?}, the first has {first:?}"
+                )));
+            }
+            if dx[0] == 0 || dx[1] == 0 {
+                return Err(EngineError::Batch(format!(
+                    "micro-batch {i} is empty ({dx:?})"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Phases 1–4 for one micro-batch; parameter gradients of `loss_scale ×
+    /// mean loss` go to `sink`. Returns the (unscaled) mean loss.
+    fn forward_backward(
+        &mut self,
+        inputs: &Tensor<B, 2, Int>,
+        targets: &Tensor<B, 2, Int>,
+        loss_scale: f32,
+        sink: &mut Sink,
+    ) -> f32 {
+        let device = self.device.clone();
+        let no_skip = HashSet::new();
+        // Placeholder templates: cloning them copies no weights.
+        let blocks = self.template.blocks().to_vec();
+        let num_blocks = blocks.len();
+
+        // 1. Forward, no graph: keep only block inputs.
+        let stem = self.pager.bind(
+            self.template.clone(),
+            0,
+            &self.store.groups[0],
+            &self.block_ids,
+            false,
+            &device,
+        );
+        let mut x = stem.embed(inputs.clone());
+        drop(stem);
+        let mut checkpoints = Vec::with_capacity(num_blocks);
+        for (i, template) in blocks.iter().enumerate() {
+            let block = self.pager.bind(
+                template.clone(),
+                i + 1,
+                &self.store.groups[i + 1],
+                &no_skip,
+                false,
+                &device,
+            );
+            checkpoints.push(x.clone());
+            x = block.forward(x);
+            drop(block);
+            self.pager.evict(i + 1);
+        }
+
+        // 2. Head + loss in chunks of positions, each chunk its own small graph.
+        let stem_ad = self.pager.bind(
+            M::TrainModule::from_inner(self.template.clone()),
+            0,
+            &self.store.groups[0],
+            &self.block_ids,
+            true,
+            &device,
+        );
+        let [batch, seq, _] = x.dims();
+        let total = (batch * seq) as f32;
+        let chunk = (self.config.loss_chunk_tokens / batch).clamp(1, seq);
+        let mut stem_grads = vec![0.0f32; self.store.groups[0].numel()];
+        let mut loss_sum = 0.0f64;
+        let mut dx_chunks = Vec::with_capacity(seq.div_ceil(chunk));
+        for start in (0..seq).step_by(chunk) {
+            let len = chunk.min(seq - start);
+            let xc = Tensor::<AD<B>, 3>::from_inner(x.clone().narrow(1, start, len)).require_grad();
+            let tc = Tensor::<AD<B>, 2, Int>::from_inner(targets.clone().narrow(1, start, len));
+            let nll_sum = nll_sum(stem_ad.head(xc.clone()), tc);
+            loss_sum += nll_sum.clone().into_scalar().elem::<f64>();
+            let grads = (nll_sum * (loss_scale / total)).backward();
+            dx_chunks.push(xc.grad(&grads).expect("the head depends on its input"));
+            self.pager.gradients_to_host::<AD<B>, _>(
+                &stem_ad,
+                &self.store.groups[0],
+                &self.block_ids,
+                &grads,
+                1.0,
+                &mut stem_grads,
+            );
+        }
+        let mut dy = Tensor::cat(dx_chunks, 1);
+
+        // 3. Backward, one block at a time, recomputed from its checkpoint.
+        let mut block_grads = Vec::new();
+        for i in (0..num_blocks).rev() {
+            let g = i + 1;
+            let template =
+                <M::Block as HasAutodiffModule<AD<B>>>::TrainModule::from_inner(blocks[i].clone());
+            let block =
+                self.pager
+                    .bind(template, g, &self.store.groups[g], &no_skip, true, &device);
+            let x_in = Tensor::<AD<B>, 3>::from_inner(
+                checkpoints.pop().expect("one checkpoint per block"),
+            )
+            .require_grad();
+            let y = block.forward(x_in.clone());
+            let grads = (y * Tensor::from_inner(dy)).sum().backward();
+            dy = x_in.grad(&grads).expect("a block depends on its input");
+            block_grads.clear();
+            block_grads.resize(self.store.groups[g].numel(), 0.0);
+            self.pager.gradients_to_host::<AD<B>, _>(
+                &block,
+                &self.store.groups[g],
+                &no_skip,
+                &grads,
+                1.0,
+                &mut block_grads,
+            );
+            drop(block);
+            self.pager.evict(g);
+            self.sink_group(g, &block_grads, sink);
+        }
+
+        // 4. Embedding backward from dx_0.
+        let tokens = Tensor::<AD<B>, 2, Int>::from_inner(inputs.clone());
+        let grads = (stem_ad.embed(tokens) * Tensor::from_inner(dy))
+            .sum()
+            .backward();
+        self.pager.gradients_to_host::<AD<B>, _>(
+            &stem_ad,
+            &self.store.groups[0],
+            &self.block_ids,
+            &grads,
+            1.0,
+            &mut stem_grads,
+        );
+        drop(stem_ad);
+        self.pager.evict(0);
+        self.sink_group(0, &stem_grads, sink);
+
+        (loss_sum / total as f64) as f32
+    }
+
+    fn sink_group(&mut self, g: usize, grads: &[f32], sink: &mut Sink) {
+        let group = &mut self.store.groups[g];
+        match sink {
+            Sink::Accumulate => {
+                let buffer = group
+                    .grads
+                    .as_mut()
+                    .expect("gradient buffer")
+                    .as_mut_slice();
+                buffer.iter_mut().zip(grads).for_each(|(b, g)| *b += g);
+            }
+            Sink::Norm(sum) => *sum += sum_of_squares(grads),
+            Sink::Update { step, lr, scale } => {
+                let slices = UpdateSlices {
+                    params: group.params.as_mut_slice(),
+                    m: group.adam_m.as_mut_slice(),
+                    v: group.adam_v.as_mut_slice(),
+                    grads,
+                };
+                self.config.optimizer.update(*step, *lr, *scale, slices);
+            }
+        }
+    }
+}
+
+/// `(norm, scale)`: gradients are multiplied by `clip / norm` when the norm exceeds `clip`.
+pub fn clip_scale(norm: f64, clip: f64) -> (f64, f64) {
+    let scale = if norm > clip { clip / norm } else { 1.0 };
+    (norm, scale)
+}
+
+/// Sum over positions of `-log p(target)`.
+fn nll_sum<B: Backend>(logits: Tensor<B, 3>, targets: Tensor<B, 2, Int>) -> Tensor<B, 1> {
+    let [batch, seq, vocab] = logits.dims();
+    let log_probs = log_softmax(logits.reshape([batch * seq, vocab]), 1);
+    log_probs
+        .gather(1, targets.reshape([batch * seq, 1]))
+        .sum()
+        .neg()
+}
+
+/// Binds every parameter from the store (by id) into a full module.
+struct Export<'a, B: Backend> {
+    store: &'a HostStore,
+    slot_of: &'a HashMap<ParamId, (usize, usize)>,
+    device: &'a B::Device,
+}
+
+impl<B: Backend> ModuleMapper<B> for Export<'_, B> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let Some(&(g, k)) = self.slot_of.get(&param.id) else {
+            return param;
+        };
+        let group = &self.store.groups[g];
+        let slot = &group.slots[k];
+        let values = group.params.as_slice()[slot.offset..slot.offset + slot.len].to_vec();
+        Param::initialized(
+            param.id,
+            Tensor::from_data(TensorData::new(values, slot.shape.clone()), self.device),
+        )
+    }
+}

@@ -1,0 +1,324 @@
+//! `HostStore`: the model's parameters and optimizer state in host memory.
+//!
+//! Parameters are grouped: group 0 is the *stem* (everything outside the
+//! blocks: embeddings, final norm, LM head), group `i + 1` is block `i`. Each
+//! group owns one contiguous, page-aligned slab per kind of state (parameters,
+//! Adam m, Adam v, and gradients unless the engine runs fused), laid out by a
+//! [`ParamSlot`] table: parameter id → offset and shape. Page alignment is
+//! what DMA engines and pinned registration want; contiguity lets one copy
+//! move a whole block.
+
+use std::alloc::{self, Layout};
+use std::collections::HashMap;
+
+use burn::module::{Module, ModuleVisitor, Param, ParamId};
+use burn::tensor::{backend::Backend, Tensor};
+use rayon::prelude::*;
+
+const PAGE: usize = 4096;
+
+/// A page-aligned, zero-initialised `f32` buffer.
+pub struct Slab {
+    ptr: *mut f32,
+    len: usize,
+}
+
+// SAFETY: a Slab exclusively owns its allocation, like a Box<[f32]>.
+unsafe impl Send for Slab {}
+unsafe impl Sync for Slab {}
+
+impl Slab {
+    pub fn zeros(len: usize) -> Self {
+        if len == 0 {
+            return Self {
+                ptr: std::ptr::NonNull::dangling().as_ptr(),
+                len,
+            };
+        }
+        let layout = Self::layout(len);
+        // SAFETY: the layout has a non-zero size; zeroed memory is a valid f32 array.
+        let ptr = unsafe { alloc::alloc_zeroed(layout) } as *mut f32;
+        if ptr.is_null() {
+            alloc::handle_alloc_error(layout);
+        }
+        Self { ptr, len }
+    }
+
+    fn layout(len: usize) -> Layout {
+        Layout::from_size_align(len * std::mem::size_of::<f32>(), PAGE)
+            .expect("slab size overflows")
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes this slab occupies.
+    pub fn bytes(&self) -> usize {
+        self.len * std::mem::size_of::<f32>()
+    }
+
+    pub fn as_slice(&self) -> &[f32] {
+        // SAFETY: ptr is valid for len elements (or dangling with len 0).
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [f32] {
+        // SAFETY: as above, and &mut self guarantees exclusive access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+
+    /// Sets every element to zero (in parallel: slabs can be gigabytes).
+    pub fn clear(&mut self) {
+        self.as_mut_slice()
+            .par_chunks_mut(1 << 16)
+            .for_each(|c| c.fill(0.0));
+    }
+}
+
+impl Drop for Slab {
+    fn drop(&mut self) {
+        if self.len > 0 {
+            // SAFETY: allocated in `zeros` with this exact layout.
+            unsafe { alloc::dealloc(self.ptr as *mut u8, Self::layout(self.len)) }
+        }
+    }
+}
+
+/// Where one parameter lives inside its group's slabs. Slots are in the order
+/// burn visits a module's parameters, which is how binding matches them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParamSlot {
+    /// Module path, e.g. `attn.q_proj.weight`.
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub offset: usize,
+    pub len: usize,
+}
+
+/// The state of one group (the stem, or one block).
+pub struct ParamGroup {
+    pub slots: Vec<ParamSlot>,
+    pub params: Slab,
+    pub adam_m: Slab,
+    pub adam_v: Slab,
+    /// Accumulated gradients; `None` in fused mode, where each block's gradient
+    /// is applied as soon as it arrives and never stored whole.
+    pub grads: Option<Slab>,
+}
+
+impl ParamGroup {
+    /// Number of parameters in the group.
+    pub fn numel(&self) -> usize {
+        self.params.len()
+    }
+
+    pub fn param_bytes(&self) -> usize {
+        self.params.bytes()
+    }
+
+    /// Parameter shapes in slot order.
+    pub fn shapes(&self) -> Vec<Vec<usize>> {
+        self.slots.iter().map(|s| s.shape.clone()).collect()
+    }
+}
+
+/// Which state buffers the store keeps per parameter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreLayout {
+    /// Keep a full gradient buffer (16 bytes/param) or not (fused: 12 bytes/param).
+    pub gradient_buffer: bool,
+}
+
+/// Why a model could not be put into (or taken out of) a store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("parameter {id} appears in more than one group (blocks must not share weights)")]
+    SharedParameter { id: ParamId },
+    #[error("{group} of the model has parameter shapes {got:?}, but the store holds {want:?}")]
+    ShapeMismatch {
+        group: String,
+        got: Vec<Vec<usize>>,
+        want: Vec<Vec<usize>>,
+    },
+    #[error("model has {got} blocks but the store holds {want}")]
+    BlockCount { got: usize, want: usize },
+}
+
+/// All parameters and optimizer state of a model, in host memory.
+pub struct HostStore {
+    pub groups: Vec<ParamGroup>,
+    pub layout: StoreLayout,
+}
+
+/// One float parameter as visited: id, module path, shape and (optionally) values.
+pub(crate) struct Visited {
+    pub id: ParamId,
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub values: Vec<f32>,
+}
+
+/// Collects every float parameter of a module in visit order, with its path;
+/// reads values only when `read_values` (shape checks need none).
+pub(crate) struct Collect {
+    pub out: Vec<Visited>,
+    path: Vec<String>,
+    read_values: bool,
+}
+
+impl Collect {
+    pub fn new(read_values: bool) -> Self {
+        Self {
+            out: Vec::new(),
+            path: Vec::new(),
+            read_values,
+        }
+    }
+}
+
+impl<B: Backend> ModuleVisitor<B> for Collect {
+    fn enter_module(&mut self, name: &str, _container_type: &str) {
+        self.path.push(name.to_string());
+    }
+
+    fn exit_module(&mut self, _name: &str, _container_type: &str) {
+        self.path.pop();
+    }
+
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let (shape, values) = if self.read_values {
+            let tensor = param.val();
+            let shape = tensor.dims().to_vec();
+            (
+                shape,
+                tensor
+                    .into_data()
+                    .convert::<f32>()
+                    .into_vec::<f32>()
+                    .expect("f32 data"),
+            )
+        } else {
+            (param.shape().dims::<D>().to_vec(), Vec::new())
+        };
+        self.out.push(Visited {
+            id: param.id,
+            name: self.path.join("."),
+            shape,
+            values,
+        });
+    }
+}
+
+impl HostStore {
+    /// Builds a store from `model` (its stem: every parameter outside the
+    /// blocks) and its `blocks`, copying the current parameter values.
+    pub fn from_modules<B: Backend, M: Module<B>, K: Module<B>>(
+        model: &M,
+        blocks: &[K],
+        layout: StoreLayout,
+    ) -> Result<Self, StoreError> {
+        let mut block_params = Vec::with_capacity(blocks.len());
+        let mut in_blocks = HashMap::new();
+        for (i, block) in blocks.iter().enumerate() {
+            let mut collect = Collect::new(true);
+            block.visit(&mut collect);
+            for p in &collect.out {
+                if in_blocks.insert(p.id, i).is_some() {
+                    return Err(StoreError::SharedParameter { id: p.id });
+                }
+            }
+            block_params.push(collect.out);
+        }
+        let mut stem = Collect::new(true);
+        model.visit(&mut stem);
+        stem.out.retain(|p| !in_blocks.contains_key(&p.id));
+
+        let groups = std::iter::once(stem.out)
+            .chain(block_params)
+            .map(|params| Self::group(params, layout));
+        Ok(Self {
+            groups: groups.collect(),
+            layout,
+        })
+    }
+
+    fn group(params: Vec<Visited>, layout: StoreLayout) -> ParamGroup {
+        let mut slots = Vec::with_capacity(params.len());
+        let mut offset = 0;
+        for p in &params {
+            slots.push(ParamSlot {
+                name: p.name.clone(),
+                shape: p.shape.clone(),
+                offset,
+                len: p.values.len(),
+            });
+            offset += p.values.len();
+        }
+        let mut slab = Slab::zeros(offset);
+        for (slot, p) in slots.iter().zip(&params) {
+            slab.as_mut_slice()[slot.offset..slot.offset + slot.len].copy_from_slice(&p.values);
+        }
+        ParamGroup {
+            slots,
+            params: slab,
+            adam_m: Slab::zeros(offset),
+            adam_v: Slab::zeros(offset),
+            grads: layout.gradient_buffer.then(|| Slab::zeros(offset)),
+        }
+    }
+
+    /// Number of blocks (groups after the stem).
+    pub fn num_blocks(&self) -> usize {
+        self.groups.len() - 1
+    }
+
+    pub fn num_params(&self) -> usize {
+        self.groups.iter().map(ParamGroup::numel).sum()
+    }
+
+    /// Host bytes held per parameter by the store (16 with a gradient buffer, 12 fused).
+    pub fn bytes_per_param(&self) -> usize {
+        if self.layout.gradient_buffer {
+            16
+        } else {
+            12
+        }
+    }
+
+    /// Host bytes held by all slabs.
+    pub fn host_bytes(&self) -> usize {
+        self.groups
+            .iter()
+            .map(|g| {
+                g.params.bytes()
+                    + g.adam_m.bytes()
+                    + g.adam_v.bytes()
+                    + g.grads.as_ref().map_or(0, Slab::bytes)
+            })
+            .sum()
+    }
+
+    /// Checks that a module has exactly the parameter shapes the store holds
+    /// for `group` (a model and a store that disagree would bind garbage).
+    pub fn check_group(&self, group: usize, shapes: Vec<Vec<usize>>) -> Result<(), StoreError> {
+        let want = self.groups[group].shapes();
+        if shapes != want {
+            let group = if group == 0 {
+                "the stem".to_string()
+            } else {
+                format!("block {}", group - 1)
+            };
+            return Err(StoreError::ShapeMismatch {
+                group,
+                got: shapes,
+                want,
+            });
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,393 @@
+//! The block-streamed engine against plain burn (`Autodiff<B>` on the whole
+//! model, burn-optim AdamW) on random weights and tokens.
+//!
+//! Relative error of a tensor: `‖engine − reference‖₂ / ‖reference‖₂` (normwise).
+
+use std::collections::HashMap;
+
+use burn::module::{AutodiffModule, Module, ModuleMapper, ModuleVisitor, Param, ParamId};
+use burn::optim::{AdamWConfig as BurnAdamW, GradientsParams, Optimizer};
+use burn::prelude::*;
+use burn::tensor::backend::AutodiffBackend;
+use burn_offload::{AdamWConfig, BlockModel, Engine, EngineConfig, EngineError, OptimizerConfig};
+use burn_offload_tests::{random_tokens, TestAutodiff as AD, TestBackend as B};
+use models::{cross_entropy, Gpt2Config, LlamaConfig};
+
+const TOL: f32 = 1e-5;
+
+/// All float parameters (or their gradients) of a module, by id.
+struct Values<'a, AB: AutodiffBackend> {
+    grads: Option<&'a AB::Gradients>,
+    out: HashMap<ParamId, Vec<f32>>,
+}
+
+impl<AB: AutodiffBackend> ModuleVisitor<AB> for Values<'_, AB> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<AB, D>>) {
+        let tensor = match self.grads {
+            Some(grads) => param
+                .val()
+                .grad(grads)
+                .expect("every parameter has a gradient"),
+            None => param.val().inner(),
+        };
+        self.out
+            .insert(param.id, tensor.into_data().to_vec::<f32>().unwrap());
+    }
+}
+
+fn values<AB: AutodiffBackend, M: Module<AB>>(
+    model: &M,
+    grads: Option<&AB::Gradients>,
+) -> HashMap<ParamId, Vec<f32>> {
+    let mut v = Values::<AB> {
+        grads,
+        out: HashMap::new(),
+    };
+    model.visit(&mut v);
+    v.out
+}
+
+fn rel_err(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    let diff = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (*x as f64 - *y as f64).powi(2))
+        .sum::<f64>();
+    let norm = b.iter().map(|y| (*y as f64).powi(2)).sum::<f64>();
+    (diff.sqrt() / norm.sqrt().max(1e-30)) as f32
+}
+
+type Batch = (Tensor<B, 2, Int>, Tensor<B, 2, Int>);
+
+fn batch(rows: usize, seq: usize, vocab: usize, seed: u64) -> Batch {
+    let device = Default::default();
+    let tokens = random_tokens::<B>(rows, seq + 1, vocab, seed, &device);
+    (tokens.clone().narrow(1, 0, seq), tokens.narrow(1, 1, seq))
+}
+
+fn lift(b: &Batch) -> (Tensor<AD, 2, Int>, Tensor<AD, 2, Int>) {
+    (
+        Tensor::from_inner(b.0.clone()),
+        Tensor::from_inner(b.1.clone()),
+    )
+}
+
+fn engine_config(fused: bool) -> EngineConfig {
+    EngineConfig {
+        optimizer: OptimizerConfig::AdamW(AdamWConfig {
+            weight_decay: 0.01,
+            ..Default::default()
+        }),
+        grad_clip: None,
+        fused,
+        // Small chunks so the chunked head really splits the sequence.
+        loss_chunk_tokens: 8,
+    }
+}
+
+fn check_gradients<M>(model: M, vocab: usize)
+where
+    M: BlockModel<AD> + AutodiffModule<AD>,
+    M::InnerModule: BlockModel<B> + burn::module::HasAutodiffModule<AD, TrainModule = M>,
+    <M::InnerModule as BlockModel<B>>::Block: burn::module::HasAutodiffModule<AD>,
+    <<M::InnerModule as BlockModel<B>>::Block as burn::module::HasAutodiffModule<AD>>::TrainModule:
+        burn_offload::DecoderBlock<AD>,
+{
+    let data = batch(2, 16, vocab, 7);
+    let (x, y) = lift(&data);
+    let grads = cross_entropy(model.forward(x), y).backward();
+    let want = values::<AD, _>(&model, Some(&grads));
+
+    let mut engine = Engine::new(model.valid(), engine_config(false), &Default::default()).unwrap();
+    engine.accumulate_gradients(&[data]).unwrap();
+    assert_eq!(
+        want.len(),
+        engine
+            .store()
+            .groups
+            .iter()
+            .map(|g| g.slots.len())
+            .sum::<usize>()
+    );
+    for (id, reference) in &want {
+        let err = rel_err(engine.grad(id).unwrap(), reference);
+        assert!(err <= TOL, "gradient of {id}: relative error {err}");
+    }
+}
+
+#[test]
+fn engine_gradients_equal_full_graph_gradients_gpt2() {
+    let config = Gpt2Config::tiny();
+    check_gradients(config.init::<AD>(&Default::default()), config.vocab_size);
+}
+
+#[test]
+fn engine_gradients_equal_full_graph_gradients_llama() {
+    let config = LlamaConfig::tiny();
+    check_gradients(config.init::<AD>(&Default::default()), config.vocab_size);
+}
+
+/// Multiplies every gradient by `scale` (global-norm clipping for the reference).
+struct ScaleGrads<'a> {
+    grads: &'a mut GradientsParams,
+    scale: f32,
+    sum_sq: f64,
+}
+
+impl ModuleMapper<AD> for ScaleGrads<'_> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<AD, D>>) -> Param<Tensor<AD, D>> {
+        let g = self.grads.remove::<B, D>(param.id).unwrap();
+        self.sum_sq += g.clone().square().sum().into_scalar() as f64;
+        self.grads.register(param.id, g * self.scale);
+        param
+    }
+}
+
+fn global_norm(model: &models::Llama<AD>, grads: &mut GradientsParams) -> f64 {
+    let mut m = ScaleGrads {
+        grads,
+        scale: 1.0,
+        sum_sq: 0.0,
+    };
+    let _ = model.clone().map(&mut m);
+    m.sum_sq.sqrt()
+}
+
+/// Runs `steps` of plain burn (reference) and of the engine from the same
+/// initial weights and batches; compares losses, parameters and Adam moments.
+fn check_training(fused: bool, clip: Option<f64>) {
+    let device = Default::default();
+    let config = LlamaConfig::tiny();
+    let mut model = config.init::<AD>(&device);
+    let mut engine_cfg = engine_config(fused);
+    engine_cfg.grad_clip = clip;
+    let mut engine = Engine::new(model.valid(), engine_cfg, &device).unwrap();
+    let mut optim = BurnAdamW::new()
+        .with_weight_decay(0.01)
+        .init::<AD, models::Llama<AD>>();
+
+    let steps = 20;
+    for step in 0..steps {
+        let lr = 3e-3 * (1.0 + (step as f64 * 0.3).cos()) / 2.0 + 1e-4;
+        let data = batch(2, 16, config.vocab_size, 100 + step);
+        let (x, y) = lift(&data);
+        let loss = cross_entropy(model.forward(x), y);
+        let want_loss = loss.clone().into_scalar();
+        let mut grads = GradientsParams::from_grads(loss.backward(), &model);
+        if let Some(clip) = clip {
+            let norm = global_norm(&model, &mut grads);
+            let scale = if norm > clip {
+                (clip / norm) as f32
+            } else {
+                1.0
+            };
+            let _ = model.clone().map(&mut ScaleGrads {
+                grads: &mut grads,
+                scale,
+                sum_sq: 0.0,
+            });
+        }
+        model = optim.step(lr, model, grads);
+
+        let report = engine.step(&[data], lr).unwrap();
+        let err = (report.loss - want_loss).abs() / want_loss;
+        assert!(
+            err <= TOL,
+            "step {step}: loss {} vs {want_loss}",
+            report.loss
+        );
+    }
+    assert_eq!(engine.updates(), steps);
+    for (id, reference) in values::<AD, _>(&model, None) {
+        let err = rel_err(engine.param(&id).unwrap(), &reference);
+        assert!(
+            err <= TOL,
+            "parameter {id} after {steps} steps: relative error {err}"
+        );
+    }
+    // Optimizer state: Adam's first and second moments, parameter by parameter.
+    let mut moments = Moments {
+        record: optim.to_record(),
+        engine: &engine,
+        checked: 0,
+    };
+    model.visit(&mut moments);
+    assert_eq!(
+        moments.checked,
+        engine
+            .store()
+            .groups
+            .iter()
+            .map(|g| g.slots.len())
+            .sum::<usize>()
+    );
+}
+
+struct Moments<'a> {
+    record: <burn::optim::adaptor::OptimizerAdaptor<burn::optim::AdamW, models::Llama<AD>, AD> as Optimizer<models::Llama<AD>, AD>>::Record,
+    engine: &'a Engine<B, models::Llama<B>>,
+    checked: usize,
+}
+
+impl ModuleVisitor<AD> for Moments<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<AD, D>>) {
+        let state = self
+            .record
+            .remove(&param.id)
+            .unwrap()
+            .into_state::<D>()
+            .momentum;
+        let (m, v) = self.engine.moments(&param.id).unwrap();
+        let want_m = state.moment_1.into_data().to_vec::<f32>().unwrap();
+        let want_v = state.moment_2.into_data().to_vec::<f32>().unwrap();
+        let (em, ev) = (rel_err(m, &want_m), rel_err(v, &want_v));
+        assert!(
+            em <= TOL && ev <= TOL,
+            "moments of {}: relative errors {em}, {ev}",
+            param.id
+        );
+        self.checked += 1;
+    }
+}
+
+#[test]
+fn twenty_steps_match_plain_burn_adamw() {
+    check_training(false, None);
+}
+
+#[test]
+fn twenty_fused_steps_match_plain_burn_adamw() {
+    check_training(true, None);
+}
+
+#[test]
+fn global_norm_clipping_matches_reference_in_both_modes() {
+    check_training(false, Some(0.5));
+    check_training(true, Some(0.5));
+}
+
+#[test]
+fn gradient_accumulation_equals_one_large_batch() {
+    let device = Default::default();
+    let config = Gpt2Config::tiny();
+    // `valid()` materialises the lazily initialised parameters, so both
+    // engines below start from the same weights.
+    let model = config.init::<AD>(&device).valid();
+    let (x, y) = batch(6, 12, config.vocab_size, 3);
+    let mut large = Engine::new(model.clone(), engine_config(false), &device).unwrap();
+    let loss_large = large
+        .accumulate_gradients(&[(x.clone(), y.clone())])
+        .unwrap();
+    let mut small = Engine::new(model.clone(), engine_config(false), &device).unwrap();
+    let micro: Vec<Batch> = (0..3)
+        .map(|i| (x.clone().narrow(0, 2 * i, 2), y.clone().narrow(0, 2 * i, 2)))
+        .collect();
+    let loss_small = small.accumulate_gradients(&micro).unwrap();
+    assert!(
+        (loss_large - loss_small).abs() / loss_large <= TOL,
+        "{loss_large} vs {loss_small}"
+    );
+    let ids = burn::module::list_param_ids(&model);
+    for id in &ids {
+        let err = rel_err(small.grad(id).unwrap(), large.grad(id).unwrap());
+        assert!(err <= TOL, "gradient of {id}: relative error {err}");
+    }
+}
+
+#[test]
+fn device_resident_parameters_are_flat_in_depth() {
+    let device = Default::default();
+    let peak = |layers: usize| {
+        let config = LlamaConfig {
+            n_layer: layers,
+            ..LlamaConfig::tiny()
+        };
+        let mut engine =
+            Engine::new(config.init::<B>(&device), engine_config(false), &device).unwrap();
+        engine
+            .step(&[batch(2, 8, config.vocab_size, 1)], 1e-3)
+            .unwrap();
+        engine
+            .step(&[batch(2, 8, config.vocab_size, 2)], 1e-3)
+            .unwrap();
+        let block_bytes = engine.store().groups[1].param_bytes() as f64;
+        (engine.pager_stats().peak_resident_bytes as f64, block_bytes)
+    };
+    let (shallow, block) = peak(4);
+    let (deep, _) = peak(16);
+    assert!(
+        (deep - shallow).abs() <= 0.1 * shallow,
+        "peak {shallow} B at 4 layers vs {deep} B at 16"
+    );
+    assert!(
+        deep <= 3.0 * block,
+        "peak {deep} B exceeds three blocks ({block} B each)"
+    );
+}
+
+#[test]
+fn misuse_is_a_clear_error() {
+    let device = Default::default();
+    let config = LlamaConfig::tiny();
+
+    // A model whose blocks do not match the store.
+    let engine = Engine::new(config.init::<B>(&device), engine_config(false), &device).unwrap();
+    let store = engine_into_store(engine);
+    let wider = LlamaConfig {
+        d_ff: 200,
+        ..config.clone()
+    }
+    .init::<B>(&device);
+    let err = Engine::with_store(wider, store, engine_config(false), &device)
+        .err()
+        .unwrap();
+    assert!(matches!(err, EngineError::Store(_)), "{err}");
+    assert!(
+        err.to_string()
+            .contains("block 0 of the model has parameter shapes"),
+        "{err}"
+    );
+
+    // Inputs and targets of different shapes; an empty batch list.
+    let mut engine = Engine::new(config.init::<B>(&device), engine_config(false), &device).unwrap();
+    let (x, _) = batch(2, 8, config.vocab_size, 1);
+    let (_, y) = batch(2, 9, config.vocab_size, 1);
+    let err = engine.step(&[(x, y)], 1e-3).unwrap_err().to_string();
+    assert!(
+        err.contains("inputs [2, 8] and targets [2, 9] differ"),
+        "{err}"
+    );
+    assert!(engine
+        .step(&[], 1e-3)
+        .unwrap_err()
+        .to_string()
+        .contains("no micro-batches"));
+    let err = engine
+        .step(&[batch(1, 4, 256, 0)], f64::NAN)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("learning rate"), "{err}");
+
+    // Invalid optimizer values.
+    let mut bad = engine_config(false);
+    bad.optimizer = OptimizerConfig::AdamW(AdamWConfig {
+        beta_2: 1.5,
+        ..Default::default()
+    });
+    let err = Engine::new(config.init::<B>(&device), bad, &device)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("beta_2 must be in [0, 1)"), "{err}");
+
+    // Fused mode cannot accumulate micro-batches.
+    let mut fused = Engine::new(config.init::<B>(&device), engine_config(true), &device).unwrap();
+    let b = batch(1, 4, 256, 0);
+    let err = fused.step(&[b.clone(), b], 1e-3).unwrap_err().to_string();
+    assert!(err.contains("cannot accumulate"), "{err}");
+}
+
+fn engine_into_store(engine: Engine<B, models::Llama<B>>) -> burn_offload::HostStore {
+    engine.into_store()
+}
