@@ -12,11 +12,12 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use burn::backend::Autodiff;
 use burn::module::AutodiffModule;
+use burn::module::HasAutodiffModule;
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{ElementConversion, TensorData};
-use burn_offload::{BlockModel, DecoderBlock};
+use burn_offload::{BlockModel, DecoderBlock, Engine, EngineConfig, OptimizerConfig};
 use indicatif::{ProgressBar, ProgressStyle};
 use models::{cross_entropy, ModelConfig};
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -45,6 +46,14 @@ pub struct TrainOptions {
     pub sample_tokens: usize,
     pub temperature: f64,
     pub progress: bool,
+    /// Plain burn (`Autodiff` on the whole model + burn-optim AdamW) instead of the offload engine.
+    pub resident: bool,
+    /// Engine: update each block as its gradient arrives (no gradient buffer).
+    pub fused: bool,
+    /// Engine: micro-batches of `batch` sequences accumulated per optimizer step.
+    pub accum: usize,
+    /// Engine: tokens per chunk of the LM head and loss.
+    pub loss_chunk_tokens: usize,
 }
 
 impl Default for TrainOptions {
@@ -66,6 +75,10 @@ impl Default for TrainOptions {
             sample_tokens: 200,
             temperature: 0.0,
             progress: false,
+            resident: false,
+            fused: false,
+            accum: 1,
+            loss_chunk_tokens: 4096,
         }
     }
 }
@@ -79,6 +92,18 @@ pub struct StepMetrics {
     pub tokens_per_s: f64,
     /// Resident set size of the process (host memory), when the OS reports it.
     pub rss_bytes: Option<u64>,
+    /// Engine only: global gradient norm before clipping.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grad_norm: Option<f64>,
+    /// Engine only: parameter bytes paged host → device during this step.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bytes_to_device: Option<u64>,
+    /// Engine only: gradient bytes paged device → host during this step.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bytes_to_host: Option<u64>,
+    /// Engine only: peak parameter bytes resident on the device during this step.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_device_param_bytes: Option<u64>,
 }
 
 /// What a finished run returns.
@@ -115,6 +140,8 @@ fn resolve_config(opts: &TrainOptions, tokenizer: &Tokenizer) -> Result<ModelCon
 
 fn validate(opts: &TrainOptions) -> Result<()> {
     let positive = [
+        ("--accum", opts.accum),
+        ("--loss-chunk-tokens", opts.loss_chunk_tokens),
         ("--steps", opts.steps),
         ("--batch", opts.batch),
         ("--seq-len", opts.seq_len),
@@ -129,6 +156,9 @@ fn validate(opts: &TrainOptions) -> Result<()> {
     }
     if !(opts.temperature.is_finite() && opts.temperature >= 0.0) {
         bail!("--temperature must be >= 0, got {}", opts.temperature);
+    }
+    if opts.resident && (opts.fused || opts.accum > 1) {
+        bail!("--fused and --accum are options of the offload engine; drop them or --resident");
     }
     if !(0.0..=1.0).contains(&opts.min_lr_ratio) {
         bail!(
@@ -157,9 +187,10 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
         None => None,
     };
 
-    type B = Autodiff<DefaultBackend>;
+    type B = DefaultBackend;
+    type AB = Autodiff<DefaultBackend>;
     let device = Default::default();
-    B::seed(&device, opts.seed);
+    AB::seed(&device, opts.seed);
     let job = Job {
         opts,
         tokenizer: &tokenizer,
@@ -167,9 +198,17 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
         metrics,
         config: config.clone(),
     };
-    let (losses, sample) = match &config {
-        ModelConfig::Gpt2(c) => job.train::<B, _>(c.init::<B>(&device), &device)?,
-        ModelConfig::Llama(c) => job.train::<B, _>(c.init::<B>(&device), &device)?,
+    let (losses, sample) = match (&config, opts.resident) {
+        (ModelConfig::Gpt2(c), true) => {
+            job.train_resident::<AB, _>(c.init::<AB>(&device), &device)?
+        }
+        (ModelConfig::Llama(c), true) => {
+            job.train_resident::<AB, _>(c.init::<AB>(&device), &device)?
+        }
+        (ModelConfig::Gpt2(c), false) => job.train_engine::<B, _>(c.init::<B>(&device), &device)?,
+        (ModelConfig::Llama(c), false) => {
+            job.train_engine::<B, _>(c.init::<B>(&device), &device)?
+        }
     };
     Ok(TrainReport {
         config,
@@ -187,19 +226,111 @@ struct Job<'a> {
 }
 
 impl Job<'_> {
-    fn train<AB, M>(mut self, mut model: M, device: &AB::Device) -> Result<(Vec<f32>, String)>
+    fn schedule(&self) -> WarmupCosine {
+        WarmupCosine {
+            peak: self.opts.lr,
+            warmup: self.opts.warmup.min(self.opts.steps),
+            total: self.opts.steps,
+            min_ratio: self.opts.min_lr_ratio,
+        }
+    }
+
+    /// Offload engine: parameters and AdamW state in host slabs, blocks streamed.
+    fn train_engine<B, M>(mut self, model: M, device: &B::Device) -> Result<(Vec<f32>, String)>
+    where
+        B: Backend,
+        M: BlockModel<B> + HasAutodiffModule<Autodiff<B>>,
+        M::TrainModule: BlockModel<Autodiff<B>>,
+        M::Block: HasAutodiffModule<Autodiff<B>>,
+        <M::Block as HasAutodiffModule<Autodiff<B>>>::TrainModule: DecoderBlock<Autodiff<B>>,
+    {
+        let opts = self.opts;
+        let config = EngineConfig {
+            optimizer: OptimizerConfig::AdamW(burn_offload::AdamWConfig {
+                weight_decay: opts.weight_decay as f32,
+                ..Default::default()
+            }),
+            grad_clip: (opts.grad_clip > 0.0).then_some(opts.grad_clip),
+            fused: opts.fused,
+            loss_chunk_tokens: opts.loss_chunk_tokens,
+        };
+        let mut engine = Engine::new(model, config, device)?;
+        let schedule = self.schedule();
+        let bar = progress_bar(opts, &self.config);
+        let tokens_per_step = (opts.batch * opts.seq_len * opts.accum) as f64;
+        let mut losses = Vec::with_capacity(opts.steps);
+        for step in 0..opts.steps {
+            let started = Instant::now();
+            let lr = schedule.lr(step);
+            let batches: Vec<_> = (0..opts.accum)
+                .map(|_| self.batch_tensors::<B>(device))
+                .collect();
+            engine.reset_pager_counters();
+            let report = engine.step(&batches, lr)?;
+            if !report.loss.is_finite() {
+                bail!(
+                    "loss became {} at step {step}; try a lower --lr",
+                    report.loss
+                );
+            }
+            losses.push(report.loss);
+            let pager = engine.pager_stats();
+            let tokens_per_s = tokens_per_step / started.elapsed().as_secs_f64();
+            self.log(&StepMetrics {
+                step,
+                loss: report.loss,
+                lr,
+                tokens_per_s,
+                rss_bytes: process_rss_bytes(),
+                grad_norm: report.grad_norm.is_finite().then_some(report.grad_norm),
+                bytes_to_device: Some(pager.bytes_to_device),
+                bytes_to_host: Some(pager.bytes_to_host),
+                peak_device_param_bytes: Some(pager.peak_resident_bytes),
+            })?;
+            bar.set_message(format!("loss {:.4} · {tokens_per_s:.0} tok/s", report.loss));
+            bar.inc(1);
+        }
+        bar.finish();
+        self.finish(&engine.model(), device, losses)
+    }
+
+    fn finish<B: Backend, M: BlockModel<B>>(
+        &mut self,
+        model: &M,
+        device: &B::Device,
+        losses: Vec<f32>,
+    ) -> Result<(Vec<f32>, String)> {
+        if let Some(metrics) = self.metrics.as_mut() {
+            metrics.flush().context("cannot write metrics")?;
+        }
+        let prompt = self.tokenizer.encode("The ");
+        let opts = self.opts;
+        let ids = generate(
+            model,
+            &prompt,
+            opts.sample_tokens,
+            opts.seq_len,
+            opts.temperature,
+            opts.seed,
+            device,
+        );
+        Ok((losses, self.tokenizer.decode(&ids)))
+    }
+
+    /// Plain burn: `Autodiff` over the whole model, burn-optim AdamW (whose
+    /// clipping is per parameter tensor, not global).
+    fn train_resident<AB, M>(
+        mut self,
+        mut model: M,
+        device: &AB::Device,
+    ) -> Result<(Vec<f32>, String)>
     where
         AB: AutodiffBackend,
         M: BlockModel<AB> + AutodiffModule<AB>,
         M::InnerModule: BlockModel<AB::InnerBackend>,
     {
         let opts = self.opts;
-        let schedule = WarmupCosine {
-            peak: opts.lr,
-            warmup: opts.warmup.min(opts.steps),
-            total: opts.steps,
-            min_ratio: opts.min_lr_ratio,
-        };
+        let schedule = self.schedule();
         let mut optim = AdamWConfig::new()
             .with_weight_decay(opts.weight_decay as f32)
             .with_grad_clipping((opts.grad_clip > 0.0).then_some(
@@ -230,26 +361,17 @@ impl Job<'_> {
                 lr,
                 tokens_per_s,
                 rss_bytes: process_rss_bytes(),
+                grad_norm: None,
+                bytes_to_device: None,
+                bytes_to_host: None,
+                peak_device_param_bytes: None,
             };
             self.log(&line)?;
             bar.set_message(format!("loss {loss_value:.4} · {tokens_per_s:.0} tok/s"));
             bar.inc(1);
         }
         bar.finish();
-        if let Some(metrics) = self.metrics.as_mut() {
-            metrics.flush().context("cannot write metrics")?;
-        }
-        let prompt = self.tokenizer.encode("The ");
-        let ids = generate(
-            &model.valid(),
-            &prompt,
-            opts.sample_tokens,
-            opts.seq_len,
-            opts.temperature,
-            opts.seed,
-            device,
-        );
-        Ok((losses, self.tokenizer.decode(&ids)))
+        self.finish(&model.valid(), device, losses)
     }
 
     fn batch_tensors<AB: Backend>(

@@ -49,9 +49,41 @@ fn write(dir: &Path, name: &str, bytes: &[u8]) -> String {
 }
 
 #[test]
-fn default_run_succeeds() {
-    let (ok, stderr) = train(&["--steps", "2"]);
+fn default_run_succeeds_and_writes_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = dir.path().join("m.jsonl");
+    let (ok, stderr) = train(&["--steps", "2", "--metrics", metrics.to_str().unwrap()]);
     assert!(ok, "{stderr}");
+    let text = std::fs::read_to_string(&metrics).unwrap();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2);
+    for key in [
+        "step",
+        "loss",
+        "lr",
+        "tokens_per_s",
+        "rss_bytes",
+        "bytes_to_device",
+        "peak_device_param_bytes",
+    ] {
+        assert!(
+            lines[1].get(key).is_some(),
+            "metrics line lacks `{key}`: {}",
+            lines[1]
+        );
+    }
+    assert!(lines[1]["peak_device_param_bytes"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn fused_and_resident_modes_run() {
+    for mode in [&["--fused"][..], &["--resident"], &["--accum", "2"]] {
+        let (ok, stderr) = train(&[&["--steps", "2"][..], mode].concat());
+        assert!(ok, "{mode:?}: {stderr}");
+    }
 }
 
 #[test]

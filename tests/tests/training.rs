@@ -10,7 +10,7 @@ fn repetitive_corpus(dir: &std::path::Path) -> std::path::PathBuf {
     path
 }
 
-fn train_tiny(model: &str) -> Vec<f32> {
+fn train_tiny(model: &str, resident: bool) -> Vec<f32> {
     let dir = tempfile::tempdir().unwrap();
     let opts = TrainOptions {
         model: model.into(),
@@ -21,6 +21,7 @@ fn train_tiny(model: &str) -> Vec<f32> {
         warmup: 10,
         data: Some(repetitive_corpus(dir.path())),
         sample_tokens: 16,
+        resident,
         ..TrainOptions::default()
     };
     run(&opts).unwrap().losses
@@ -47,10 +48,15 @@ fn assert_learned(losses: &[f32]) {
 
 #[test]
 fn tiny_gpt2_learns_a_repetitive_corpus() {
-    assert_learned(&train_tiny("gpt2-tiny"));
+    assert_learned(&train_tiny("gpt2-tiny", false));
 }
 
 #[test]
 fn tiny_llama_learns_a_repetitive_corpus() {
-    assert_learned(&train_tiny("llama-tiny"));
+    assert_learned(&train_tiny("llama-tiny", false));
+}
+
+#[test]
+fn tiny_llama_learns_with_plain_burn_too() {
+    assert_learned(&train_tiny("llama-tiny", true));
 }

@@ -41,7 +41,7 @@ struct Cli {
     /// AdamW decoupled weight decay.
     #[arg(long, default_value_t = 0.01)]
     weight_decay: f64,
-    /// Global gradient-norm clip (0 disables).
+    /// Gradient-norm clip, 0 disables (global norm in the engine; per tensor with --resident).
     #[arg(long, default_value_t = 1.0)]
     grad_clip: f64,
     /// Seed for initialisation, batches and sampling.
@@ -63,6 +63,20 @@ struct Cli {
     /// Sampling temperature (0 = greedy).
     #[arg(long, default_value_t = 0.0)]
     temperature: f64,
+    /// Train with plain burn (whole model under Autodiff, burn-optim AdamW with
+    /// per-tensor clipping) instead of the block-streamed offload engine.
+    #[arg(long)]
+    resident: bool,
+    /// Engine: apply each block's AdamW update as soon as its gradient arrives
+    /// (12 host bytes/param instead of 16; no --accum).
+    #[arg(long)]
+    fused: bool,
+    /// Engine: micro-batches of --batch sequences accumulated per step.
+    #[arg(long, default_value_t = 1)]
+    accum: usize,
+    /// Engine: tokens per chunk of the LM head and loss.
+    #[arg(long, default_value_t = 4096)]
+    loss_chunk_tokens: usize,
 }
 
 fn main() -> ExitCode {
@@ -84,6 +98,10 @@ fn main() -> ExitCode {
         sample_tokens: cli.sample_tokens,
         temperature: cli.temperature,
         progress: true,
+        resident: cli.resident,
+        fused: cli.fused,
+        accum: cli.accum,
+        loss_chunk_tokens: cli.loss_chunk_tokens,
     };
     match run(&opts) {
         Ok(report) => {
