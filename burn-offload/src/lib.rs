@@ -7,12 +7,14 @@
 //! chunked loss, per-block recompute and backward, CPU optimizer over host
 //! slabs ([`optim`]). Models take part by implementing [`BlockModel`].
 
+pub mod backend;
 pub mod engine;
 pub mod model;
 pub mod optim;
 pub mod pager;
 pub mod store;
 
+pub use backend::{HostParams, Offload, OffloadTensor, ParkParams};
 pub use engine::{Engine, EngineConfig, EngineError, MicroBatch, StepReport};
 pub use model::{BlockModel, DecoderBlock};
 pub use optim::{AdamWConfig, OptimizerConfig, SgdConfig};

@@ -1,0 +1,279 @@
+//! The `Offload<B>` methods that are not plain forwarding: creation and
+//! read-back of host-resident tensors, require-grad bookkeeping that must not
+//! page a parameter in, and signatures the forwarding macro cannot express.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use burn::tensor::backend::{Backend, ExecutionError};
+use burn::tensor::ops::*;
+use burn::tensor::quantization::{QuantScheme, QuantizationParametersPrimitive};
+use burn::tensor::{
+    BoolDType, Device, Distribution, FloatDType, IndexingUpdateOp, IntDType, Scalar, Shape, Slice,
+    TensorData,
+};
+use rayon::prelude::*;
+use std::future::Future;
+use std::ops::Range;
+
+use super::{lower, HostTensor, Offload, OffloadTensor};
+
+static HOST_SEED: AtomicU64 = AtomicU64::new(0x5eed);
+static HOST_DRAWS: AtomicU64 = AtomicU64::new(0);
+
+pub(super) fn seed_host_rng(seed: u64) {
+    HOST_SEED.store(seed, Ordering::Relaxed);
+    HOST_DRAWS.store(0, Ordering::Relaxed);
+}
+
+/// Elements per independently seeded chunk of a random draw.
+const DRAW_CHUNK: usize = 1 << 20;
+
+/// Random host data, drawn in parallel: chunk `c` of draw `n` uses a generator
+/// seeded from `(seed, n, c)`, so results depend only on the seed and the
+/// order of draws, not on the thread count. Multi-billion-parameter models
+/// initialise at memory bandwidth without touching the GPU.
+fn random_data(shape: Shape, distribution: Distribution, dtype: FloatDType) -> TensorData {
+    use rand010::SeedableRng;
+    let draw = HOST_DRAWS.fetch_add(1, Ordering::Relaxed);
+    let seed = HOST_SEED.load(Ordering::Relaxed);
+    let numel = shape.num_elements();
+    let mut values = vec![0.0f32; numel];
+    values
+        .par_chunks_mut(DRAW_CHUNK)
+        .enumerate()
+        .for_each(|(c, chunk)| {
+            let mix = seed
+                ^ draw.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+                ^ (c as u64).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            let mut rng = rand010::rngs::StdRng::seed_from_u64(mix);
+            let drawn = TensorData::random::<f32, _, _>([chunk.len()], distribution, &mut rng);
+            chunk.copy_from_slice(drawn.as_slice::<f32>().expect("f32 draw"));
+        });
+    TensorData::new(values, shape).convert_dtype(dtype.into())
+}
+
+fn host<B: Backend>(data: TensorData, device: &B::Device) -> OffloadTensor<B> {
+    OffloadTensor::Host(HostTensor::new(data, device))
+}
+
+impl<B: Backend> FloatTensorOps<Self> for Offload<B> {
+    forwarded_float_tensor_ops!();
+
+    fn float_from_data(data: TensorData, device: &Device<Self>) -> FloatTensor<Self> {
+        host(data, device)
+    }
+
+    fn float_random(
+        shape: Shape,
+        distribution: Distribution,
+        device: &Device<Self>,
+        dtype: FloatDType,
+    ) -> FloatTensor<Self> {
+        host(random_data(shape, distribution, dtype), device)
+    }
+
+    fn float_zeros(shape: Shape, device: &Device<Self>, dtype: FloatDType) -> FloatTensor<Self> {
+        host(TensorData::full_dtype(shape, 0.0, dtype.into()), device)
+    }
+
+    fn float_ones(shape: Shape, device: &Device<Self>, dtype: FloatDType) -> FloatTensor<Self> {
+        host(TensorData::full_dtype(shape, 1.0, dtype.into()), device)
+    }
+
+    fn float_full(
+        shape: Shape,
+        fill_value: Scalar,
+        device: &Device<Self>,
+        dtype: FloatDType,
+    ) -> FloatTensor<Self> {
+        host(
+            TensorData::full_dtype(shape, fill_value, dtype.into()),
+            device,
+        )
+    }
+
+    fn float_empty(shape: Shape, device: &Device<Self>, dtype: FloatDType) -> FloatTensor<Self> {
+        Self::float_zeros(shape, device, dtype)
+    }
+
+    // Spelled as the trait declares it, so the `Send` bound stays visible.
+    #[allow(clippy::manual_async_fn)]
+    fn float_into_data(
+        tensor: FloatTensor<Self>,
+    ) -> impl Future<Output = Result<TensorData, ExecutionError>> + Send {
+        async move {
+            match tensor {
+                OffloadTensor::Host(h) => Ok(h.data().clone()),
+                OffloadTensor::Device(t) => B::float_into_data(t).await,
+            }
+        }
+    }
+
+    fn float_device(tensor: &FloatTensor<Self>) -> Device<Self> {
+        match tensor {
+            OffloadTensor::Host(h) => h.device.clone(),
+            OffloadTensor::Device(t) => B::float_device(t),
+        }
+    }
+
+    /// Moving a tensor to the `Offload` device parks it in host memory.
+    fn float_to_device(tensor: FloatTensor<Self>, device: &Device<Self>) -> FloatTensor<Self> {
+        match tensor {
+            OffloadTensor::Host(h) if h.device == *device => OffloadTensor::Host(h),
+            OffloadTensor::Host(h) => host(h.data().clone(), device),
+            OffloadTensor::Device(t) => {
+                let data = burn::tensor::try_read_sync(B::float_into_data(t))
+                    .expect("reading a device tensor back to the host must be possible on this platform")
+                    .unwrap_or_else(|err| panic!("cannot park tensor in host memory: {err}"));
+                host(data, device)
+            }
+        }
+    }
+
+    fn float_detach(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
+        match tensor {
+            OffloadTensor::Device(t) => OffloadTensor::Device(B::float_detach(t)),
+            host => host,
+        }
+    }
+
+    fn float_set_require_grad(tensor: FloatTensor<Self>, require_grad: bool) -> FloatTensor<Self> {
+        match tensor {
+            OffloadTensor::Device(t) => {
+                OffloadTensor::Device(B::float_set_require_grad(t, require_grad))
+            }
+            host => host,
+        }
+    }
+
+    fn float_is_require_grad(tensor: &FloatTensor<Self>) -> bool {
+        match tensor {
+            OffloadTensor::Device(t) => B::float_is_require_grad(t),
+            OffloadTensor::Host(_) => false,
+        }
+    }
+}
+
+impl<B: Backend> IntTensorOps<Self> for Offload<B> {
+    forwarded_int_tensor_ops!();
+
+    fn int_into_data(
+        tensor: IntTensor<Self>,
+    ) -> impl Future<Output = Result<TensorData, ExecutionError>> + Send {
+        B::int_into_data(tensor)
+    }
+}
+
+impl<B: Backend> BoolTensorOps<Self> for Offload<B> {
+    forwarded_bool_tensor_ops!();
+
+    fn bool_into_data(
+        tensor: BoolTensor<Self>,
+    ) -> impl Future<Output = Result<TensorData, ExecutionError>> + Send {
+        B::bool_into_data(tensor)
+    }
+}
+
+impl<B: Backend> ModuleOps<Self> for Offload<B> {
+    forwarded_module_ops!();
+
+    fn deform_conv2d_backward(
+        x: FloatTensor<Self>,
+        offset: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        mask: Option<FloatTensor<Self>>,
+        bias: Option<FloatTensor<Self>>,
+        output_grad: FloatTensor<Self>,
+        options: DeformConvOptions<2>,
+    ) -> DeformConv2dBackward<Self> {
+        let g = B::deform_conv2d_backward(
+            lower(x),
+            lower(offset),
+            lower(weight),
+            mask.map(lower),
+            bias.map(lower),
+            lower(output_grad),
+            options,
+        );
+        DeformConv2dBackward::new(
+            OffloadTensor::Device(g.x_grad),
+            OffloadTensor::Device(g.offset_grad),
+            OffloadTensor::Device(g.weight_grad),
+            g.mask_grad.map(OffloadTensor::Device),
+            g.bias_grad.map(OffloadTensor::Device),
+        )
+    }
+
+    fn max_pool2d_with_indices(
+        x: FloatTensor<Self>,
+        kernel_size: [usize; 2],
+        stride: [usize; 2],
+        padding: [usize; 2],
+        dilation: [usize; 2],
+        ceil_mode: bool,
+    ) -> MaxPool2dWithIndices<Self> {
+        let r =
+            B::max_pool2d_with_indices(lower(x), kernel_size, stride, padding, dilation, ceil_mode);
+        MaxPool2dWithIndices::new(OffloadTensor::Device(r.output), r.indices)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn max_pool2d_with_indices_backward(
+        x: FloatTensor<Self>,
+        kernel_size: [usize; 2],
+        stride: [usize; 2],
+        padding: [usize; 2],
+        dilation: [usize; 2],
+        ceil_mode: bool,
+        output_grad: FloatTensor<Self>,
+        indices: IntTensor<Self>,
+    ) -> MaxPool2dBackward<Self> {
+        let r = B::max_pool2d_with_indices_backward(
+            lower(x),
+            kernel_size,
+            stride,
+            padding,
+            dilation,
+            ceil_mode,
+            lower(output_grad),
+            indices,
+        );
+        MaxPool2dBackward::new(OffloadTensor::Device(r.x_grad))
+    }
+
+    fn rfft(
+        signal: FloatTensor<Self>,
+        dim: usize,
+        n: Option<usize>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let (re, im) = B::rfft(lower(signal), dim, n);
+        (OffloadTensor::Device(re), OffloadTensor::Device(im))
+    }
+}
+
+impl<B: Backend> ActivationOps<Self> for Offload<B> {
+    forwarded_activation_ops!();
+}
+
+impl<B: Backend> QTensorOps<Self> for Offload<B> {
+    forwarded_q_tensor_ops!();
+
+    fn quantize(
+        tensor: FloatTensor<Self>,
+        scheme: &QuantScheme,
+        qparams: QuantizationParametersPrimitive<Self>,
+    ) -> QuantizedTensor<Self> {
+        let qparams = QuantizationParametersPrimitive {
+            scales: lower(qparams.scales),
+        };
+        B::quantize(lower(tensor), scheme, qparams)
+    }
+
+    fn q_into_data(
+        tensor: QuantizedTensor<Self>,
+    ) -> impl Future<Output = Result<TensorData, ExecutionError>> + Send {
+        B::q_into_data(tensor)
+    }
+}
+
+impl<B: Backend> TransactionOps<Self> for Offload<B> {}

@@ -1,0 +1,143 @@
+//! Device copies of host-resident tensors: a byte-bounded LRU cache shared by
+//! every `Offload` tensor, with traffic counters.
+//!
+//! A host tensor keeps its own device copy; this module only decides which
+//! copies to drop when the cache is over its budget, and keeps the books.
+
+use std::collections::VecDeque;
+use std::sync::{Mutex, Weak};
+
+/// Something whose device copy can be dropped.
+pub trait Evict: Send + Sync {
+    /// Drops the device copy; `true` if there was one.
+    fn evict(&self) -> bool;
+}
+
+struct Entry {
+    id: u64,
+    bytes: u64,
+    owner: Weak<dyn Evict>,
+}
+
+struct State {
+    /// Least recently used first.
+    entries: VecDeque<Entry>,
+    resident: u64,
+    peak: u64,
+    to_device: u64,
+    budget: u64,
+}
+
+/// Default budget: enough for a few transformer blocks of a billion-parameter
+/// model in f32; tune with [`set_param_cache_bytes`].
+const DEFAULT_BUDGET: u64 = 1 << 30;
+
+static STATE: Mutex<State> = Mutex::new(State {
+    entries: VecDeque::new(),
+    resident: 0,
+    peak: 0,
+    to_device: 0,
+    budget: DEFAULT_BUDGET,
+});
+
+fn state() -> std::sync::MutexGuard<'static, State> {
+    STATE
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Traffic and residency of host-resident `Offload` tensors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OffloadStats {
+    /// Bytes uploaded host → device.
+    pub bytes_to_device: u64,
+    /// Bytes of device copies cached now.
+    pub resident_bytes: u64,
+    /// Largest `resident_bytes` since the last [`reset_peak`].
+    pub peak_resident_bytes: u64,
+    /// The cache budget.
+    pub budget_bytes: u64,
+}
+
+pub fn stats() -> OffloadStats {
+    let s = state();
+    OffloadStats {
+        bytes_to_device: s.to_device,
+        resident_bytes: s.resident,
+        peak_resident_bytes: s.peak,
+        budget_bytes: s.budget,
+    }
+}
+
+/// Starts a new peak measurement from the current residency.
+pub fn reset_peak() {
+    let mut s = state();
+    s.peak = s.resident;
+}
+
+/// Sets how many bytes of device copies of host tensors may stay cached.
+/// A single tensor larger than the budget is still paged in while it is used.
+pub fn set_param_cache_bytes(bytes: u64) {
+    let victims = {
+        let mut s = state();
+        s.budget = bytes;
+        over_budget(&mut s, None)
+    };
+    evict_all(victims);
+}
+
+pub(crate) fn paged_in(id: u64, bytes: u64, owner: Weak<dyn Evict>) {
+    let victims = {
+        let mut s = state();
+        s.to_device += bytes;
+        s.resident += bytes;
+        s.peak = s.peak.max(s.resident);
+        s.entries.push_back(Entry { id, bytes, owner });
+        over_budget(&mut s, Some(id))
+    };
+    evict_all(victims);
+}
+
+pub(crate) fn touch(id: u64) {
+    let mut s = state();
+    if let Some(pos) = s.entries.iter().position(|e| e.id == id) {
+        if let Some(entry) = s.entries.remove(pos) {
+            s.entries.push_back(entry);
+        }
+    }
+}
+
+pub(crate) fn forget(id: u64) {
+    let mut s = state();
+    if let Some(pos) = s.entries.iter().position(|e| e.id == id) {
+        if let Some(entry) = s.entries.remove(pos) {
+            s.resident -= entry.bytes;
+        }
+    }
+}
+
+/// Removes least recently used entries (never `keep`) until within budget.
+fn over_budget(s: &mut State, keep: Option<u64>) -> Vec<Weak<dyn Evict>> {
+    let mut victims = Vec::new();
+    let mut i = 0;
+    while s.resident > s.budget && i < s.entries.len() {
+        if Some(s.entries[i].id) == keep {
+            i += 1;
+            continue;
+        }
+        if let Some(entry) = s.entries.remove(i) {
+            s.resident -= entry.bytes;
+            victims.push(entry.owner);
+        }
+    }
+    victims
+}
+
+/// Drops device copies outside the state lock (each takes its own lock).
+fn evict_all(victims: Vec<Weak<dyn Evict>>) {
+    for owner in victims {
+        if let Some(owner) = owner.upgrade() {
+            owner.evict();
+        }
+    }
+}
