@@ -35,6 +35,9 @@ use crate::{BlockModel, DecoderBlock};
 
 type AD<B> = Autodiff<B>;
 
+/// A model's block type on `Autodiff<B>`.
+type BlockAd<B, M> = <<M as BlockModel<B>>::Block as HasAutodiffModule<AD<B>>>::TrainModule;
+
 /// Token ids `(inputs, targets)`, each `[batch, seq]`.
 pub type MicroBatch<B> = (Tensor<B, 2, Int>, Tensor<B, 2, Int>);
 
@@ -424,8 +427,39 @@ where
         Ok(())
     }
 
+    /// Binds block `i` (its weights paged in) for graph-free forward.
+    fn bind_block(&mut self, blocks: &[M::Block], i: usize) -> M::Block {
+        let group = &self.store.groups[i + 1];
+        let template = blocks[i].clone();
+        self.pager
+            .bind(template, i + 1, group, &HashSet::new(), false, &self.device)
+    }
+
+    /// Binds block `i` under `Autodiff`, its parameters requiring gradients.
+    fn bind_block_ad(&mut self, blocks: &[M::Block], i: usize) -> BlockAd<B, M> {
+        let group = &self.store.groups[i + 1];
+        let template = BlockAd::<B, M>::from_inner(blocks[i].clone());
+        self.pager
+            .bind(template, i + 1, group, &HashSet::new(), true, &self.device)
+    }
+
+    /// Binds the stem (embeddings, final norm, head) into the whole template.
+    fn bind_stem<X: Backend, T: Module<X>>(&mut self, template: T, require_grad: bool) -> T
+    where
+        X::Device: From<B::Device>,
+    {
+        let group = &self.store.groups[0];
+        let device = X::Device::from(self.device.clone());
+        self.pager
+            .bind(template, 0, group, &self.block_ids, require_grad, &device)
+    }
+
     /// Phases 1–4 for one micro-batch; parameter gradients of `loss_scale ×
     /// mean loss` go to `sink`. Returns the (unscaled) mean loss.
+    ///
+    /// The next block is always bound before the current one runs (prefetch;
+    /// on a GPU its copy overlaps the current block's compute), so at most two
+    /// blocks are resident. The stem is resident only while it is used.
     fn forward_backward(
         &mut self,
         inputs: &Tensor<B, 2, Int>,
@@ -433,33 +467,22 @@ where
         loss_scale: f32,
         sink: &mut Sink,
     ) -> f32 {
-        let device = self.device.clone();
-        let no_skip = HashSet::new();
         // Placeholder templates: cloning them copies no weights.
         let blocks = self.template.blocks().to_vec();
         let num_blocks = blocks.len();
 
         // 1. Forward, no graph: keep only block inputs.
-        let stem = self.pager.bind(
-            self.template.clone(),
-            0,
-            &self.store.groups[0],
-            &self.block_ids,
-            false,
-            &device,
-        );
+        let stem = self.bind_stem::<B, M>(self.template.clone(), false);
         let mut x = stem.embed(inputs.clone());
         drop(stem);
+        self.pager.evict(0);
         let mut checkpoints = Vec::with_capacity(num_blocks);
-        for (i, template) in blocks.iter().enumerate() {
-            let block = self.pager.bind(
-                template.clone(),
-                i + 1,
-                &self.store.groups[i + 1],
-                &no_skip,
-                false,
-                &device,
-            );
+        let mut next = (num_blocks > 0).then(|| self.bind_block(&blocks, 0));
+        for i in 0..num_blocks {
+            let block = next.take().expect("block bound ahead");
+            if i + 1 < num_blocks {
+                next = Some(self.bind_block(&blocks, i + 1));
+            }
             checkpoints.push(x.clone());
             x = block.forward(x);
             drop(block);
@@ -467,14 +490,9 @@ where
         }
 
         // 2. Head + loss in chunks of positions, each chunk its own small graph.
-        let stem_ad = self.pager.bind(
-            M::TrainModule::from_inner(self.template.clone()),
-            0,
-            &self.store.groups[0],
-            &self.block_ids,
-            true,
-            &device,
-        );
+        let stem_ad =
+            self.bind_stem::<AD<B>, _>(M::TrainModule::from_inner(self.template.clone()), true);
+        let mut next = (num_blocks > 0).then(|| self.bind_block_ad(&blocks, num_blocks - 1));
         let [batch, seq, _] = x.dims();
         let total = (batch * seq) as f32;
         let chunk = (self.config.loss_chunk_tokens / batch).clamp(1, seq);
@@ -489,56 +507,59 @@ where
             loss_sum += nll_sum.clone().into_scalar().elem::<f64>();
             let grads = (nll_sum * (loss_scale / total)).backward();
             dx_chunks.push(xc.grad(&grads).expect("the head depends on its input"));
+            let group = &self.store.groups[0];
             self.pager.gradients_to_host::<AD<B>, _>(
                 &stem_ad,
-                &self.store.groups[0],
+                group,
                 &self.block_ids,
                 &grads,
                 1.0,
                 &mut stem_grads,
             );
         }
+        drop(stem_ad);
+        self.pager.evict(0);
         let mut dy = Tensor::cat(dx_chunks, 1);
 
         // 3. Backward, one block at a time, recomputed from its checkpoint.
         let mut block_grads = Vec::new();
         for i in (0..num_blocks).rev() {
-            let g = i + 1;
-            let template =
-                <M::Block as HasAutodiffModule<AD<B>>>::TrainModule::from_inner(blocks[i].clone());
-            let block =
-                self.pager
-                    .bind(template, g, &self.store.groups[g], &no_skip, true, &device);
-            let x_in = Tensor::<AD<B>, 3>::from_inner(
-                checkpoints.pop().expect("one checkpoint per block"),
-            )
-            .require_grad();
+            let block = next.take().expect("block bound ahead");
+            if i > 0 {
+                next = Some(self.bind_block_ad(&blocks, i - 1));
+            }
+            let checkpoint = checkpoints.pop().expect("one checkpoint per block");
+            let x_in = Tensor::<AD<B>, 3>::from_inner(checkpoint).require_grad();
             let y = block.forward(x_in.clone());
             let grads = (y * Tensor::from_inner(dy)).sum().backward();
             dy = x_in.grad(&grads).expect("a block depends on its input");
+            let group = &self.store.groups[i + 1];
             block_grads.clear();
-            block_grads.resize(self.store.groups[g].numel(), 0.0);
+            block_grads.resize(group.numel(), 0.0);
             self.pager.gradients_to_host::<AD<B>, _>(
                 &block,
-                &self.store.groups[g],
-                &no_skip,
+                group,
+                &HashSet::new(),
                 &grads,
                 1.0,
                 &mut block_grads,
             );
             drop(block);
-            self.pager.evict(g);
-            self.sink_group(g, &block_grads, sink);
+            self.pager.evict(i + 1);
+            self.sink_group(i + 1, &block_grads, sink);
         }
 
         // 4. Embedding backward from dx_0.
+        let stem_ad =
+            self.bind_stem::<AD<B>, _>(M::TrainModule::from_inner(self.template.clone()), true);
         let tokens = Tensor::<AD<B>, 2, Int>::from_inner(inputs.clone());
         let grads = (stem_ad.embed(tokens) * Tensor::from_inner(dy))
             .sum()
             .backward();
+        let group = &self.store.groups[0];
         self.pager.gradients_to_host::<AD<B>, _>(
             &stem_ad,
-            &self.store.groups[0],
+            group,
             &self.block_ids,
             &grads,
             1.0,

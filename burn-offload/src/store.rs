@@ -9,7 +9,7 @@
 //! move a whole block.
 
 use std::alloc::{self, Layout};
-use std::collections::HashMap;
+use std::collections::HashSet;
 
 use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::tensor::{backend::Backend, Tensor};
@@ -163,6 +163,27 @@ pub(crate) struct Visited {
     pub values: Vec<f32>,
 }
 
+/// Values of the float parameters not in `skip`, in visit order.
+struct StemValues<'a> {
+    skip: &'a HashSet<ParamId>,
+    out: Vec<Vec<f32>>,
+}
+
+impl<B: Backend> ModuleVisitor<B> for StemValues<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        if !self.skip.contains(&param.id) {
+            self.out.push(
+                param
+                    .val()
+                    .into_data()
+                    .convert::<f32>()
+                    .into_vec::<f32>()
+                    .expect("f32 data"),
+            );
+        }
+    }
+}
+
 /// Collects every float parameter of a module in visit order, with its path;
 /// reads values only when `read_values` (shape checks need none).
 pub(crate) struct Collect {
@@ -216,35 +237,42 @@ impl<B: Backend> ModuleVisitor<B> for Collect {
 
 impl HostStore {
     /// Builds a store from `model` (its stem: every parameter outside the
-    /// blocks) and its `blocks`, copying the current parameter values.
+    /// blocks) and its `blocks`, copying the current parameter values. Groups
+    /// are built one at a time, so at most one group's values are held twice.
     pub fn from_modules<B: Backend, M: Module<B>, K: Module<B>>(
         model: &M,
         blocks: &[K],
         layout: StoreLayout,
     ) -> Result<Self, StoreError> {
-        let mut block_params = Vec::with_capacity(blocks.len());
-        let mut in_blocks = HashMap::new();
-        for (i, block) in blocks.iter().enumerate() {
+        let mut groups = Vec::with_capacity(blocks.len() + 1);
+        let mut in_blocks = HashSet::new();
+        for block in blocks {
             let mut collect = Collect::new(true);
             block.visit(&mut collect);
             for p in &collect.out {
-                if in_blocks.insert(p.id, i).is_some() {
+                if !in_blocks.insert(p.id) {
                     return Err(StoreError::SharedParameter { id: p.id });
                 }
             }
-            block_params.push(collect.out);
+            groups.push(Self::group(collect.out, layout));
         }
-        let mut stem = Collect::new(true);
+        // The stem: read shapes first, then only the values outside the blocks.
+        let mut stem = Collect::new(false);
         model.visit(&mut stem);
-        stem.out.retain(|p| !in_blocks.contains_key(&p.id));
-
-        let groups = std::iter::once(stem.out)
-            .chain(block_params)
-            .map(|params| Self::group(params, layout));
-        Ok(Self {
-            groups: groups.collect(),
-            layout,
-        })
+        let mut values = StemValues {
+            skip: &in_blocks,
+            out: Vec::new(),
+        };
+        model.visit(&mut values);
+        let stem_params = stem
+            .out
+            .into_iter()
+            .filter(|p| !in_blocks.contains(&p.id))
+            .zip(values.out)
+            .map(|(p, values)| Visited { values, ..p })
+            .collect();
+        groups.insert(0, Self::group(stem_params, layout));
+        Ok(Self { groups, layout })
     }
 
     fn group(params: Vec<Visited>, layout: StoreLayout) -> ParamGroup {
@@ -260,9 +288,17 @@ impl HostStore {
             offset += p.values.len();
         }
         let mut slab = Slab::zeros(offset);
-        for (slot, p) in slots.iter().zip(&params) {
-            slab.as_mut_slice()[slot.offset..slot.offset + slot.len].copy_from_slice(&p.values);
+        // Fill the slab in parallel: split it into the parameters' disjoint ranges.
+        let mut rest = slab.as_mut_slice();
+        let mut targets = Vec::with_capacity(params.len());
+        for p in &params {
+            let (head, tail) = rest.split_at_mut(p.values.len());
+            targets.push((head, &p.values));
+            rest = tail;
         }
+        targets
+            .into_par_iter()
+            .for_each(|(dst, src)| dst.copy_from_slice(src));
         ParamGroup {
             slots,
             params: slab,

@@ -391,3 +391,52 @@ fn misuse_is_a_clear_error() {
 fn engine_into_store(engine: Engine<B, models::Llama<B>>) -> burn_offload::HostStore {
     engine.into_store()
 }
+
+#[test]
+fn engine_trains_a_model_initialised_on_offload_like_one_on_the_inner_backend() {
+    use burn_offload::store::StoreLayout;
+    use burn_offload::Offload;
+    let device = Default::default();
+    let config = LlamaConfig::tiny();
+    let host_model = config.init::<Offload<B>>(&device);
+    // A second store with the same values, bound positionally into a model on B.
+    let layout = StoreLayout {
+        gradient_buffer: true,
+    };
+    let store =
+        burn_offload::HostStore::from_modules(&host_model, host_model.blocks(), layout).unwrap();
+    let mut on_b = Engine::with_store(
+        config.init::<B>(&device),
+        store,
+        engine_config(false),
+        &device,
+    )
+    .unwrap();
+    let mut on_offload = Engine::new(host_model, engine_config(false), &device).unwrap();
+
+    for step in 0..3 {
+        let (x, y) = batch(2, 8, config.vocab_size, step);
+        let off_batch = (
+            Tensor::from_data(x.to_data(), &device),
+            Tensor::from_data(y.to_data(), &device),
+        );
+        let want = on_b.step(&[(x, y)], 1e-2).unwrap();
+        let got = on_offload.step(&[off_batch], 1e-2).unwrap();
+        assert!(
+            (got.loss - want.loss).abs() <= TOL * want.loss,
+            "step {step}: {} vs {}",
+            got.loss,
+            want.loss
+        );
+    }
+    for (g, (a, b)) in on_offload
+        .store()
+        .groups
+        .iter()
+        .zip(&on_b.store().groups)
+        .enumerate()
+    {
+        let err = rel_err(a.params.as_slice(), b.params.as_slice());
+        assert!(err <= TOL, "group {g}: relative error {err}");
+    }
+}
