@@ -74,7 +74,7 @@ pub enum EngineError {
     Config(String),
     #[error("bad batch: {0}")]
     Batch(String),
-    #[error("checkpoint for block {block} has shape {got:?}, expected {want:?}")]
+    #[error("block {block} returned hidden states of shape {got:?} for an input of shape {want:?}; blocks must preserve [batch, seq, d_model]")]
     Checkpoint {
         block: usize,
         got: Vec<usize>,
@@ -308,12 +308,12 @@ where
                             lr,
                             scale: 1.0,
                         },
-                    );
+                    )?;
                     (loss, f64::NAN, 1.0)
                 }
                 Some(clip) => {
                     let mut norm = Sink::Norm(0.0);
-                    let loss = self.forward_backward(inputs, targets, 1.0, &mut norm);
+                    let loss = self.forward_backward(inputs, targets, 1.0, &mut norm)?;
                     let Sink::Norm(sum) = norm else {
                         unreachable!("the sink stays a norm sink")
                     };
@@ -327,7 +327,7 @@ where
                             lr,
                             scale: scale as f32,
                         },
-                    );
+                    )?;
                     (loss, norm, scale)
                 }
             };
@@ -396,7 +396,7 @@ where
         let k = micro_batches.len() as f32;
         let mut loss = 0.0;
         for (inputs, targets) in micro_batches {
-            loss += self.forward_backward(inputs, targets, 1.0 / k, &mut Sink::Accumulate) / k;
+            loss += self.forward_backward(inputs, targets, 1.0 / k, &mut Sink::Accumulate)? / k;
         }
         Ok(loss)
     }
@@ -466,7 +466,7 @@ where
         targets: &Tensor<B, 2, Int>,
         loss_scale: f32,
         sink: &mut Sink,
-    ) -> f32 {
+    ) -> Result<f32, EngineError> {
         // Placeholder templates: cloning them copies no weights.
         let blocks = self.template.blocks().to_vec();
         let num_blocks = blocks.len();
@@ -483,10 +483,20 @@ where
             if i + 1 < num_blocks {
                 next = Some(self.bind_block(&blocks, i + 1));
             }
+            let want = x.dims();
             checkpoints.push(x.clone());
             x = block.forward(x);
             drop(block);
             self.pager.evict(i + 1);
+            if x.dims() != want {
+                // Later blocks and the recompute would read a mis-shaped checkpoint.
+                self.pager.evict(i + 2);
+                return Err(EngineError::Checkpoint {
+                    block: i,
+                    got: x.dims().to_vec(),
+                    want: want.to_vec(),
+                });
+            }
         }
 
         // 2. Head + loss in chunks of positions, each chunk its own small graph.
@@ -569,7 +579,7 @@ where
         self.pager.evict(0);
         self.sink_group(0, &stem_grads, sink);
 
-        (loss_sum / total as f64) as f32
+        Ok((loss_sum / total as f64) as f32)
     }
 
     fn sink_group(&mut self, g: usize, grads: &[f32], sink: &mut Sink) {

@@ -440,3 +440,84 @@ fn engine_trains_a_model_initialised_on_offload_like_one_on_the_inner_backend() 
         assert!(err <= TOL, "group {g}: relative error {err}");
     }
 }
+
+/// A model that breaks the block contract: its block widens the hidden state.
+mod widening {
+    use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig};
+    use burn::prelude::*;
+    use burn_offload::{BlockModel, DecoderBlock};
+
+    #[derive(Module, Debug)]
+    pub struct Widen<B: Backend> {
+        pub proj: Linear<B>,
+    }
+
+    impl<B: Backend> DecoderBlock<B> for Widen<B> {
+        fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+            self.proj.forward(x)
+        }
+    }
+
+    #[derive(Module, Debug)]
+    pub struct Model<B: Backend> {
+        pub embed: Embedding<B>,
+        pub blocks: Vec<Widen<B>>,
+        pub head: Linear<B>,
+    }
+
+    impl<B: Backend> Model<B> {
+        pub fn new(device: &B::Device) -> Self {
+            Self {
+                embed: EmbeddingConfig::new(16, 8).init(device),
+                blocks: vec![Widen {
+                    proj: LinearConfig::new(8, 9).init(device),
+                }],
+                head: LinearConfig::new(9, 16).init(device),
+            }
+        }
+    }
+
+    impl<B: Backend> BlockModel<B> for Model<B> {
+        type Block = Widen<B>;
+        fn embed(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
+            self.embed.forward(tokens)
+        }
+        fn blocks(&self) -> &[Widen<B>] {
+            &self.blocks
+        }
+        fn head(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
+            self.head.forward(hidden)
+        }
+        fn vocab_size(&self) -> usize {
+            16
+        }
+    }
+}
+
+#[test]
+fn a_block_that_changes_the_hidden_shape_is_a_clear_error() {
+    let device = Default::default();
+    let mut engine = Engine::new(
+        widening::Model::<B>::new(&device),
+        engine_config(false),
+        &device,
+    )
+    .unwrap();
+    let before = engine.store().groups[1].params.as_slice().to_vec();
+    let err = engine
+        .step(&[batch(2, 4, 16, 0)], 1e-3)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(
+            "block 0 returned hidden states of shape [2, 4, 9] for an input of shape [2, 4, 8]"
+        ),
+        "{err}"
+    );
+    assert_eq!(engine.updates(), 0);
+    assert_eq!(
+        engine.store().groups[1].params.as_slice(),
+        &before[..],
+        "a failed step changed parameters"
+    );
+}

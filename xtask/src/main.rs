@@ -1,24 +1,50 @@
 //! Developer commands: `cargo xtask <command>` (alias in `.cargo/config.toml`).
+//!
+//! - `cargo xtask ci`: what CI runs (`.ci/run`).
+//! - `cargo xtask bench optim`: CPU AdamW throughput of burn-offload's fused
+//!   rayon loop against burn-optim's AdamW on the CPU backend and a
+//!   single-threaded scalar loop, side by side in one process.
+
+mod bench_optim;
 
 use anyhow::{bail, Result};
+use clap::{Parser, Subcommand};
 
-const USAGE: &str =
-    "usage: cargo xtask <command>\n\ncommands:\n  ci      run what CI runs (.ci/run)";
+#[derive(Parser)]
+#[command(about = "burn-offload developer commands")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run what CI runs (.ci/run).
+    Ci,
+    /// Benchmarks.
+    Bench {
+        #[command(subcommand)]
+        which: Bench,
+    },
+}
+
+#[derive(Subcommand)]
+enum Bench {
+    /// CPU AdamW throughput (Gparam/s): ours vs burn-optim vs a scalar loop.
+    Optim(bench_optim::Args),
+}
 
 fn main() -> Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.first().map(String::as_str) {
-        Some("ci") => {
+    match Cli::parse().command {
+        Command::Ci => {
             let status = std::process::Command::new("bash").arg(".ci/run").status()?;
             if !status.success() {
                 bail!(".ci/run failed ({status})");
             }
             Ok(())
         }
-        Some(other) => bail!("unknown xtask command `{other}`\n\n{USAGE}"),
-        None => {
-            println!("{USAGE}");
-            Ok(())
-        }
+        Command::Bench {
+            which: Bench::Optim(args),
+        } => bench_optim::run(args),
     }
 }
