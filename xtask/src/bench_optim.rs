@@ -127,7 +127,7 @@ pub fn run(args: Args) -> Result<()> {
         g.register(module.w.id, grad.clone());
         module = optim.step(1e-3, module.clone(), g);
         // Force the lazy result so the step is really computed.
-        let _ = module.w.val().inner().slice([0..1]).into_data();
+        let _ = module.w.val().inner().narrow(0, 0, 1).into_data();
     });
 
     let rows = [
