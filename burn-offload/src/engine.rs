@@ -28,6 +28,7 @@ use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::Backend;
 use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
 
+use crate::checkpoint::{self, CheckpointError};
 use crate::optim::{check_lr, sum_of_squares, OptimizerConfig, OptimizerError, UpdateSlices};
 use crate::pager::{Pager, PagerStats, ToPlaceholders};
 use crate::store::{Collect, HostStore, StoreError, StoreLayout};
@@ -51,6 +52,10 @@ pub struct EngineConfig {
     pub fused: bool,
     /// Tokens per chunk of the LM head and loss.
     pub loss_chunk_tokens: usize,
+    /// Skip a step whose loss or gradients are not finite, leaving parameters
+    /// and optimizer state untouched. In fused mode this needs the gradient
+    /// norm before the first update, so the backward runs twice (as with clipping).
+    pub skip_non_finite: bool,
 }
 
 impl Default for EngineConfig {
@@ -60,6 +65,7 @@ impl Default for EngineConfig {
             grad_clip: None,
             fused: false,
             loss_chunk_tokens: 4096,
+            skip_non_finite: true,
         }
     }
 }
@@ -92,6 +98,20 @@ pub struct StepReport {
     /// Factor the gradients were multiplied by (1 when not clipped).
     pub clip_scale: f64,
     pub tokens: usize,
+    /// The loss or a gradient was not finite: nothing was updated.
+    pub skipped: bool,
+}
+
+impl StepReport {
+    fn skipped(loss: f32, grad_norm: f64, tokens: usize) -> Self {
+        Self {
+            loss,
+            grad_norm,
+            clip_scale: 0.0,
+            tokens,
+            skipped: true,
+        }
+    }
 }
 
 /// Where a block's gradients go once they are on the host.
@@ -215,6 +235,33 @@ where
         &self.store
     }
 
+    /// Mutable access to the parameters and optimizer state (loaders, surgery).
+    pub fn store_mut(&mut self) -> &mut HostStore {
+        &mut self.store
+    }
+
+    /// Writes a checkpoint (parameters, Adam state, update count and the
+    /// trainer's `state`) into `dir`, atomically, keeping the newest `keep`.
+    pub fn save_checkpoint(
+        &self,
+        dir: &std::path::Path,
+        state: serde_json::Value,
+        keep: usize,
+    ) -> Result<std::path::PathBuf, CheckpointError> {
+        checkpoint::save(dir, &self.store, self.updates, state, keep)
+    }
+
+    /// Restores parameters, Adam state and the update count from a
+    /// checkpoint; on any error the engine is left as it was.
+    pub fn load_checkpoint(
+        &mut self,
+        path: &std::path::Path,
+    ) -> Result<checkpoint::Manifest, CheckpointError> {
+        let manifest = checkpoint::load_into(path, &mut self.store)?;
+        self.updates = manifest.updates;
+        Ok(manifest)
+    }
+
     /// Gives up the engine, keeping its store (parameters and optimizer state).
     pub fn into_store(self) -> HostStore {
         self.store
@@ -297,39 +344,38 @@ where
             }
             let (inputs, targets) = &micro_batches[0];
             let step = self.updates + 1;
-            let (loss, norm, scale) = match self.config.grad_clip {
-                None => {
-                    let loss = self.forward_backward(
-                        inputs,
-                        targets,
-                        1.0,
-                        &mut Sink::Update {
-                            step,
-                            lr,
-                            scale: 1.0,
-                        },
-                    )?;
-                    (loss, f64::NAN, 1.0)
+            let single_pass = self.config.grad_clip.is_none() && !self.config.skip_non_finite;
+            let (loss, norm, scale) = if single_pass {
+                let mut sink = Sink::Update {
+                    step,
+                    lr,
+                    scale: 1.0,
+                };
+                (
+                    self.forward_backward(inputs, targets, 1.0, &mut sink)?,
+                    f64::NAN,
+                    1.0,
+                )
+            } else {
+                let mut norm = Sink::Norm(0.0);
+                let loss = self.forward_backward(inputs, targets, 1.0, &mut norm)?;
+                let Sink::Norm(sum) = norm else {
+                    unreachable!("the sink stays a norm sink")
+                };
+                if !(loss.is_finite() && sum.is_finite()) {
+                    return Ok(StepReport::skipped(loss, sum.sqrt(), tokens));
                 }
-                Some(clip) => {
-                    let mut norm = Sink::Norm(0.0);
-                    let loss = self.forward_backward(inputs, targets, 1.0, &mut norm)?;
-                    let Sink::Norm(sum) = norm else {
-                        unreachable!("the sink stays a norm sink")
-                    };
-                    let (norm, scale) = clip_scale(sum.sqrt(), clip);
-                    self.forward_backward(
-                        inputs,
-                        targets,
-                        1.0,
-                        &mut Sink::Update {
-                            step,
-                            lr,
-                            scale: scale as f32,
-                        },
-                    )?;
-                    (loss, norm, scale)
-                }
+                let (norm, scale) = match self.config.grad_clip {
+                    Some(clip) => clip_scale(sum.sqrt(), clip),
+                    None => (sum.sqrt(), 1.0),
+                };
+                let mut sink = Sink::Update {
+                    step,
+                    lr,
+                    scale: scale as f32,
+                };
+                self.forward_backward(inputs, targets, 1.0, &mut sink)?;
+                (loss, norm, scale)
             };
             self.updates = step;
             return Ok(StepReport {
@@ -337,6 +383,7 @@ where
                 grad_norm: norm,
                 clip_scale: scale,
                 tokens,
+                skipped: false,
             });
         }
 
@@ -351,6 +398,9 @@ where
                     .map_or(0.0, |s| sum_of_squares(s.as_slice()))
             })
             .sum::<f64>();
+        if self.config.skip_non_finite && !(loss.is_finite() && sum.is_finite()) {
+            return Ok(StepReport::skipped(loss, sum.sqrt(), tokens));
+        }
         let (norm, scale) = match self.config.grad_clip {
             Some(clip) => clip_scale(sum.sqrt(), clip),
             None => (sum.sqrt(), 1.0),
@@ -375,6 +425,7 @@ where
             grad_norm: norm,
             clip_scale: scale,
             tokens,
+            skipped: false,
         })
     }
 

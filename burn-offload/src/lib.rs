@@ -8,6 +8,7 @@
 //! slabs ([`optim`]). Models take part by implementing [`BlockModel`].
 
 pub mod backend;
+pub mod checkpoint;
 pub mod engine;
 pub mod model;
 pub mod optim;

@@ -7,6 +7,7 @@
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
@@ -21,7 +22,7 @@ use burn_offload::{BlockModel, DecoderBlock, Engine, EngineConfig, OptimizerConf
 use indicatif::{ProgressBar, ProgressStyle};
 use models::{cross_entropy, ModelConfig};
 use rand::{rngs::StdRng, Rng, SeedableRng};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::data::{default_corpus, read_corpus, Batcher, Tokenizer};
 use crate::schedule::WarmupCosine;
@@ -54,6 +55,25 @@ pub struct TrainOptions {
     pub accum: usize,
     /// Engine: tokens per chunk of the LM head and loss.
     pub loss_chunk_tokens: usize,
+    /// Write checkpoints into this folder (every `checkpoint_every` steps, at
+    /// the end, and on Ctrl-C).
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Steps between checkpoints (0: only at the end and on Ctrl-C).
+    pub checkpoint_every: usize,
+    /// Checkpoints to keep.
+    pub keep: usize,
+    /// Continue from a checkpoint (its folder, or a folder of checkpoints: the newest).
+    pub resume: Option<PathBuf>,
+    /// Stop after this many consecutive steps with a non-finite loss or gradient.
+    pub max_skips: usize,
+    /// Host memory the run may use, in GiB (default: what the OS reports available).
+    pub host_mem_gib: Option<f64>,
+    /// Stop (with a checkpoint, if a folder is set) once this many steps are
+    /// done, keeping `--steps` as the schedule's length (time-sliced jobs).
+    pub stop_after: Option<usize>,
+    /// Fault injection for tests: make the stem parameters NaN before this step.
+    #[doc(hidden)]
+    pub poison_at_step: Option<usize>,
 }
 
 impl Default for TrainOptions {
@@ -79,6 +99,14 @@ impl Default for TrainOptions {
             fused: false,
             accum: 1,
             loss_chunk_tokens: 4096,
+            checkpoint_dir: None,
+            checkpoint_every: 0,
+            keep: 3,
+            resume: None,
+            max_skips: 5,
+            host_mem_gib: None,
+            stop_after: None,
+            poison_at_step: None,
         }
     }
 }
@@ -104,14 +132,54 @@ pub struct StepMetrics {
     /// Engine only: peak parameter bytes resident on the device during this step.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub peak_device_param_bytes: Option<u64>,
+    /// The step had a non-finite loss or gradient and changed nothing.
+    pub skipped: bool,
+    /// Steps skipped so far in this run (including before a resume).
+    pub skipped_total: usize,
+}
+
+/// What a checkpoint records for the trainer to continue exactly where it stopped.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainerState {
+    pub model: ModelConfig,
+    pub tokenizer: String,
+    pub batch: usize,
+    pub seq_len: usize,
+    pub accum: usize,
+    /// Training steps completed (skipped ones included).
+    pub steps_done: usize,
+    pub skipped_total: usize,
+    /// State of the batch sampler's generator: the data position.
+    pub batcher_rng: u64,
+    /// Identity of the token stream, so a resume on other data is refused.
+    pub corpus_tokens: usize,
+    pub corpus_crc32: u32,
+}
+
+/// Set by the Ctrl-C handler; the training loop checks it after every step.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+/// Makes Ctrl-C (SIGINT) stop training after the current step, saving a
+/// checkpoint when `--checkpoint-dir` is set.
+pub fn install_interrupt_handler() -> Result<()> {
+    ctrlc::set_handler(|| INTERRUPTED.store(true, Ordering::SeqCst))
+        .context("cannot install the Ctrl-C handler")
 }
 
 /// What a finished run returns.
 #[derive(Debug, Clone)]
 pub struct TrainReport {
     pub config: ModelConfig,
+    /// Losses of the steps run by this call (after the resume point).
     pub losses: Vec<f32>,
     pub sample: String,
+    /// Step this call started from (non-zero after `--resume`).
+    pub start_step: usize,
+    /// Stopped by Ctrl-C.
+    pub interrupted: bool,
+    /// The last checkpoint written, if any.
+    pub checkpoint: Option<PathBuf>,
+    pub skipped_total: usize,
 }
 
 /// Model config after applying the tokenizer: presets take the tokenizer's
@@ -160,6 +228,12 @@ fn validate(opts: &TrainOptions) -> Result<()> {
     if opts.resident && (opts.fused || opts.accum > 1) {
         bail!("--fused and --accum are options of the offload engine; drop them or --resident");
     }
+    if opts.resident && (opts.checkpoint_dir.is_some() || opts.resume.is_some()) {
+        bail!("checkpoints are written from the offload engine's host store; drop --resident");
+    }
+    if opts.max_skips == 0 {
+        bail!("--max-skips must be at least 1");
+    }
     if !(0.0..=1.0).contains(&opts.min_lr_ratio) {
         bail!(
             "--min-lr-ratio must be in [0, 1], got {}",
@@ -178,7 +252,9 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
         Some(path) => read_corpus(path)?,
         None => default_corpus(),
     };
+    check_host_memory(opts, &config)?;
     let tokens = tokenizer.encode(&text);
+    let corpus = (tokens.len(), corpus_crc32(&tokens));
     let batcher = Batcher::new(tokens, opts.seq_len, opts.seed)?;
     let metrics = match &opts.metrics {
         Some(path) => Some(BufWriter::new(File::create(path).with_context(|| {
@@ -197,8 +273,9 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
         batcher,
         metrics,
         config: config.clone(),
+        corpus,
     };
-    let (losses, sample) = match (&config, opts.resident) {
+    let outcome = match (&config, opts.resident) {
         (ModelConfig::Gpt2(c), true) => {
             job.train_resident::<AB, _>(c.init::<AB>(&device), &device)?
         }
@@ -212,9 +289,74 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
     };
     Ok(TrainReport {
         config,
-        losses,
-        sample,
+        losses: outcome.losses,
+        sample: outcome.sample,
+        start_step: outcome.start_step,
+        interrupted: outcome.interrupted,
+        checkpoint: outcome.checkpoint,
+        skipped_total: outcome.skipped_total,
     })
+}
+
+/// How a training loop ended.
+#[derive(Default)]
+struct Outcome {
+    losses: Vec<f32>,
+    sample: String,
+    start_step: usize,
+    interrupted: bool,
+    checkpoint: Option<PathBuf>,
+    skipped_total: usize,
+}
+
+fn corpus_crc32(tokens: &[u32]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    for t in tokens {
+        h.update(&t.to_le_bytes());
+    }
+    h.finalize()
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// Host memory the OS reports available (`MemAvailable`), in bytes.
+fn available_host_bytes() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// Refuses, before anything is allocated, a run whose parameters and optimizer
+/// state cannot fit in host memory.
+fn check_host_memory(opts: &TrainOptions, config: &ModelConfig) -> Result<()> {
+    let (available, source) = match opts.host_mem_gib {
+        Some(gib) => ((gib * GIB) as u64, "--host-mem-gib"),
+        None => match available_host_bytes() {
+            Some(bytes) => (bytes, "MemAvailable"),
+            None => return Ok(()),
+        },
+    };
+    let params = config.num_params() as u64;
+    // fp32 parameter, Adam m and v, and (unless fused) a gradient buffer.
+    let per_param = if opts.fused { 12 } else { 16 };
+    let needed = params * per_param;
+    if needed > available {
+        let hint = if opts.fused {
+            "a smaller model"
+        } else {
+            "--fused (12 B/param) or a smaller model"
+        };
+        bail!(
+            "not enough host memory: {} parameters need {:.2} GiB ({per_param} B/param: weights, Adam m and v{}), \
+             but {:.2} GiB is available ({source}); try {hint}",
+            human_count(params as usize),
+            needed as f64 / GIB,
+            if opts.fused { "" } else { ", gradients" },
+            available as f64 / GIB,
+        );
+    }
+    Ok(())
 }
 
 struct Job<'a> {
@@ -223,6 +365,8 @@ struct Job<'a> {
     batcher: Batcher,
     metrics: Option<BufWriter<File>>,
     config: ModelConfig,
+    /// (tokens, crc32) of the training token stream.
+    corpus: (usize, u32),
 }
 
 impl Job<'_> {
@@ -235,8 +379,62 @@ impl Job<'_> {
         }
     }
 
+    fn state(&self, steps_done: usize, skipped_total: usize) -> TrainerState {
+        TrainerState {
+            model: self.config.clone(),
+            tokenizer: self.opts.tokenizer.clone(),
+            batch: self.opts.batch,
+            seq_len: self.opts.seq_len,
+            accum: self.opts.accum,
+            steps_done,
+            skipped_total,
+            batcher_rng: self.batcher.rng_state(),
+            corpus_tokens: self.corpus.0,
+            corpus_crc32: self.corpus.1,
+        }
+    }
+
+    /// Checks that a checkpoint's trainer state continues this very run.
+    fn check_resume(&self, state: &TrainerState, checkpoint: &std::path::Path) -> Result<()> {
+        let here = checkpoint.display();
+        let name = |c: &ModelConfig| serde_json::to_string(c).unwrap_or_default();
+        if state.model != self.config {
+            bail!(
+                "checkpoint `{here}` is for model {}, but --model gives {}",
+                name(&state.model),
+                name(&self.config)
+            );
+        }
+        if state.tokenizer != self.opts.tokenizer {
+            bail!(
+                "checkpoint `{here}` was trained with tokenizer `{}`, not `{}`",
+                state.tokenizer,
+                self.opts.tokenizer
+            );
+        }
+        if (state.corpus_tokens, state.corpus_crc32) != self.corpus {
+            bail!("checkpoint `{here}` was trained on other data ({} tokens); resume with the same --data and --tokenizer", state.corpus_tokens);
+        }
+        let shape = |s: &TrainerState| (s.batch, s.seq_len, s.accum);
+        let ours = (self.opts.batch, self.opts.seq_len, self.opts.accum);
+        if shape(state) != ours {
+            bail!(
+                "checkpoint `{here}` used --batch/--seq-len/--accum {:?}, not {ours:?}",
+                shape(state)
+            );
+        }
+        if state.steps_done > self.opts.steps {
+            bail!(
+                "checkpoint `{here}` is at step {}, beyond --steps {}",
+                state.steps_done,
+                self.opts.steps
+            );
+        }
+        Ok(())
+    }
+
     /// Offload engine: parameters and AdamW state in host slabs, blocks streamed.
-    fn train_engine<B, M>(mut self, model: M, device: &B::Device) -> Result<(Vec<f32>, String)>
+    fn train_engine<B, M>(mut self, model: M, device: &B::Device) -> Result<Outcome>
     where
         B: Backend,
         M: BlockModel<B> + HasAutodiffModule<Autodiff<B>>,
@@ -253,27 +451,52 @@ impl Job<'_> {
             grad_clip: (opts.grad_clip > 0.0).then_some(opts.grad_clip),
             fused: opts.fused,
             loss_chunk_tokens: opts.loss_chunk_tokens,
+            skip_non_finite: true,
         };
         let mut engine = Engine::new(model, config, device)?;
+        let mut outcome = Outcome::default();
+        if let Some(path) = &opts.resume {
+            let checkpoint = burn_offload::checkpoint::resolve(path)?;
+            let manifest = burn_offload::checkpoint::read_manifest(&checkpoint)?;
+            let state: TrainerState =
+                serde_json::from_value(manifest.trainer).with_context(|| {
+                    format!(
+                        "checkpoint `{}` has no readable trainer state",
+                        checkpoint.display()
+                    )
+                })?;
+            self.check_resume(&state, &checkpoint)?;
+            engine.load_checkpoint(&checkpoint)?;
+            self.batcher.set_rng_state(state.batcher_rng);
+            outcome.start_step = state.steps_done;
+            outcome.skipped_total = state.skipped_total;
+        }
         let schedule = self.schedule();
         let bar = progress_bar(opts, &self.config);
+        bar.set_position(outcome.start_step as u64);
         let tokens_per_step = (opts.batch * opts.seq_len * opts.accum) as f64;
-        let mut losses = Vec::with_capacity(opts.steps);
-        for step in 0..opts.steps {
+        let mut consecutive_skips = 0;
+        for step in outcome.start_step..opts.steps {
             let started = Instant::now();
             let lr = schedule.lr(step);
             let batches: Vec<_> = (0..opts.accum)
                 .map(|_| self.batch_tensors::<B>(device))
                 .collect();
+            if opts.poison_at_step == Some(step) {
+                engine.store_mut().groups[0]
+                    .params
+                    .as_mut_slice()
+                    .fill(f32::NAN);
+            }
             engine.reset_pager_counters();
             let report = engine.step(&batches, lr)?;
-            if !report.loss.is_finite() {
-                bail!(
-                    "loss became {} at step {step}; try a lower --lr",
-                    report.loss
-                );
+            if report.skipped {
+                consecutive_skips += 1;
+                outcome.skipped_total += 1;
+            } else {
+                consecutive_skips = 0;
             }
-            losses.push(report.loss);
+            outcome.losses.push(report.loss);
             let pager = engine.pager_stats();
             let tokens_per_s = tokens_per_step / started.elapsed().as_secs_f64();
             self.log(&StepMetrics {
@@ -286,12 +509,45 @@ impl Job<'_> {
                 bytes_to_device: Some(pager.bytes_to_device),
                 bytes_to_host: Some(pager.bytes_to_host),
                 peak_device_param_bytes: Some(pager.peak_resident_bytes),
+                skipped: report.skipped,
+                skipped_total: outcome.skipped_total,
             })?;
+            if consecutive_skips >= opts.max_skips {
+                bail!(
+                    "stopped: {consecutive_skips} consecutive steps had a non-finite loss or gradient (last loss {}, \
+                     gradient norm {}); parameters are as after step {}; lower --lr or check the data",
+                    report.loss,
+                    report.grad_norm,
+                    step + 1 - consecutive_skips
+                );
+            }
             bar.set_message(format!("loss {:.4} · {tokens_per_s:.0} tok/s", report.loss));
             bar.inc(1);
+            let done = step + 1;
+            let periodic = opts.checkpoint_every > 0 && done % opts.checkpoint_every == 0;
+            let stop_here = opts.stop_after == Some(done);
+            let interrupted = INTERRUPTED.load(Ordering::SeqCst);
+            if let Some(dir) = &opts.checkpoint_dir {
+                if periodic || interrupted || stop_here || done == opts.steps {
+                    let state = serde_json::to_value(self.state(done, outcome.skipped_total))?;
+                    let path = engine.save_checkpoint(dir, state, opts.keep)?;
+                    outcome.checkpoint = Some(path);
+                }
+            }
+            if interrupted {
+                outcome.interrupted = true;
+                break;
+            }
+            if stop_here {
+                break;
+            }
         }
         bar.finish();
-        self.finish(&engine.model(), device, losses)
+        let (losses, sample) =
+            self.finish(&engine.model(), device, std::mem::take(&mut outcome.losses))?;
+        outcome.losses = losses;
+        outcome.sample = sample;
+        Ok(outcome)
     }
 
     fn finish<B: Backend, M: BlockModel<B>>(
@@ -319,11 +575,7 @@ impl Job<'_> {
 
     /// Plain burn: `Autodiff` over the whole model, burn-optim AdamW (whose
     /// clipping is per parameter tensor, not global).
-    fn train_resident<AB, M>(
-        mut self,
-        mut model: M,
-        device: &AB::Device,
-    ) -> Result<(Vec<f32>, String)>
+    fn train_resident<AB, M>(mut self, mut model: M, device: &AB::Device) -> Result<Outcome>
     where
         AB: AutodiffBackend,
         M: BlockModel<AB> + AutodiffModule<AB>,
@@ -365,13 +617,20 @@ impl Job<'_> {
                 bytes_to_device: None,
                 bytes_to_host: None,
                 peak_device_param_bytes: None,
+                skipped: false,
+                skipped_total: 0,
             };
             self.log(&line)?;
             bar.set_message(format!("loss {loss_value:.4} · {tokens_per_s:.0} tok/s"));
             bar.inc(1);
         }
         bar.finish();
-        self.finish(&model.valid(), device, losses)
+        let (losses, sample) = self.finish(&model.valid(), device, losses)?;
+        Ok(Outcome {
+            losses,
+            sample,
+            ..Outcome::default()
+        })
     }
 
     fn batch_tensors<AB: Backend>(

@@ -83,6 +83,8 @@ fn engine_config(fused: bool) -> EngineConfig {
         fused,
         // Small chunks so the chunked head really splits the sequence.
         loss_chunk_tokens: 8,
+        // Off here so fused mode runs its single-pass schedule; tested below.
+        skip_non_finite: false,
     }
 }
 
@@ -520,4 +522,63 @@ fn a_block_that_changes_the_hidden_shape_is_a_clear_error() {
         &before[..],
         "a failed step changed parameters"
     );
+}
+
+#[test]
+fn a_non_finite_step_is_skipped_and_changes_nothing() {
+    let device = Default::default();
+    let config = LlamaConfig::tiny();
+    for fused in [false, true] {
+        let mut cfg = engine_config(fused);
+        cfg.skip_non_finite = true;
+        let mut engine = Engine::new(config.init::<B>(&device), cfg, &device).unwrap();
+        engine
+            .step(&[batch(2, 8, config.vocab_size, 1)], 1e-3)
+            .unwrap();
+        // Poison the final norm so every loss is NaN.
+        let stem = &mut engine.store_mut().groups[0];
+        let norm = stem
+            .slots
+            .iter()
+            .find(|s| s.name == "norm.gamma")
+            .unwrap()
+            .clone();
+        stem.params.as_mut_slice()[norm.offset] = f32::NAN;
+        let snapshot = |e: &Engine<B, models::Llama<B>>| {
+            e.store()
+                .groups
+                .iter()
+                .map(|g| {
+                    [
+                        g.params.as_slice(),
+                        g.adam_m.as_slice(),
+                        g.adam_v.as_slice(),
+                    ]
+                    .concat()
+                })
+                .collect::<Vec<_>>()
+        };
+        let before = snapshot(&engine);
+        let report = engine
+            .step(&[batch(2, 8, config.vocab_size, 2)], 1e-3)
+            .unwrap();
+        assert!(
+            report.skipped && report.loss.is_nan(),
+            "fused={fused}: {report:?}"
+        );
+        assert_eq!(
+            engine.updates(),
+            1,
+            "fused={fused}: the skipped step counted as an update"
+        );
+        let after = snapshot(&engine);
+        let same = before
+            .iter()
+            .zip(&after)
+            .all(|(a, b)| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()));
+        assert!(
+            same,
+            "fused={fused}: a skipped step changed parameters or optimizer state"
+        );
+    }
 }

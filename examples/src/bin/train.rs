@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use examples::train::{run, TrainOptions};
+use examples::train::{install_interrupt_handler, run, TrainOptions};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -77,6 +77,29 @@ struct Cli {
     /// Engine: tokens per chunk of the LM head and loss.
     #[arg(long, default_value_t = 4096)]
     loss_chunk_tokens: usize,
+    /// Write checkpoints (safetensors + manifest) into this folder: every
+    /// --checkpoint-every steps, at the end, and on Ctrl-C.
+    #[arg(long)]
+    checkpoint_dir: Option<PathBuf>,
+    /// Steps between checkpoints (0: only at the end and on Ctrl-C).
+    #[arg(long, default_value_t = 0)]
+    checkpoint_every: usize,
+    /// Checkpoints to keep in --checkpoint-dir.
+    #[arg(long, default_value_t = 3)]
+    keep: usize,
+    /// Continue from a checkpoint folder (or the newest one inside a folder).
+    #[arg(long)]
+    resume: Option<PathBuf>,
+    /// Stop after this many consecutive steps with a non-finite loss or gradient.
+    #[arg(long, default_value_t = 5)]
+    max_skips: usize,
+    /// Stop after this many steps (checkpointing if --checkpoint-dir is set),
+    /// keeping --steps as the length of the learning-rate schedule.
+    #[arg(long)]
+    stop_after: Option<usize>,
+    /// Host memory the run may use, in GiB (default: MemAvailable).
+    #[arg(long)]
+    host_mem_gib: Option<f64>,
 }
 
 fn main() -> ExitCode {
@@ -102,9 +125,42 @@ fn main() -> ExitCode {
         fused: cli.fused,
         accum: cli.accum,
         loss_chunk_tokens: cli.loss_chunk_tokens,
+        checkpoint_dir: cli.checkpoint_dir,
+        checkpoint_every: cli.checkpoint_every,
+        keep: cli.keep,
+        resume: cli.resume,
+        max_skips: cli.max_skips,
+        host_mem_gib: cli.host_mem_gib,
+        stop_after: cli.stop_after,
+        poison_at_step: None,
     };
+    #[cfg(feature = "cuda")]
+    if let Err(err) = examples::preflight::cuda_driver() {
+        eprintln!("error: {err}");
+        return ExitCode::FAILURE;
+    }
+    if let Err(err) = install_interrupt_handler() {
+        eprintln!("error: {err:#}");
+        return ExitCode::FAILURE;
+    }
     match run(&opts) {
+        Ok(report) if report.interrupted => {
+            match &report.checkpoint {
+                Some(path) => eprintln!("interrupted: checkpoint saved to {}", path.display()),
+                None => eprintln!("interrupted: nothing saved (no --checkpoint-dir given)"),
+            }
+            ExitCode::from(130)
+        }
         Ok(report) => {
+            if let Some(path) = &report.checkpoint {
+                println!("checkpoint: {}", path.display());
+            }
+            if report.skipped_total > 0 {
+                println!(
+                    "skipped {} steps with a non-finite loss or gradient",
+                    report.skipped_total
+                );
+            }
             let first = report.losses.first().copied().unwrap_or(f32::NAN);
             let last = report.losses.last().copied().unwrap_or(f32::NAN);
             println!(
