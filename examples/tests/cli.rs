@@ -134,6 +134,19 @@ fn seq_len_longer_than_corpus() {
 }
 
 #[test]
+fn too_little_host_memory() {
+    assert_fails_with(&["--host-mem-gib", "0.0001"], "not enough host memory");
+}
+
+#[test]
+fn resume_from_a_missing_checkpoint() {
+    assert_fails_with(
+        &["--resume", "/nonexistent/ckpt"],
+        "no checkpoint in `/nonexistent/ckpt`",
+    );
+}
+
+#[test]
 fn unknown_preset() {
     assert_fails_with(&["--model", "gpt-5"], "unknown model preset `gpt-5`");
 }
