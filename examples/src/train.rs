@@ -68,6 +68,11 @@ pub struct TrainOptions {
     pub max_skips: usize,
     /// Host memory the run may use, in GiB (default: what the OS reports available).
     pub host_mem_gib: Option<f64>,
+    /// Start from a Hugging Face checkpoint folder (config.json + safetensors);
+    /// its config replaces `model`.
+    pub init_from: Option<PathBuf>,
+    /// After training, write the model as a Hugging Face checkpoint here.
+    pub export_hf: Option<PathBuf>,
     /// Stop (with a checkpoint, if a folder is set) once this many steps are
     /// done, keeping `--steps` as the schedule's length (time-sliced jobs).
     pub stop_after: Option<usize>,
@@ -105,6 +110,8 @@ impl Default for TrainOptions {
             resume: None,
             max_skips: 5,
             host_mem_gib: None,
+            init_from: None,
+            export_hf: None,
             stop_after: None,
             poison_at_step: None,
         }
@@ -185,9 +192,13 @@ pub struct TrainReport {
 /// Model config after applying the tokenizer: presets take the tokenizer's
 /// vocabulary; a JSON config must already be large enough for it.
 fn resolve_config(opts: &TrainOptions, tokenizer: &Tokenizer) -> Result<ModelConfig> {
-    let mut config = ModelConfig::from_arg(&opts.model)?;
+    let from_hf = opts.init_from.is_some();
+    let mut config = match &opts.init_from {
+        Some(dir) => models::hf::load_config(dir)?,
+        None => ModelConfig::from_arg(&opts.model)?,
+    };
     let vocab = tokenizer.vocab_size();
-    if models::PRESETS.contains(&opts.model.as_str()) {
+    if !from_hf && models::PRESETS.contains(&opts.model.as_str()) {
         config.set_vocab_size(vocab);
     } else if config.vocab_size() < vocab {
         bail!(
@@ -275,18 +286,19 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
         config: config.clone(),
         corpus,
     };
-    let outcome = match (&config, opts.resident) {
-        (ModelConfig::Gpt2(c), true) => {
-            job.train_resident::<AB, _>(c.init::<AB>(&device), &device)?
-        }
-        (ModelConfig::Llama(c), true) => {
-            job.train_resident::<AB, _>(c.init::<AB>(&device), &device)?
-        }
-        (ModelConfig::Gpt2(c), false) => job.train_engine::<B, _>(c.init::<B>(&device), &device)?,
-        (ModelConfig::Llama(c), false) => {
-            job.train_engine::<B, _>(c.init::<B>(&device), &device)?
-        }
-    };
+    let outcome =
+        match (&config, opts.resident) {
+            (ModelConfig::Gpt2(c), true) => job
+                .train_resident::<AB, _>(initial(opts, &config, c.init::<AB>(&device))?, &device)?,
+            (ModelConfig::Llama(c), true) => job
+                .train_resident::<AB, _>(initial(opts, &config, c.init::<AB>(&device))?, &device)?,
+            (ModelConfig::Gpt2(c), false) => {
+                job.train_engine::<B, _>(initial(opts, &config, c.init::<B>(&device))?, &device)?
+            }
+            (ModelConfig::Llama(c), false) => {
+                job.train_engine::<B, _>(initial(opts, &config, c.init::<B>(&device))?, &device)?
+            }
+        };
     Ok(TrainReport {
         config,
         losses: outcome.losses,
@@ -296,6 +308,19 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
         checkpoint: outcome.checkpoint,
         skipped_total: outcome.skipped_total,
     })
+}
+
+/// The starting model: `model` as initialised, or with `--init-from`'s weights
+/// (burn's lazy parameters are replaced before any random init runs).
+fn initial<X: Backend, M: burn::module::Module<X>>(
+    opts: &TrainOptions,
+    config: &ModelConfig,
+    model: M,
+) -> Result<M> {
+    match &opts.init_from {
+        Some(dir) => Ok(models::hf::load_weights(model, config, dir)?),
+        None => Ok(model),
+    }
 }
 
 /// How a training loop ended.
@@ -558,6 +583,9 @@ impl Job<'_> {
     ) -> Result<(Vec<f32>, String)> {
         if let Some(metrics) = self.metrics.as_mut() {
             metrics.flush().context("cannot write metrics")?;
+        }
+        if let Some(dir) = &self.opts.export_hf {
+            models::hf::save(model, &self.config, dir)?;
         }
         let prompt = self.tokenizer.encode("The ");
         let opts = self.opts;

@@ -3,7 +3,7 @@
 
 use burn::module::{Initializer, Module};
 use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig};
-use burn::tensor::activation::gelu;
+use burn::tensor::activation::gelu_approximate;
 use burn::tensor::module::{attention, linear};
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{backend::Backend, Int, Tensor};
@@ -169,7 +169,8 @@ impl<B: Backend> Gpt2Attention<B> {
 impl<B: Backend> DecoderBlock<B> for Gpt2Block<B> {
     fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         let x = x.clone() + self.attn.forward(self.ln_1.forward(x));
-        let h = gelu(self.mlp.c_fc.forward(self.ln_2.forward(x.clone())));
+        // GPT-2 uses the tanh approximation ("gelu_new").
+        let h = gelu_approximate(self.mlp.c_fc.forward(self.ln_2.forward(x.clone())));
         x + self.mlp.c_proj.forward(h)
     }
 }

@@ -8,6 +8,7 @@
 
 pub mod config;
 pub mod gpt2;
+pub mod hf;
 pub mod llama;
 pub mod loss;
 

@@ -93,6 +93,13 @@ struct Cli {
     /// Stop after this many consecutive steps with a non-finite loss or gradient.
     #[arg(long, default_value_t = 5)]
     max_skips: usize,
+    /// Fine-tune from a Hugging Face checkpoint folder (config.json +
+    /// model.safetensors or shards); its config replaces --model.
+    #[arg(long)]
+    init_from: Option<PathBuf>,
+    /// After training, write the model as a Hugging Face checkpoint folder.
+    #[arg(long)]
+    export_hf: Option<PathBuf>,
     /// Stop after this many steps (checkpointing if --checkpoint-dir is set),
     /// keeping --steps as the length of the learning-rate schedule.
     #[arg(long)]
@@ -131,6 +138,8 @@ fn main() -> ExitCode {
         resume: cli.resume,
         max_skips: cli.max_skips,
         host_mem_gib: cli.host_mem_gib,
+        init_from: cli.init_from,
+        export_hf: cli.export_hf,
         stop_after: cli.stop_after,
         poison_at_step: None,
     };

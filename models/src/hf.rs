@@ -1,0 +1,525 @@
+//! Hugging Face checkpoints in and out: `config.json` plus `model.safetensors`
+//! (or shards listed in `model.safetensors.index.json`), for Llama-family
+//! models and GPT-2.
+//!
+//! Files are memory-mapped and copied tensor by tensor into the model's
+//! parameters; on `Offload<B>` those are host-resident, so a checkpoint loads
+//! without touching the GPU. Names are mapped from our module paths
+//! (`layers.0.attn.q_proj.weight`) to HF's (`model.layers.0.self_attn.q_proj.weight`).
+//! HF `nn.Linear` stores `[out, in]` and burn `[in, out]`, so Llama
+//! projections are transposed; GPT-2's `Conv1D` already stores `[in, out]`.
+//! bf16 and f16 tensors are upcast to f32; other dtypes are refused.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
+use burn::tensor::{backend::Backend, bf16, f16, Tensor, TensorData};
+use safetensors::tensor::{Dtype, SafeTensors, View};
+use serde_json::{json, Value};
+
+use crate::{Gpt2Config, LlamaConfig, ModelConfig};
+
+#[derive(Debug, thiserror::Error)]
+pub enum HfError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("`{path}`: {reason}")]
+    Config { path: PathBuf, reason: String },
+    #[error("`{path}`: unsupported {what}")]
+    Unsupported { path: PathBuf, what: String },
+    #[error("`{path}` is truncated or corrupted: {reason}")]
+    Corrupt { path: PathBuf, reason: String },
+    #[error("checkpoint `{dir}` has no tensor `{name}`")]
+    MissingTensor { dir: PathBuf, name: String },
+    #[error("tensor `{name}` has shape {got:?}, the model expects {want:?}")]
+    Shape {
+        name: String,
+        got: Vec<usize>,
+        want: Vec<usize>,
+    },
+    #[error("tensor `{name}` has dtype {dtype}; supported: F32, BF16, F16")]
+    Dtype { name: String, dtype: String },
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> HfError + '_ {
+    move |source| HfError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn read_json(path: &Path) -> Result<Value, HfError> {
+    let text = std::fs::read_to_string(path).map_err(io(path))?;
+    serde_json::from_str(&text).map_err(|e| HfError::Config {
+        path: path.into(),
+        reason: format!("invalid JSON: {e}"),
+    })
+}
+
+/// Reads `config.json` into one of our model configs.
+pub fn load_config(dir: &Path) -> Result<ModelConfig, HfError> {
+    let path = dir.join("config.json");
+    let c = read_json(&path)?;
+    let field = |k: &str| c.get(k).filter(|v| !v.is_null());
+    let usize_of = |k: &str| -> Result<usize, HfError> {
+        field(k)
+            .and_then(Value::as_u64)
+            .map(|v| v as usize)
+            .ok_or_else(|| HfError::Config {
+                path: path.clone(),
+                reason: format!("missing or non-integer `{k}`"),
+            })
+    };
+    let unsupported = |what: String| HfError::Unsupported {
+        path: path.clone(),
+        what,
+    };
+    let model_type = field("model_type")
+        .and_then(Value::as_str)
+        .unwrap_or("<none>");
+    let config = match model_type {
+        "llama" => {
+            if let Some(act) = field("hidden_act").and_then(Value::as_str) {
+                if act != "silu" {
+                    return Err(unsupported(format!(
+                        "hidden_act `{act}` (Llama here uses silu)"
+                    )));
+                }
+            }
+            for flag in ["attention_bias", "mlp_bias"] {
+                if field(flag).and_then(Value::as_bool) == Some(true) {
+                    return Err(unsupported(format!("`{flag}: true`")));
+                }
+            }
+            let rope = field("rope_parameters").or(field("rope_scaling"));
+            let rope_type = rope
+                .and_then(|r| r.get("rope_type").or(r.get("type")))
+                .and_then(Value::as_str);
+            if rope_type.is_some_and(|t| t != "default") {
+                return Err(unsupported(format!(
+                    "rope scaling `{}`",
+                    rope_type.unwrap_or_default()
+                )));
+            }
+            let theta = rope
+                .and_then(|r| r.get("rope_theta"))
+                .or(field("rope_theta"))
+                .and_then(Value::as_f64)
+                .unwrap_or(10_000.0);
+            let heads = usize_of("num_attention_heads")?;
+            let d_model = usize_of("hidden_size")?;
+            if let Some(head_dim) = field("head_dim").and_then(Value::as_u64) {
+                if head_dim as usize * heads != d_model {
+                    return Err(unsupported(format!(
+                        "head_dim {head_dim} with {heads} heads and hidden_size {d_model}"
+                    )));
+                }
+            }
+            ModelConfig::Llama(LlamaConfig {
+                vocab_size: usize_of("vocab_size")?,
+                d_model,
+                n_layer: usize_of("num_hidden_layers")?,
+                n_head: heads,
+                n_kv_head: field("num_key_value_heads")
+                    .and_then(Value::as_u64)
+                    .map_or(heads, |v| v as usize),
+                d_ff: usize_of("intermediate_size")?,
+                rope_theta: theta,
+                rms_norm_eps: field("rms_norm_eps")
+                    .and_then(Value::as_f64)
+                    .unwrap_or(1e-6),
+                max_seq_len: field("max_position_embeddings")
+                    .and_then(Value::as_u64)
+                    .map_or(4096, |v| v as usize),
+            })
+        }
+        "gpt2" => {
+            let act = field("activation_function")
+                .and_then(Value::as_str)
+                .unwrap_or("gelu_new");
+            if !matches!(act, "gelu_new" | "gelu_pytorch_tanh") {
+                return Err(unsupported(format!(
+                    "activation_function `{act}` (GPT-2 here uses gelu_new)"
+                )));
+            }
+            let d_model = usize_of("n_embd")?;
+            if field("n_inner")
+                .and_then(Value::as_u64)
+                .is_some_and(|n| n as usize != 4 * d_model)
+            {
+                return Err(unsupported("n_inner other than 4 × n_embd".into()));
+            }
+            for flag in ["scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"] {
+                if field(flag).and_then(Value::as_bool) == Some(true) {
+                    return Err(unsupported(format!("`{flag}: true`")));
+                }
+            }
+            ModelConfig::Gpt2(Gpt2Config {
+                vocab_size: usize_of("vocab_size")?,
+                n_ctx: usize_of("n_positions")?,
+                d_model,
+                n_layer: usize_of("n_layer")?,
+                n_head: usize_of("n_head")?,
+                layer_norm_eps: field("layer_norm_epsilon")
+                    .and_then(Value::as_f64)
+                    .unwrap_or(1e-5),
+            })
+        }
+        other => {
+            return Err(unsupported(format!(
+                "architecture `{other}` (supported: llama, gpt2)"
+            )))
+        }
+    };
+    config.validate().map_err(|e| HfError::Config {
+        path: path.clone(),
+        reason: e.to_string(),
+    })?;
+    Ok(config)
+}
+
+/// HF tensor name and whether the tensor is stored transposed relative to burn.
+pub fn hf_name(config: &ModelConfig, ours: &str) -> (String, bool) {
+    let field = |s: &str| s.replace(".gamma", ".weight").replace(".beta", ".bias");
+    match config {
+        ModelConfig::Llama(_) => {
+            let name = match ours {
+                "lm_head.weight" => return ("lm_head.weight".into(), true),
+                "embed_tokens.weight" => "model.embed_tokens.weight".into(),
+                "norm.gamma" => "model.norm.weight".into(),
+                layer => format!("model.{}", field(&layer.replace(".attn.", ".self_attn."))),
+            };
+            let transpose = name.ends_with("_proj.weight");
+            (name, transpose)
+        }
+        ModelConfig::Gpt2(_) => {
+            let name = match ours.strip_prefix("blocks.") {
+                Some(rest) => format!("transformer.h.{}", field(rest)),
+                None => format!("transformer.{}", field(ours)),
+            };
+            (name, false)
+        }
+    }
+}
+
+/// The safetensors files of a checkpoint, memory-mapped.
+pub struct Checkpoint {
+    dir: PathBuf,
+    /// HF tensor name → index into `files`.
+    index: HashMap<String, usize>,
+    files: Vec<(PathBuf, memmap2::Mmap)>,
+}
+
+impl Checkpoint {
+    /// Opens `model.safetensors`, or the shards named by `model.safetensors.index.json`.
+    pub fn open(dir: &Path) -> Result<Self, HfError> {
+        let index_path = dir.join("model.safetensors.index.json");
+        let names: Vec<PathBuf> = if index_path.is_file() {
+            let index = read_json(&index_path)?;
+            let map = index
+                .get("weight_map")
+                .and_then(Value::as_object)
+                .ok_or_else(|| HfError::Config {
+                    path: index_path.clone(),
+                    reason: "no `weight_map` object".into(),
+                })?;
+            let mut files: Vec<String> = map
+                .values()
+                .filter_map(Value::as_str)
+                .map(String::from)
+                .collect();
+            files.sort();
+            files.dedup();
+            files.into_iter().map(|f| dir.join(f)).collect()
+        } else {
+            vec![dir.join("model.safetensors")]
+        };
+        let mut checkpoint = Self {
+            dir: dir.to_path_buf(),
+            index: HashMap::new(),
+            files: Vec::new(),
+        };
+        for path in names {
+            let file = File::open(&path).map_err(io(&path))?;
+            // SAFETY: read-only mapping of a checkpoint nobody writes while we load.
+            let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io(&path))?;
+            let st = SafeTensors::deserialize(&map).map_err(|e| HfError::Corrupt {
+                path: path.clone(),
+                reason: e.to_string(),
+            })?;
+            for name in st.names() {
+                checkpoint
+                    .index
+                    .insert(name.to_string(), checkpoint.files.len());
+            }
+            checkpoint.files.push((path, map));
+        }
+        Ok(checkpoint)
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.index.contains_key(name)
+    }
+
+    /// A tensor as f32 in burn's layout (`shape` is burn's), transposing 2-D
+    /// tensors stored `[out, in]`.
+    fn read(&self, name: &str, shape: &[usize], transpose: bool) -> Result<TensorData, HfError> {
+        let missing = || HfError::MissingTensor {
+            dir: self.dir.clone(),
+            name: name.to_string(),
+        };
+        let file = *self.index.get(name).ok_or_else(missing)?;
+        let (path, map) = &self.files[file];
+        let st = SafeTensors::deserialize(map).map_err(|e| HfError::Corrupt {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
+        let t = st.tensor(name).map_err(|_| missing())?;
+        let stored: Vec<usize> = if transpose {
+            shape.iter().rev().copied().collect()
+        } else {
+            shape.to_vec()
+        };
+        if t.shape() != stored {
+            return Err(HfError::Shape {
+                name: name.into(),
+                got: t.shape().to_vec(),
+                want: stored,
+            });
+        }
+        let bytes = t.data();
+        let values: Vec<f32> = match t.dtype() {
+            Dtype::F32 => bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+            Dtype::BF16 => bytes
+                .chunks_exact(2)
+                .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            Dtype::F16 => bytes
+                .chunks_exact(2)
+                .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            other => {
+                return Err(HfError::Dtype {
+                    name: name.into(),
+                    dtype: format!("{other:?}"),
+                })
+            }
+        };
+        let values = if transpose {
+            let (rows, cols) = (stored[0], stored[1]);
+            let mut out = vec![0.0f32; values.len()];
+            for r in 0..rows {
+                for c in 0..cols {
+                    out[c * rows + r] = values[r * cols + c];
+                }
+            }
+            out
+        } else {
+            values
+        };
+        Ok(TensorData::new(values, shape.to_vec()))
+    }
+}
+
+/// Fills every parameter of `model` from the checkpoint (all checked first).
+struct Fill<'a, B: Backend> {
+    checkpoint: &'a Checkpoint,
+    config: &'a ModelConfig,
+    path: Vec<String>,
+    device: Option<B::Device>,
+    error: Option<HfError>,
+}
+
+impl<B: Backend> ModuleMapper<B> for Fill<'_, B> {
+    fn enter_module(&mut self, name: &str, _container_type: &str) {
+        self.path.push(name.to_string());
+    }
+    fn exit_module(&mut self, _name: &str, _container_type: &str) {
+        self.path.pop();
+    }
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        if self.error.is_some() {
+            return param;
+        }
+        let ours = self.path.join(".");
+        let (mut name, transpose) = hf_name(self.config, &ours);
+        if !self.checkpoint.contains(&name) {
+            // Tied heads (Llama with tie_word_embeddings) and GPT-2 files without the `transformer.` prefix.
+            if ours == "lm_head.weight" && self.checkpoint.contains("model.embed_tokens.weight") {
+                name = "model.embed_tokens.weight".into();
+            } else if let Some(bare) = name
+                .strip_prefix("transformer.")
+                .filter(|b| self.checkpoint.contains(b))
+            {
+                name = bare.to_string();
+            }
+        }
+        let shape: [usize; D] = param.shape().dims();
+        let device = param.lazy_device();
+        match self.checkpoint.read(&name, &shape, transpose) {
+            Ok(data) => {
+                self.device.get_or_insert(device.clone());
+                // Loaded weights are trainable (a no-op outside `Autodiff`).
+                Param::initialized(param.id, Tensor::from_data(data, &device).require_grad())
+            }
+            Err(e) => {
+                self.error = Some(e);
+                param
+            }
+        }
+    }
+}
+
+/// Loads a checkpoint's weights into `model` (built from [`load_config`]'s
+/// config). Parameters are never initialised randomly first: burn's lazy
+/// parameters are replaced before they are ever materialised.
+pub fn load_weights<B: Backend, M: Module<B>>(
+    model: M,
+    config: &ModelConfig,
+    dir: &Path,
+) -> Result<M, HfError> {
+    let checkpoint = Checkpoint::open(dir)?;
+    let mut fill = Fill::<B> {
+        checkpoint: &checkpoint,
+        config,
+        path: Vec::new(),
+        device: None,
+        error: None,
+    };
+    let model = model.map(&mut fill);
+    match fill.error {
+        Some(e) => Err(e),
+        None => Ok(model),
+    }
+}
+
+/// Every float parameter with its module path, as f32 in HF layout.
+struct Gather<'a> {
+    config: &'a ModelConfig,
+    path: Vec<String>,
+    out: Vec<(String, Vec<usize>, Vec<f32>)>,
+}
+
+impl<B: Backend> ModuleVisitor<B> for Gather<'_> {
+    fn enter_module(&mut self, name: &str, _container_type: &str) {
+        self.path.push(name.to_string());
+    }
+    fn exit_module(&mut self, _name: &str, _container_type: &str) {
+        self.path.pop();
+    }
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let (name, transpose) = hf_name(self.config, &self.path.join("."));
+        let tensor = if transpose {
+            param.val().transpose()
+        } else {
+            param.val()
+        };
+        let shape = tensor.dims().to_vec();
+        let values = tensor
+            .into_data()
+            .convert::<f32>()
+            .into_vec::<f32>()
+            .expect("f32 values");
+        self.out.push((name, shape, values));
+    }
+}
+
+struct Owned<'a>(&'a [usize], &'a [f32]);
+
+impl View for Owned<'_> {
+    fn dtype(&self) -> Dtype {
+        Dtype::F32
+    }
+    fn shape(&self) -> &[usize] {
+        self.0
+    }
+    fn data(&self) -> std::borrow::Cow<'_, [u8]> {
+        self.1
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect::<Vec<u8>>()
+            .into()
+    }
+    fn data_len(&self) -> usize {
+        self.1.len() * 4
+    }
+}
+
+/// HF `config.json` for one of our configs.
+pub fn hf_config(config: &ModelConfig) -> Value {
+    match config {
+        ModelConfig::Llama(c) => json!({
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "vocab_size": c.vocab_size,
+            "hidden_size": c.d_model,
+            "intermediate_size": c.d_ff,
+            "num_hidden_layers": c.n_layer,
+            "num_attention_heads": c.n_head,
+            "num_key_value_heads": c.n_kv_head,
+            "head_dim": c.head_dim(),
+            "max_position_embeddings": c.max_seq_len,
+            "rms_norm_eps": c.rms_norm_eps,
+            "rope_theta": c.rope_theta,
+            "hidden_act": "silu",
+            "attention_bias": false,
+            "mlp_bias": false,
+            "tie_word_embeddings": false,
+            "torch_dtype": "float32",
+        }),
+        ModelConfig::Gpt2(c) => json!({
+            "architectures": ["GPT2LMHeadModel"],
+            "model_type": "gpt2",
+            "vocab_size": c.vocab_size,
+            "n_positions": c.n_ctx,
+            "n_embd": c.d_model,
+            "n_layer": c.n_layer,
+            "n_head": c.n_head,
+            "layer_norm_epsilon": c.layer_norm_eps,
+            "activation_function": "gelu_new",
+            "resid_pdrop": 0.0,
+            "embd_pdrop": 0.0,
+            "attn_pdrop": 0.0,
+            "tie_word_embeddings": true,
+            "torch_dtype": "float32",
+        }),
+    }
+}
+
+/// Writes `model` as an HF checkpoint (`config.json`, `model.safetensors`, f32)
+/// loadable by `transformers`.
+pub fn save<B: Backend, M: Module<B>>(
+    model: &M,
+    config: &ModelConfig,
+    dir: &Path,
+) -> Result<(), HfError> {
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    let mut gather = Gather {
+        config,
+        path: Vec::new(),
+        out: Vec::new(),
+    };
+    model.visit(&mut gather);
+    let views = gather
+        .out
+        .iter()
+        .map(|(name, shape, values)| (name.clone(), Owned(shape, values)));
+    let metadata = Some(HashMap::from([("format".to_string(), "pt".to_string())]));
+    let path = dir.join("model.safetensors");
+    safetensors::serialize_to_file(views, metadata, &path).map_err(|e| HfError::Io {
+        path: path.clone(),
+        source: std::io::Error::other(e.to_string()),
+    })?;
+    let config_path = dir.join("config.json");
+    let text = serde_json::to_string_pretty(&hf_config(config)).expect("config serialises");
+    std::fs::write(&config_path, text).map_err(io(&config_path))
+}

@@ -1,0 +1,428 @@
+//! Hugging Face checkpoints: parity with `transformers` on the committed
+//! fixtures (tests/fixtures/generate.py), round trips, and bad checkpoints.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
+use burn::prelude::*;
+use burn::tensor::TensorData;
+use burn_offload::BlockModel;
+use burn_offload_tests::{TestAutodiff as AD, TestBackend as B};
+use models::hf::{self, HfError};
+use models::{cross_entropy, Gpt2, Llama, ModelConfig};
+use safetensors::SafeTensors;
+
+const TOL: f64 = 1e-4;
+
+pub fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures")
+}
+
+pub fn expected() -> HashMap<String, (Vec<usize>, Vec<f32>)> {
+    let bytes = std::fs::read(fixtures().join("expected.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    st.tensors()
+        .into_iter()
+        .map(|(name, t)| {
+            let values = t
+                .data()
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            (name, (t.shape().to_vec(), values))
+        })
+        .collect()
+}
+
+pub fn input_ids() -> Tensor<AD, 2, Int> {
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixtures().join("inputs.json")).unwrap())
+            .unwrap();
+    let rows: Vec<Vec<i64>> = serde_json::from_value(json["input_ids"].clone()).unwrap();
+    let (b, t) = (rows.len(), rows[0].len());
+    Tensor::from_data(TensorData::new(rows.concat(), [b, t]), &Default::default())
+}
+
+pub fn rel(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let d: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (*x as f64 - *y as f64).powi(2))
+        .sum();
+    let n: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+    d.sqrt() / n.sqrt().max(1e-30)
+}
+
+/// Our gradients by HF name, in HF layout.
+struct Grads<'a> {
+    config: &'a ModelConfig,
+    grads: &'a <AD as burn::tensor::backend::AutodiffBackend>::Gradients,
+    path: Vec<String>,
+    out: HashMap<String, Vec<f32>>,
+}
+
+impl ModuleVisitor<AD> for Grads<'_> {
+    fn enter_module(&mut self, name: &str, _: &str) {
+        self.path.push(name.into());
+    }
+    fn exit_module(&mut self, _: &str, _: &str) {
+        self.path.pop();
+    }
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<AD, D>>) {
+        let (name, transpose) = hf::hf_name(self.config, &self.path.join("."));
+        let g = param.val().grad(self.grads).unwrap();
+        let g = if transpose { g.transpose() } else { g };
+        self.out
+            .insert(name, g.into_data().to_vec::<f32>().unwrap());
+    }
+}
+
+fn check_parity<M: BlockModel<AD> + AutodiffModule<AD>>(
+    model: M,
+    config: &ModelConfig,
+    prefix: &str,
+) {
+    let want = expected();
+    let ids = input_ids();
+    let [b, t] = ids.dims();
+    let logits = model.forward(ids.clone());
+    let (_, want_logits) = &want[&format!("{prefix}.logits")];
+    let err = rel(
+        &logits.clone().into_data().to_vec::<f32>().unwrap(),
+        want_logits,
+    );
+    assert!(err <= TOL, "{prefix} logits: relative error {err}");
+
+    // One training step's loss (labels = inputs, shifted) and gradients.
+    let loss = cross_entropy(logits.narrow(1, 0, t - 1), ids.narrow(1, 1, t - 1));
+    let loss_value = loss.clone().into_scalar();
+    let want_loss = want[&format!("{prefix}.loss")].1[0];
+    assert!(
+        ((loss_value - want_loss) / want_loss).abs() as f64 <= TOL,
+        "{prefix} loss {loss_value} vs {want_loss}"
+    );
+    let _ = b;
+    let grads = loss.backward();
+    let mut ours = Grads {
+        config,
+        grads: &grads,
+        path: Vec::new(),
+        out: HashMap::new(),
+    };
+    model.visit(&mut ours);
+    let mut checked = 0;
+    for (key, (_, want_grad)) in &want {
+        let Some(name) = key.strip_prefix(&format!("{prefix}.grad.")) else {
+            continue;
+        };
+        let err = rel(&ours.out[name], want_grad);
+        assert!(
+            err <= TOL,
+            "{prefix} gradient of {name}: relative error {err}"
+        );
+        checked += 1;
+    }
+    assert!(checked >= 5, "only {checked} gradients compared");
+}
+
+#[test]
+fn llama_reproduces_transformers_logits_loss_and_gradients() {
+    let dir = fixtures().join("llama-tiny");
+    let config = hf::load_config(&dir).unwrap();
+    let ModelConfig::Llama(c) = &config else {
+        panic!("llama config expected")
+    };
+    let model: Llama<AD> =
+        hf::load_weights(c.init::<AD>(&Default::default()), &config, &dir).unwrap();
+    check_parity(model, &config, "llama");
+}
+
+#[test]
+fn gpt2_reproduces_transformers_logits_loss_and_gradients_from_shards() {
+    let dir = fixtures().join("gpt2-tiny");
+    assert!(
+        dir.join("model.safetensors.index.json").exists(),
+        "the GPT-2 fixture is sharded"
+    );
+    let config = hf::load_config(&dir).unwrap();
+    let ModelConfig::Gpt2(c) = &config else {
+        panic!("gpt2 config expected")
+    };
+    let model: Gpt2<AD> =
+        hf::load_weights(c.init::<AD>(&Default::default()), &config, &dir).unwrap();
+    check_parity(model, &config, "gpt2");
+}
+
+/// All parameter values in visit order, as bits.
+struct Bits(Vec<Vec<u32>>);
+impl<BB: Backend> ModuleVisitor<BB> for Bits {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<BB, D>>) {
+        self.0.push(
+            param
+                .val()
+                .into_data()
+                .to_vec::<f32>()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect(),
+        );
+    }
+}
+
+fn bits<M: Module<B>>(m: &M) -> Vec<Vec<u32>> {
+    let mut b = Bits(Vec::new());
+    m.visit(&mut b);
+    b.0
+}
+
+fn load_llama(dir: &Path) -> Result<Llama<B>, HfError> {
+    let config = hf::load_config(dir)?;
+    let ModelConfig::Llama(c) = &config else {
+        panic!("llama config expected")
+    };
+    hf::load_weights(c.init::<B>(&Default::default()), &config, dir)
+}
+
+#[test]
+fn import_export_import_is_exact() {
+    let out = tempfile::tempdir().unwrap();
+    for name in ["llama-tiny", "gpt2-tiny"] {
+        let dir = fixtures().join(name);
+        let config = hf::load_config(&dir).unwrap();
+        let target = out.path().join(name);
+        let (first, second) = match &config {
+            ModelConfig::Llama(c) => {
+                let m: Llama<B> =
+                    hf::load_weights(c.init(&Default::default()), &config, &dir).unwrap();
+                hf::save(&m, &config, &target).unwrap();
+                let again: Llama<B> =
+                    hf::load_weights(c.init(&Default::default()), &config, &target).unwrap();
+                (bits(&m), bits(&again))
+            }
+            ModelConfig::Gpt2(c) => {
+                let m: Gpt2<B> =
+                    hf::load_weights(c.init(&Default::default()), &config, &dir).unwrap();
+                hf::save(&m, &config, &target).unwrap();
+                let again: Gpt2<B> =
+                    hf::load_weights(c.init(&Default::default()), &config, &target).unwrap();
+                (bits(&m), bits(&again))
+            }
+        };
+        assert_eq!(
+            hf::load_config(&target).unwrap(),
+            config,
+            "{name}: config round trip"
+        );
+        assert!(
+            first == second,
+            "{name}: parameters changed in the round trip"
+        );
+    }
+}
+
+#[test]
+fn bf16_checkpoints_are_upcast_exactly() {
+    let f32_model = load_llama(&fixtures().join("llama-tiny")).unwrap();
+    let bf16_model = load_llama(&fixtures().join("llama-tiny-bf16")).unwrap();
+    let round = |v: &Vec<Vec<u32>>| -> Vec<Vec<u32>> {
+        v.iter()
+            .map(|t| {
+                t.iter()
+                    .map(|b| {
+                        burn::tensor::bf16::from_f32(f32::from_bits(*b))
+                            .to_f32()
+                            .to_bits()
+                    })
+                    .collect()
+            })
+            .collect()
+    };
+    assert!(
+        round(&bits(&f32_model)) == bits(&bf16_model),
+        "bf16 import differs from f32 weights rounded to bf16"
+    );
+}
+
+/// A copy of the Llama fixture whose safetensors file is rewritten by `edit`.
+fn damaged(
+    edit: impl FnOnce(&mut Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)>),
+) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let src = fixtures().join("llama-tiny");
+    std::fs::copy(src.join("config.json"), dir.path().join("config.json")).unwrap();
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let mut tensors: Vec<_> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, t)| (n, t.dtype(), t.shape().to_vec(), t.data().to_vec()))
+        .collect();
+    edit(&mut tensors);
+    let views: Vec<_> = tensors
+        .iter()
+        .map(|(n, d, s, b)| {
+            (
+                n.clone(),
+                safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap(),
+            )
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, &dir.path().join("model.safetensors")).unwrap();
+    dir
+}
+
+fn error_of(dir: &Path) -> String {
+    load_llama(dir).expect_err("loading must fail").to_string()
+}
+
+#[test]
+fn missing_tensor_is_a_clear_error() {
+    let dir = damaged(|t| t.retain(|(n, ..)| n != "model.layers.1.mlp.up_proj.weight"));
+    let err = error_of(dir.path());
+    assert!(
+        err.contains("has no tensor `model.layers.1.mlp.up_proj.weight`"),
+        "{err}"
+    );
+}
+
+#[test]
+fn wrong_shape_is_a_clear_error() {
+    let dir = damaged(|t| {
+        let norm = t
+            .iter_mut()
+            .find(|(n, ..)| n == "model.norm.weight")
+            .unwrap();
+        norm.2 = vec![32];
+        norm.3.truncate(32 * 4);
+    });
+    let err = error_of(dir.path());
+    assert!(
+        err.contains("tensor `model.norm.weight` has shape [32], the model expects [64]"),
+        "{err}"
+    );
+}
+
+#[test]
+fn unsupported_dtype_is_a_clear_error() {
+    let dir = damaged(|t| {
+        let norm = t
+            .iter_mut()
+            .find(|(n, ..)| n == "model.norm.weight")
+            .unwrap();
+        norm.1 = safetensors::Dtype::I32;
+    });
+    let err = error_of(dir.path());
+    assert!(
+        err.contains("tensor `model.norm.weight` has dtype I32; supported: F32, BF16, F16"),
+        "{err}"
+    );
+}
+
+#[test]
+fn truncated_file_is_a_clear_error() {
+    let dir = damaged(|_| {});
+    let path = dir.path().join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes[..bytes.len() - 1000]).unwrap();
+    let err = error_of(dir.path());
+    assert!(
+        err.contains("model.safetensors` is truncated or corrupted"),
+        "{err}"
+    );
+}
+
+#[test]
+fn unsupported_architecture_is_a_clear_error() {
+    let dir = damaged(|_| {});
+    let config = std::fs::read_to_string(dir.path().join("config.json")).unwrap();
+    std::fs::write(
+        dir.path().join("config.json"),
+        config.replace("\"llama\"", "\"bert\""),
+    )
+    .unwrap();
+    let err = hf::load_config(dir.path()).unwrap_err().to_string();
+    assert!(
+        err.contains("unsupported architecture `bert` (supported: llama, gpt2)"),
+        "{err}"
+    );
+    std::fs::write(
+        dir.path().join("config.json"),
+        config.replace("\"silu\"", "\"gelu\""),
+    )
+    .unwrap();
+    let err = hf::load_config(dir.path()).unwrap_err().to_string();
+    assert!(err.contains("unsupported hidden_act `gelu`"), "{err}");
+}
+
+#[test]
+fn train_fine_tunes_from_an_hf_checkpoint_and_exports_one() {
+    use examples::train::{run, TrainOptions};
+    let out = tempfile::tempdir().unwrap();
+    for name in ["llama-tiny", "gpt2-tiny"] {
+        let export = out.path().join(name);
+        let report = run(&TrainOptions {
+            init_from: Some(fixtures().join(name)),
+            export_hf: Some(export.clone()),
+            steps: 1,
+            batch: 2,
+            seq_len: 16,
+            // So small that the exported weights must equal the imported ones.
+            lr: 1e-12,
+            warmup: 1,
+            sample_tokens: 2,
+            ..TrainOptions::default()
+        })
+        .unwrap();
+        assert_eq!(
+            report.config,
+            hf::load_config(&fixtures().join(name)).unwrap()
+        );
+        // The fixtures' random weights give a loss far from a fresh init's ln(256).
+        assert!(report.losses[0].is_finite());
+        let config = hf::load_config(&export).unwrap();
+        let (a, b) = match &config {
+            ModelConfig::Llama(c) => (
+                bits(
+                    &hf::load_weights::<B, Llama<B>>(c.init(&Default::default()), &config, &export)
+                        .unwrap(),
+                ),
+                bits(
+                    &hf::load_weights::<B, Llama<B>>(
+                        c.init(&Default::default()),
+                        &config,
+                        &fixtures().join(name),
+                    )
+                    .unwrap(),
+                ),
+            ),
+            ModelConfig::Gpt2(c) => (
+                bits(
+                    &hf::load_weights::<B, Gpt2<B>>(c.init(&Default::default()), &config, &export)
+                        .unwrap(),
+                ),
+                bits(
+                    &hf::load_weights::<B, Gpt2<B>>(
+                        c.init(&Default::default()),
+                        &config,
+                        &fixtures().join(name),
+                    )
+                    .unwrap(),
+                ),
+            ),
+        };
+        let to_f32 = |v: &Vec<Vec<u32>>| {
+            v.iter()
+                .flatten()
+                .map(|b| f32::from_bits(*b))
+                .collect::<Vec<_>>()
+        };
+        let err = rel(&to_f32(&a), &to_f32(&b));
+        assert!(
+            err < 1e-6,
+            "{name}: exported weights differ from the imported ones by {err}"
+        );
+    }
+}
