@@ -191,16 +191,7 @@ pub fn save(
         format_version: FORMAT_VERSION,
         writer_version: env!("CARGO_PKG_VERSION").into(),
         updates,
-        groups: store
-            .groups
-            .iter()
-            .map(|g| {
-                g.slots
-                    .iter()
-                    .map(|s| (s.name.clone(), s.shape.clone()))
-                    .collect()
-            })
-            .collect(),
+        groups: store.slot_table(),
         trainer,
     };
     let manifest_path = tmp.join(MANIFEST_FILE);
@@ -315,16 +306,7 @@ pub fn read_manifest(checkpoint: &Path) -> Result<Manifest, CheckpointError> {
 /// bad checkpoint leaves the store as it was. Returns the manifest.
 pub fn load_into(checkpoint: &Path, store: &mut HostStore) -> Result<Manifest, CheckpointError> {
     let manifest = read_manifest(checkpoint)?;
-    let layout: Vec<Vec<(String, Vec<usize>)>> = store
-        .groups
-        .iter()
-        .map(|g| {
-            g.slots
-                .iter()
-                .map(|s| (s.name.clone(), s.shape.clone()))
-                .collect()
-        })
-        .collect();
+    let layout = store.slot_table();
     if manifest.groups != layout {
         let describe = |g: &Vec<Vec<(String, Vec<usize>)>>| {
             let params: usize = g

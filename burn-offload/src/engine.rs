@@ -574,7 +574,6 @@ where
                 group,
                 &self.block_ids,
                 &grads,
-                1.0,
                 &mut stem_grads,
             );
         }
@@ -602,7 +601,6 @@ where
                 group,
                 &HashSet::new(),
                 &grads,
-                1.0,
                 &mut block_grads,
             );
             drop(block);
@@ -623,7 +621,6 @@ where
             group,
             &self.block_ids,
             &grads,
-            1.0,
             &mut stem_grads,
         );
         drop(stem_ad);

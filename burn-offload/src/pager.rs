@@ -96,7 +96,7 @@ impl Pager {
     }
 
     /// Copies the gradients of a bound module's parameters (those of `group`,
-    /// in visit order) to the host, adding `scale ×` them into `out`
+    /// in visit order) to the host, adding them into `out`
     /// (`out.len() == group.numel()`). A parameter without a gradient adds nothing.
     pub fn gradients_to_host<B: AutodiffBackend, M: Module<B>>(
         &mut self,
@@ -104,7 +104,6 @@ impl Pager {
         group: &ParamGroup,
         skip: &HashSet<ParamId>,
         grads: &B::Gradients,
-        scale: f32,
         out: &mut [f32],
     ) {
         let mut visit = GradsOut {
@@ -112,7 +111,6 @@ impl Pager {
             next: 0,
             skip,
             grads,
-            scale,
             out,
             bytes: 0,
         };
@@ -167,7 +165,6 @@ struct GradsOut<'a, B: AutodiffBackend> {
     next: usize,
     skip: &'a HashSet<ParamId>,
     grads: &'a B::Gradients,
-    scale: f32,
     out: &'a mut [f32],
     bytes: u64,
 }
@@ -190,7 +187,7 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for GradsOut<'_, B> {
         self.bytes += (values.len() * std::mem::size_of::<f32>()) as u64;
         let out = &mut self.out[slot.offset..slot.offset + slot.len];
         for (o, g) in out.iter_mut().zip(values) {
-            *o += self.scale * g;
+            *o += g;
         }
     }
 }

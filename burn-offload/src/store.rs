@@ -308,6 +308,19 @@ impl HostStore {
         }
     }
 
+    /// `(name, shape)` of every parameter, per group: what a checkpoint records.
+    pub fn slot_table(&self) -> Vec<Vec<(String, Vec<usize>)>> {
+        self.groups
+            .iter()
+            .map(|g| {
+                g.slots
+                    .iter()
+                    .map(|s| (s.name.clone(), s.shape.clone()))
+                    .collect()
+            })
+            .collect()
+    }
+
     /// Number of blocks (groups after the stem).
     pub fn num_blocks(&self) -> usize {
         self.groups.len() - 1
