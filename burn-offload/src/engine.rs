@@ -25,7 +25,7 @@ use std::collections::{HashMap, HashSet};
 use burn::backend::Autodiff;
 use burn::module::{AutodiffModule, HasAutodiffModule, Module, ModuleMapper, Param, ParamId};
 use burn::tensor::activation::log_softmax;
-use burn::tensor::backend::Backend;
+use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
 
 use crate::checkpoint::{self, CheckpointError};
@@ -505,6 +505,18 @@ where
             .bind(template, 0, group, &self.block_ids, require_grad, &device)
     }
 
+    /// Adds the stem's parameter gradients (head or embedding) into `out`.
+    fn stem_grads_to_host(
+        &mut self,
+        stem_ad: &M::TrainModule,
+        grads: &<AD<B> as AutodiffBackend>::Gradients,
+        out: &mut [f32],
+    ) {
+        let group = &self.store.groups[0];
+        self.pager
+            .gradients_to_host::<AD<B>, _>(stem_ad, group, &self.block_ids, grads, out);
+    }
+
     /// Phases 1–4 for one micro-batch; parameter gradients of `loss_scale ×
     /// mean loss` go to `sink`. Returns the (unscaled) mean loss.
     ///
@@ -568,14 +580,7 @@ where
             loss_sum += nll_sum.clone().into_scalar().elem::<f64>();
             let grads = (nll_sum * (loss_scale / total)).backward();
             dx_chunks.push(xc.grad(&grads).expect("the head depends on its input"));
-            let group = &self.store.groups[0];
-            self.pager.gradients_to_host::<AD<B>, _>(
-                &stem_ad,
-                group,
-                &self.block_ids,
-                &grads,
-                &mut stem_grads,
-            );
+            self.stem_grads_to_host(&stem_ad, &grads, &mut stem_grads);
         }
         drop(stem_ad);
         self.pager.evict(0);
@@ -615,14 +620,7 @@ where
         let grads = (stem_ad.embed(tokens) * Tensor::from_inner(dy))
             .sum()
             .backward();
-        let group = &self.store.groups[0];
-        self.pager.gradients_to_host::<AD<B>, _>(
-            &stem_ad,
-            group,
-            &self.block_ids,
-            &grads,
-            &mut stem_grads,
-        );
+        self.stem_grads_to_host(&stem_ad, &grads, &mut stem_grads);
         drop(stem_ad);
         self.pager.evict(0);
         self.sink_group(0, &stem_grads, sink);

@@ -372,9 +372,16 @@ fn check_host_memory(opts: &TrainOptions, config: &ModelConfig) -> Result<()> {
         } else {
             "--fused (12 B/param) or a smaller model"
         };
+        // Some machines (the lent GPU hosts among them) grow RAM on demand, so
+        // MemAvailable at start can understate what the run may use.
+        let override_hint = if opts.host_mem_gib.is_none() {
+            ", or --host-mem-gib if this machine's memory grows on demand"
+        } else {
+            ""
+        };
         bail!(
             "not enough host memory: {} parameters need {:.2} GiB ({per_param} B/param: weights, Adam m and v{}), \
-             but {:.2} GiB is available ({source}); try {hint}",
+             but {:.2} GiB is available ({source}); try {hint}{override_hint}",
             human_count(params as usize),
             needed as f64 / GIB,
             if opts.fused { "" } else { ", gradients" },

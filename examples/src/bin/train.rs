@@ -68,7 +68,9 @@ struct Cli {
     #[arg(long)]
     resident: bool,
     /// Engine: apply each block's AdamW update as soon as its gradient arrives
-    /// (12 host bytes/param instead of 16; no --accum).
+    /// (12 host bytes/param instead of 16; no --accum). The gradient norm is
+    /// needed before the first update (non-finite guard, clipping), so the
+    /// backward runs twice per step.
     #[arg(long)]
     fused: bool,
     /// Engine: micro-batches of --batch sequences accumulated per step.
