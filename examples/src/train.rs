@@ -8,12 +8,14 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, PoisonError};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use burn::backend::Autodiff;
 use burn::module::AutodiffModule;
 use burn::module::HasAutodiffModule;
+use burn::module::{ModuleVisitor, Param};
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
@@ -277,7 +279,6 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
     type B = DefaultBackend;
     type AB = Autodiff<DefaultBackend>;
     let device = Default::default();
-    AB::seed(&device, opts.seed);
     let job = Job {
         opts,
         tokenizer: &tokenizer,
@@ -286,19 +287,24 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
         config: config.clone(),
         corpus,
     };
-    let outcome =
-        match (&config, opts.resident) {
-            (ModelConfig::Gpt2(c), true) => job
-                .train_resident::<AB, _>(initial(opts, &config, c.init::<AB>(&device))?, &device)?,
-            (ModelConfig::Llama(c), true) => job
-                .train_resident::<AB, _>(initial(opts, &config, c.init::<AB>(&device))?, &device)?,
-            (ModelConfig::Gpt2(c), false) => {
-                job.train_engine::<B, _>(initial(opts, &config, c.init::<B>(&device))?, &device)?
-            }
-            (ModelConfig::Llama(c), false) => {
-                job.train_engine::<B, _>(initial(opts, &config, c.init::<B>(&device))?, &device)?
-            }
-        };
+    let outcome = match (&config, opts.resident) {
+        (ModelConfig::Gpt2(c), true) => job.train_resident::<AB, _>(
+            initial(opts, &config, &device, || c.init::<AB>(&device))?,
+            &device,
+        )?,
+        (ModelConfig::Llama(c), true) => job.train_resident::<AB, _>(
+            initial(opts, &config, &device, || c.init::<AB>(&device))?,
+            &device,
+        )?,
+        (ModelConfig::Gpt2(c), false) => job.train_engine::<B, _>(
+            initial(opts, &config, &device, || c.init::<B>(&device))?,
+            &device,
+        )?,
+        (ModelConfig::Llama(c), false) => job.train_engine::<B, _>(
+            initial(opts, &config, &device, || c.init::<B>(&device))?,
+            &device,
+        )?,
+    };
     Ok(TrainReport {
         config,
         losses: outcome.losses,
@@ -310,16 +316,39 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
     })
 }
 
-/// The starting model: `model` as initialised, or with `--init-from`'s weights
+/// burn's CPU backends draw random tensors from one process-wide RNG, and a
+/// module's parameters are drawn lazily, on first use. Seeding and drawing
+/// every initial weight happen under this lock, so two jobs in one process
+/// (the test suite, a sweep) cannot interleave their draws: a run's weights
+/// depend on its seed alone.
+static WEIGHT_RNG: Mutex<()> = Mutex::new(());
+
+/// The starting model: drawn from `--seed`, or with `--init-from`'s weights
 /// (burn's lazy parameters are replaced before any random init runs).
 fn initial<X: Backend, M: burn::module::Module<X>>(
     opts: &TrainOptions,
     config: &ModelConfig,
-    model: M,
+    device: &X::Device,
+    init: impl FnOnce() -> M,
 ) -> Result<M> {
+    let _rng = WEIGHT_RNG.lock().unwrap_or_else(PoisonError::into_inner);
+    X::seed(device, opts.seed);
+    let model = init();
     match &opts.init_from {
         Some(dir) => Ok(models::hf::load_weights(model, config, dir)?),
-        None => Ok(model),
+        None => {
+            model.visit(&mut DrawWeights);
+            Ok(model)
+        }
+    }
+}
+
+/// Forces every lazily initialised parameter to be drawn now.
+struct DrawWeights;
+
+impl<X: Backend> ModuleVisitor<X> for DrawWeights {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<X, D>>) {
+        let _ = param.val();
     }
 }
 
