@@ -56,6 +56,12 @@ pub struct EngineConfig {
     /// and optimizer state untouched. In fused mode this needs the gradient
     /// norm before the first update, so the backward runs twice (as with clipping).
     pub skip_non_finite: bool,
+    /// Let weight copies run behind compute (the pipeline). `false` makes
+    /// every bind wait for its copies: the serialised baseline of the bench.
+    pub overlap_copies: bool,
+    /// Keep block-input checkpoints in host memory on GPU backends, so device
+    /// memory stays flat in depth (each costs one small copy each way).
+    pub host_checkpoints: bool,
 }
 
 impl Default for EngineConfig {
@@ -66,6 +72,8 @@ impl Default for EngineConfig {
             fused: false,
             loss_chunk_tokens: 4096,
             skip_non_finite: true,
+            overlap_copies: true,
+            host_checkpoints: true,
         }
     }
 }
@@ -132,8 +140,9 @@ pub struct Engine<B: Backend, M: BlockModel<B>> {
     block_ids: HashSet<ParamId>,
     /// Parameter id → (group, slot) for export and inspection.
     slot_of: HashMap<ParamId, (usize, usize)>,
-    store: HostStore,
+    /// Declared before `store`: it unlocks page-locked slabs before they are freed.
     pager: Pager,
+    store: HostStore,
     config: EngineConfig,
     device: B::Device,
     /// Optimizer updates applied so far.
@@ -219,12 +228,19 @@ where
             slot_of.insert(p.id, (0, k));
         }
         let template = model.map(&mut ToPlaceholders);
+        // Uploads read the parameter slabs; page-locked, they run at DMA speed.
+        let mut pager = Pager::new(!config.overlap_copies, config.host_checkpoints);
+        for group in &store.groups {
+            pager.pin::<B>(group.params.as_slice(), device);
+        }
+        // The model's weights were drawn on the device; only placeholders remain.
+        pager.release_free_memory::<B>(device);
         Ok(Self {
             template,
             block_ids,
             slot_of,
+            pager,
             store,
-            pager: Pager::default(),
             config,
             device: device.clone(),
             updates: 0,
@@ -536,6 +552,7 @@ where
 
         // 1. Forward, no graph: keep only block inputs.
         let stem = self.bind_stem::<B, M>(self.template.clone(), false);
+        self.pager.ready::<B>(&self.device);
         let mut x = stem.embed(inputs.clone());
         drop(stem);
         self.pager.evict(0);
@@ -543,11 +560,13 @@ where
         let mut next = (num_blocks > 0).then(|| self.bind_block(&blocks, 0));
         for i in 0..num_blocks {
             let block = next.take().expect("block bound ahead");
+            // Block i's weights have landed; block i+1's copy runs behind its compute.
+            self.pager.ready::<B>(&self.device);
             if i + 1 < num_blocks {
                 next = Some(self.bind_block(&blocks, i + 1));
             }
             let want = x.dims();
-            checkpoints.push(x.clone());
+            checkpoints.push(self.pager.stash(x.clone()));
             x = block.forward(x);
             drop(block);
             self.pager.evict(i + 1);
@@ -565,6 +584,7 @@ where
         // 2. Head + loss in chunks of positions, each chunk its own small graph.
         let stem_ad =
             self.bind_stem::<AD<B>, _>(M::TrainModule::from_inner(self.template.clone()), true);
+        self.pager.ready::<B>(&self.device);
         let mut next = (num_blocks > 0).then(|| self.bind_block_ad(&blocks, num_blocks - 1));
         let [batch, seq, _] = x.dims();
         let total = (batch * seq) as f32;
@@ -587,17 +607,30 @@ where
         let mut dy = Tensor::cat(dx_chunks, 1);
 
         // 3. Backward, one block at a time, recomputed from its checkpoint.
+        // A block's gradients reach the optimizer (`sink_group`) only after the
+        // next block's backward has been handed to the device, so the CPU
+        // update of block i+1 runs while the GPU computes block i.
         let mut block_grads = Vec::new();
+        let mut arrived: Option<(usize, Vec<f32>)> = None;
         for i in (0..num_blocks).rev() {
             let block = next.take().expect("block bound ahead");
+            let checkpoint = checkpoints.pop().expect("one checkpoint per block");
+            let checkpoint = self.pager.unstash(checkpoint, &self.device);
+            // Block i's weights and checkpoint have landed; block i-1's weights
+            // are copied while block i computes.
+            self.pager.ready::<B>(&self.device);
             if i > 0 {
                 next = Some(self.bind_block_ad(&blocks, i - 1));
             }
-            let checkpoint = checkpoints.pop().expect("one checkpoint per block");
             let x_in = Tensor::<AD<B>, 3>::from_inner(checkpoint).require_grad();
             let y = block.forward(x_in.clone());
             let grads = (y * Tensor::from_inner(dy)).sum().backward();
             dy = x_in.grad(&grads).expect("a block depends on its input");
+            self.pager.flush::<B>(&self.device);
+            if let Some((g, buffer)) = arrived.take() {
+                self.sink_group(g, &buffer, sink);
+                block_grads = buffer;
+            }
             let group = &self.store.groups[i + 1];
             block_grads.clear();
             block_grads.resize(group.numel(), 0.0);
@@ -610,12 +643,16 @@ where
             );
             drop(block);
             self.pager.evict(i + 1);
-            self.sink_group(i + 1, &block_grads, sink);
+            arrived = Some((i + 1, std::mem::take(&mut block_grads)));
+        }
+        if let Some((g, buffer)) = arrived.take() {
+            self.sink_group(g, &buffer, sink);
         }
 
         // 4. Embedding backward from dx_0.
         let stem_ad =
             self.bind_stem::<AD<B>, _>(M::TrainModule::from_inner(self.template.clone()), true);
+        self.pager.ready::<B>(&self.device);
         let tokens = Tensor::<AD<B>, 2, Int>::from_inner(inputs.clone());
         let grads = (stem_ad.embed(tokens) * Tensor::from_inner(dy))
             .sum()

@@ -9,6 +9,8 @@
 
 pub mod backend;
 pub mod checkpoint;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod engine;
 pub mod model;
 pub mod optim;

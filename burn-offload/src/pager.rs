@@ -25,16 +25,133 @@ pub struct PagerStats {
     pub resident_bytes: u64,
     /// Largest `resident_bytes` seen since the last reset.
     pub peak_resident_bytes: u64,
+    /// Nanoseconds the engine waited for uploads to land (0 off the GPU).
+    pub upload_wait_ns: u64,
+}
+
+/// A block-input checkpoint, on the device or in host memory.
+pub enum Stash<B: Backend> {
+    Device(Tensor<B, 3>),
+    Host(Vec<f32>, [usize; 3]),
 }
 
 /// Residency and traffic of parameter groups.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Pager {
     resident: Vec<(usize, u64)>,
     stats: PagerStats,
+    /// Wait for each bind's copies before returning (overlap off).
+    serial: bool,
+    /// Keep block-input checkpoints in host memory (GPU backends).
+    host_checkpoints: bool,
+    /// Host sources of uploads still in flight (freed by `ready`).
+    in_flight: Vec<Vec<f32>>,
+    /// Page-locked host slabs (CUDA); unlocked when the pager drops.
+    #[cfg(feature = "cuda")]
+    pinned: Vec<crate::cuda::Pinned>,
+}
+
+impl std::fmt::Debug for Pager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pager")
+            .field("resident", &self.resident)
+            .field("stats", &self.stats)
+            .field("serial", &self.serial)
+            .field("host_checkpoints", &self.host_checkpoints)
+            .finish()
+    }
 }
 
 impl Pager {
+    /// A pager whose binds return only once their copies have landed
+    /// (`serial`), or that lets copies run behind compute until [`Pager::ready`].
+    /// With `host_checkpoints`, [`Pager::stash`] moves activations to host
+    /// memory where the backend is a GPU.
+    pub fn new(serial: bool, host_checkpoints: bool) -> Self {
+        Self {
+            serial,
+            host_checkpoints,
+            ..Self::default()
+        }
+    }
+
+    /// Keeps a block-input checkpoint until the backward needs it: in host
+    /// memory on a GPU backend when host checkpoints are on (so device memory
+    /// does not grow with depth), as it is otherwise. The copy waits for the
+    /// work that produced `x`.
+    pub fn stash<B: Backend>(&mut self, x: Tensor<B, 3>) -> Stash<B> {
+        #[cfg(feature = "cuda")]
+        if self.host_checkpoints {
+            let dims = x.dims();
+            let mut values = vec![0.0; dims.iter().product()];
+            match crate::cuda::try_read_into(x, &mut values, false) {
+                Ok(()) => {
+                    self.stats.bytes_to_host += (values.len() * 4) as u64;
+                    return Stash::Host(values, dims);
+                }
+                Err(x) => return Stash::Device(x),
+            }
+        }
+        Stash::Device(x)
+    }
+
+    /// The checkpoint back on the device. Its upload may still be running:
+    /// call [`Pager::ready`] before submitting work that reads it.
+    pub fn unstash<B: Backend>(&mut self, stash: Stash<B>, device: &B::Device) -> Tensor<B, 3> {
+        match stash {
+            Stash::Device(x) => x,
+            Stash::Host(values, dims) => {
+                self.stats.bytes_to_device += (values.len() * 4) as u64;
+                #[cfg(feature = "cuda")]
+                if let Some(x) = crate::cuda::try_upload::<B, 3>(&values, &dims, device) {
+                    // The copy reads `values` until `ready`.
+                    self.in_flight.push(values);
+                    return x;
+                }
+                Tensor::from_data(TensorData::new(values, dims), device)
+            }
+        }
+    }
+
+    /// Page-locks `data` (a parameter slab) so uploads from it run at DMA
+    /// speed; a no-op off CUDA. Returns whether it is now page-locked.
+    pub fn pin<B: Backend>(&mut self, data: &[f32], device: &B::Device) -> bool {
+        #[cfg(feature = "cuda")]
+        if let Some(pinned) = crate::cuda::pin::<B>(device, data) {
+            self.pinned.push(pinned);
+            return true;
+        }
+        let _ = (data, device);
+        false
+    }
+
+    /// Returns once every upload started by earlier binds has landed; call it
+    /// before submitting work that reads a bound module. On the GPU it first
+    /// hands queued kernels to the device, so compute goes on while we wait.
+    pub fn ready<B: Backend>(&mut self, device: &B::Device) {
+        #[cfg(feature = "cuda")]
+        {
+            let waited = crate::cuda::wait_uploads::<B>(device);
+            self.stats.upload_wait_ns += waited.as_nanos() as u64;
+        }
+        self.in_flight.clear();
+        let _ = device;
+    }
+
+    /// Gives the device allocator's unused memory back (a no-op off CUDA).
+    pub fn release_free_memory<B: Backend>(&self, device: &B::Device) {
+        #[cfg(feature = "cuda")]
+        crate::cuda::release_free_memory::<B>(device);
+        let _ = device;
+    }
+
+    /// Lets the device start on the work submitted so far (a no-op off CUDA).
+    pub fn flush<B: Backend>(&self, device: &B::Device) {
+        #[cfg(feature = "cuda")]
+        crate::cuda::flush_backend::<B>(device);
+        let _ = device;
+    }
+
     pub fn stats(&self) -> PagerStats {
         self.stats
     }
@@ -72,6 +189,9 @@ impl Pager {
         let module = template.map(&mut bind);
         debug_assert_eq!(bind.next, group.slots.len(), "template and group disagree");
         self.page_in(group_index, group.param_bytes() as u64);
+        if self.serial {
+            self.ready::<B>(device);
+        }
         module
     }
 
@@ -153,9 +273,13 @@ impl<B: Backend> ModuleMapper<B> for Bind<'_, B> {
         }
         let slot = &self.group.slots[self.next];
         self.next += 1;
-        let values = self.group.params.as_slice()[slot.offset..slot.offset + slot.len].to_vec();
-        let tensor =
-            Tensor::<B, D>::from_data(TensorData::new(values, slot.shape.clone()), self.device);
+        let values = &self.group.params.as_slice()[slot.offset..slot.offset + slot.len];
+        #[cfg(feature = "cuda")]
+        if let Some(tensor) = crate::cuda::try_upload::<B, D>(values, &slot.shape, self.device) {
+            return Param::initialized(param.id, tensor.set_require_grad(self.require_grad));
+        }
+        let data = TensorData::new(values.to_vec(), slot.shape.clone());
+        let tensor = Tensor::<B, D>::from_data(data, self.device);
         Param::initialized(param.id, tensor.set_require_grad(self.require_grad))
     }
 }
@@ -179,13 +303,18 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for GradsOut<'_, B> {
         let Some(grad) = param.val().grad(self.grads) else {
             return;
         };
+        self.bytes += (slot.len * std::mem::size_of::<f32>()) as u64;
+        let out = &mut self.out[slot.offset..slot.offset + slot.len];
+        #[cfg(feature = "cuda")]
+        let grad = match crate::cuda::try_read_into(grad, out, true) {
+            Ok(()) => return,
+            Err(grad) => grad,
+        };
         let values = grad
             .into_data()
             .convert::<f32>()
             .into_vec::<f32>()
             .expect("f32 gradient");
-        self.bytes += (values.len() * std::mem::size_of::<f32>()) as u64;
-        let out = &mut self.out[slot.offset..slot.offset + slot.len];
         for (o, g) in out.iter_mut().zip(values) {
             *o += g;
         }

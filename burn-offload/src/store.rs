@@ -163,6 +163,25 @@ pub(crate) struct Visited {
     pub values: Vec<f32>,
 }
 
+/// A parameter's values as f32 on the host. On CUDA they come through a
+/// page-locked buffer: `into_data` reads far slower, which dominated the
+/// initialisation of multi-billion-parameter models.
+fn host_values<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> Vec<f32> {
+    #[cfg(feature = "cuda")]
+    let tensor = {
+        let mut out = vec![0.0; tensor.shape().num_elements()];
+        match crate::cuda::try_read_into(tensor, &mut out, false) {
+            Ok(()) => return out,
+            Err(tensor) => tensor,
+        }
+    };
+    tensor
+        .into_data()
+        .convert::<f32>()
+        .into_vec::<f32>()
+        .expect("f32 data")
+}
+
 /// Values of the float parameters not in `skip`, in visit order.
 struct StemValues<'a> {
     skip: &'a HashSet<ParamId>,
@@ -172,14 +191,7 @@ struct StemValues<'a> {
 impl<B: Backend> ModuleVisitor<B> for StemValues<'_> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         if !self.skip.contains(&param.id) {
-            self.out.push(
-                param
-                    .val()
-                    .into_data()
-                    .convert::<f32>()
-                    .into_vec::<f32>()
-                    .expect("f32 data"),
-            );
+            self.out.push(host_values(param.val()));
         }
     }
 }
@@ -215,14 +227,7 @@ impl<B: Backend> ModuleVisitor<B> for Collect {
         let (shape, values) = if self.read_values {
             let tensor = param.val();
             let shape = tensor.dims().to_vec();
-            (
-                shape,
-                tensor
-                    .into_data()
-                    .convert::<f32>()
-                    .into_vec::<f32>()
-                    .expect("f32 data"),
-            )
+            (shape, host_values(tensor))
         } else {
             (param.shape().dims::<D>().to_vec(), Vec::new())
         };

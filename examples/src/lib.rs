@@ -1,6 +1,7 @@
 //! Training programs for burn-offload, as a library so tests can drive them.
 
 pub mod data;
+pub mod plan;
 pub mod preflight;
 pub mod schedule;
 pub mod train;

@@ -27,6 +27,7 @@ use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use crate::data::{default_corpus, read_corpus, Batcher, Tokenizer};
+use crate::plan::{Job as PlanJob, Machine, Plan};
 use crate::schedule::WarmupCosine;
 use crate::{process_rss_bytes, DefaultBackend};
 
@@ -53,6 +54,12 @@ pub struct TrainOptions {
     pub resident: bool,
     /// Engine: update each block as its gradient arrives (no gradient buffer).
     pub fused: bool,
+    /// Engine: wait for every weight copy before computing (no overlap; the
+    /// bench's serialised baseline).
+    pub serial_copies: bool,
+    /// Engine: update without first checking the gradients for non-finite
+    /// values (fused mode then runs the backward once instead of twice).
+    pub no_guard: bool,
     /// Engine: micro-batches of `batch` sequences accumulated per optimizer step.
     pub accum: usize,
     /// Engine: tokens per chunk of the LM head and loss.
@@ -70,6 +77,8 @@ pub struct TrainOptions {
     pub max_skips: usize,
     /// Host memory the run may use, in GiB (default: what the OS reports available).
     pub host_mem_gib: Option<f64>,
+    /// GPU memory the run may use, in GiB (default: free memory on the GPU).
+    pub gpu_mem_gib: Option<f64>,
     /// Start from a Hugging Face checkpoint folder (config.json + safetensors);
     /// its config replaces `model`.
     pub init_from: Option<PathBuf>,
@@ -104,6 +113,8 @@ impl Default for TrainOptions {
             progress: false,
             resident: false,
             fused: false,
+            serial_copies: false,
+            no_guard: false,
             accum: 1,
             loss_chunk_tokens: 4096,
             checkpoint_dir: None,
@@ -112,6 +123,7 @@ impl Default for TrainOptions {
             resume: None,
             max_skips: 5,
             host_mem_gib: None,
+            gpu_mem_gib: None,
             init_from: None,
             export_hf: None,
             stop_after: None,
@@ -127,6 +139,8 @@ pub struct StepMetrics {
     pub loss: f32,
     pub lr: f64,
     pub tokens_per_s: f64,
+    /// Wall time of the step.
+    pub step_s: f64,
     /// Resident set size of the process (host memory), when the OS reports it.
     pub rss_bytes: Option<u64>,
     /// Engine only: global gradient norm before clipping.
@@ -141,6 +155,12 @@ pub struct StepMetrics {
     /// Engine only: peak parameter bytes resident on the device during this step.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub peak_device_param_bytes: Option<u64>,
+    /// GPU only: bytes reserved by the allocator's pools at the end of the step.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_reserved_bytes: Option<u64>,
+    /// Engine only: seconds the step waited for weight uploads to land (GPU).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upload_wait_s: Option<f64>,
     /// The step had a non-finite loss or gradient and changed nothing.
     pub skipped: bool,
     /// Steps skipped so far in this run (including before a resume).
@@ -265,7 +285,7 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
         Some(path) => read_corpus(path)?,
         None => default_corpus(),
     };
-    check_host_memory(opts, &config)?;
+    check_memory(opts)?;
     let tokens = tokenizer.encode(&text);
     let corpus = (tokens.len(), corpus_crc32(&tokens));
     let batcher = Batcher::new(tokens, opts.seq_len, opts.seed)?;
@@ -286,6 +306,7 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
         metrics,
         config: config.clone(),
         corpus,
+        building: Instant::now(),
     };
     let outcome = match (&config, opts.resident) {
         (ModelConfig::Gpt2(c), true) => job.train_resident::<AB, _>(
@@ -381,43 +402,84 @@ fn available_host_bytes() -> Option<u64> {
     Some(kib * 1024)
 }
 
-/// Refuses, before anything is allocated, a run whose parameters and optimizer
-/// state cannot fit in host memory.
-fn check_host_memory(opts: &TrainOptions, config: &ModelConfig) -> Result<()> {
-    let (available, source) = match opts.host_mem_gib {
-        Some(gib) => ((gib * GIB) as u64, "--host-mem-gib"),
+/// The machine the job runs on: host memory from `--host-mem-gib` or
+/// MemAvailable (the GPU hosts grow RAM on demand, hence the flag), device
+/// memory from `--gpu-mem-gib` or the CUDA driver.
+pub fn machine(opts: &TrainOptions) -> Result<Machine> {
+    let (host_bytes, host_source) = match opts.host_mem_gib {
+        Some(gib) => ((gib * GIB) as u64, "--host-mem-gib".to_string()),
         None => match available_host_bytes() {
-            Some(bytes) => (bytes, "MemAvailable"),
-            None => return Ok(()),
+            Some(bytes) => (bytes, "MemAvailable".to_string()),
+            None => (u64::MAX, "unknown: not checked".to_string()),
         },
     };
-    let params = config.num_params() as u64;
-    // fp32 parameter, Adam m and v, and (unless fused) a gradient buffer.
-    let per_param = if opts.fused { 12 } else { 16 };
-    let needed = params * per_param;
-    if needed > available {
-        let hint = if opts.fused {
-            "a smaller model"
-        } else {
-            "--fused (12 B/param) or a smaller model"
-        };
-        // Some machines (the lent GPU hosts among them) grow RAM on demand, so
-        // MemAvailable at start can understate what the run may use.
-        let override_hint = if opts.host_mem_gib.is_none() {
-            ", or --host-mem-gib if this machine's memory grows on demand"
-        } else {
-            ""
-        };
-        bail!(
-            "not enough host memory: {} parameters need {:.2} GiB ({per_param} B/param: weights, Adam m and v{}), \
-             but {:.2} GiB is available ({source}); try {hint}{override_hint}",
-            human_count(params as usize),
-            needed as f64 / GIB,
-            if opts.fused { "" } else { ", gradients" },
-            available as f64 / GIB,
-        );
+    let (device_bytes, device_source) = match opts.gpu_mem_gib {
+        Some(gib) => (Some((gib * GIB) as u64), "--gpu-mem-gib".to_string()),
+        None => gpu_free_bytes()?,
+    };
+    Ok(Machine {
+        host_bytes,
+        host_source,
+        device_bytes,
+        device_source,
+    })
+}
+
+#[cfg(feature = "cuda")]
+fn gpu_free_bytes() -> Result<(Option<u64>, String)> {
+    let free = burn_offload::cuda::free_device_bytes(0)
+        .map_err(|e| anyhow::anyhow!("cannot query GPU memory: {e}"))?;
+    Ok((Some(free), "free on GPU 0 (CUDA driver)".into()))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn gpu_free_bytes() -> Result<(Option<u64>, String)> {
+    Ok((None, "CPU backend".into()))
+}
+
+/// Bytes reserved by the GPU allocator's pools (CUDA builds).
+fn gpu_reserved_bytes() -> Option<u64> {
+    #[cfg(feature = "cuda")]
+    return Some(burn_offload::cuda::pool_bytes(&Default::default()).1);
+    #[cfg(not(feature = "cuda"))]
+    None
+}
+
+/// The memory plan of this job (nothing is allocated).
+pub fn plan(opts: &TrainOptions) -> Result<(Plan, PlanJob)> {
+    validate(opts)?;
+    let tokenizer = Tokenizer::from_name(&opts.tokenizer)?;
+    let config = resolve_config(opts, &tokenizer)?;
+    let job = PlanJob {
+        config,
+        batch: opts.batch,
+        seq_len: opts.seq_len,
+        accum: opts.accum,
+        fused: opts.fused,
+        resident: opts.resident,
+        loss_chunk_tokens: opts.loss_chunk_tokens,
+        gpu: cfg!(feature = "cuda"),
+    };
+    Ok((Plan::new(&job), job))
+}
+
+/// `train --plan`: the table of predicted memory against the machine.
+pub fn plan_table(opts: &TrainOptions) -> Result<String> {
+    let (plan, job) = plan(opts)?;
+    let machine = machine(opts)?;
+    let mut table = plan.table(&machine);
+    match plan.check(&job, &machine) {
+        Ok(()) => table.push_str("fits\n"),
+        Err(why) => table.push_str(&format!("does not fit: {why}\n")),
     }
-    Ok(())
+    Ok(table)
+}
+
+/// Refuses, before anything is allocated, a job that does not fit the machine.
+fn check_memory(opts: &TrainOptions) -> Result<()> {
+    let (plan, job) = plan(opts)?;
+    let machine = machine(opts)?;
+    plan.check(&job, &machine).map_err(anyhow::Error::msg)
 }
 
 struct Job<'a> {
@@ -428,6 +490,8 @@ struct Job<'a> {
     config: ModelConfig,
     /// (tokens, crc32) of the training token stream.
     corpus: (usize, u32),
+    /// When the model began to be built (initialisation time is reported).
+    building: Instant,
 }
 
 impl Job<'_> {
@@ -512,9 +576,21 @@ impl Job<'_> {
             grad_clip: (opts.grad_clip > 0.0).then_some(opts.grad_clip),
             fused: opts.fused,
             loss_chunk_tokens: opts.loss_chunk_tokens,
-            skip_non_finite: true,
+            skip_non_finite: !opts.no_guard,
+            overlap_copies: !opts.serial_copies,
+            host_checkpoints: true,
         };
         let mut engine = Engine::new(model, config, device)?;
+        if opts.progress {
+            let store = engine.store();
+            eprintln!(
+                "host store ready: {} parameters, {:.2} GiB ({} B/param) in {:.1} s",
+                human_count(store.num_params()),
+                store.host_bytes() as f64 / GIB,
+                store.bytes_per_param(),
+                self.building.elapsed().as_secs_f64()
+            );
+        }
         let mut outcome = Outcome::default();
         if let Some(path) = &opts.resume {
             let checkpoint = burn_offload::checkpoint::resolve(path)?;
@@ -557,19 +633,30 @@ impl Job<'_> {
             } else {
                 consecutive_skips = 0;
             }
+            if opts.no_guard && !report.loss.is_finite() {
+                bail!(
+                    "loss became {} at step {step} and --no-guard applied the update; \
+                     resume from the last checkpoint with a lower --lr",
+                    report.loss
+                );
+            }
             outcome.losses.push(report.loss);
             let pager = engine.pager_stats();
-            let tokens_per_s = tokens_per_step / started.elapsed().as_secs_f64();
+            let step_s = started.elapsed().as_secs_f64();
+            let tokens_per_s = tokens_per_step / step_s;
             self.log(&StepMetrics {
                 step,
                 loss: report.loss,
                 lr,
                 tokens_per_s,
+                step_s,
                 rss_bytes: process_rss_bytes(),
                 grad_norm: report.grad_norm.is_finite().then_some(report.grad_norm),
                 bytes_to_device: Some(pager.bytes_to_device),
                 bytes_to_host: Some(pager.bytes_to_host),
                 peak_device_param_bytes: Some(pager.peak_resident_bytes),
+                upload_wait_s: Some(pager.upload_wait_ns as f64 * 1e-9),
+                gpu_reserved_bytes: gpu_reserved_bytes(),
                 skipped: report.skipped,
                 skipped_total: outcome.skipped_total,
             })?;
@@ -670,17 +757,21 @@ impl Job<'_> {
             model = optim.step(lr, model, grads);
             losses.push(loss_value);
 
-            let tokens_per_s = tokens_per_step / started.elapsed().as_secs_f64();
+            let step_s = started.elapsed().as_secs_f64();
+            let tokens_per_s = tokens_per_step / step_s;
             let line = StepMetrics {
                 step,
                 loss: loss_value,
                 lr,
                 tokens_per_s,
+                step_s,
                 rss_bytes: process_rss_bytes(),
                 grad_norm: None,
                 bytes_to_device: None,
                 bytes_to_host: None,
                 peak_device_param_bytes: None,
+                upload_wait_s: None,
+                gpu_reserved_bytes: gpu_reserved_bytes(),
                 skipped: false,
                 skipped_total: 0,
             };

@@ -3,8 +3,12 @@
 use burn::prelude::*;
 use burn::tensor::TensorData;
 
-/// The CPU backend the tests run on.
+/// The backend the tests run on: the CPU one, or CUDA with `--features cuda`
+/// (the GPU parity run).
+#[cfg(not(feature = "cuda"))]
 pub type TestBackend = burn::backend::Flex;
+#[cfg(feature = "cuda")]
+pub type TestBackend = burn::backend::Cuda;
 pub type TestAutodiff = burn::backend::Autodiff<TestBackend>;
 
 /// Random token ids `[batch, seq]` in `0..vocab`, from a seeded generator.

@@ -195,7 +195,7 @@ fn too_little_host_memory_is_refused_before_anything_is_created() {
     .to_string();
     assert!(err.contains("not enough host memory"), "{err}");
     assert!(
-        err.contains("16 B/param") && err.contains("try --fused"),
+        err.contains("16 B/param") && err.contains("--fused"),
         "{err}"
     );
     assert!(

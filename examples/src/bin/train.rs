@@ -73,6 +73,15 @@ struct Cli {
     /// backward runs twice per step.
     #[arg(long)]
     fused: bool,
+    /// Engine: wait for each block's weight copy before computing it (no
+    /// copy/compute overlap); the serialised baseline for benchmarks.
+    #[arg(long)]
+    serial_copies: bool,
+    /// Engine: update without first checking the gradients for non-finite
+    /// values. With --fused and --grad-clip 0 the backward then runs once per
+    /// step instead of twice; a non-finite loss stops the run after the fact.
+    #[arg(long)]
+    no_guard: bool,
     /// Engine: micro-batches of --batch sequences accumulated per step.
     #[arg(long, default_value_t = 1)]
     accum: usize,
@@ -109,6 +118,13 @@ struct Cli {
     /// Host memory the run may use, in GiB (default: MemAvailable).
     #[arg(long)]
     host_mem_gib: Option<f64>,
+    /// GPU memory the run may use, in GiB (default: free memory on GPU 0).
+    #[arg(long)]
+    gpu_mem_gib: Option<f64>,
+    /// Print the predicted host and GPU memory of the job against the
+    /// machine's, then exit without allocating anything.
+    #[arg(long)]
+    plan: bool,
 }
 
 fn main() -> ExitCode {
@@ -132,6 +148,8 @@ fn main() -> ExitCode {
         progress: true,
         resident: cli.resident,
         fused: cli.fused,
+        serial_copies: cli.serial_copies,
+        no_guard: cli.no_guard,
         accum: cli.accum,
         loss_chunk_tokens: cli.loss_chunk_tokens,
         checkpoint_dir: cli.checkpoint_dir,
@@ -140,6 +158,7 @@ fn main() -> ExitCode {
         resume: cli.resume,
         max_skips: cli.max_skips,
         host_mem_gib: cli.host_mem_gib,
+        gpu_mem_gib: cli.gpu_mem_gib,
         init_from: cli.init_from,
         export_hf: cli.export_hf,
         stop_after: cli.stop_after,
@@ -149,6 +168,18 @@ fn main() -> ExitCode {
     if let Err(err) = examples::preflight::cuda_driver() {
         eprintln!("error: {err}");
         return ExitCode::FAILURE;
+    }
+    if cli.plan {
+        return match examples::train::plan_table(&opts) {
+            Ok(table) => {
+                print!("{table}");
+                ExitCode::SUCCESS
+            }
+            Err(err) => {
+                eprintln!("error: {err:#}");
+                ExitCode::FAILURE
+            }
+        };
     }
     if let Err(err) = install_interrupt_handler() {
         eprintln!("error: {err:#}");

@@ -1,0 +1,180 @@
+//! The memory planner: its host prediction against the store the engine
+//! really allocates, and its refusals.
+
+use burn_offload::{Engine, EngineConfig};
+use burn_offload_tests::TestBackend as B;
+use examples::plan::{Job, Machine, Plan};
+use examples::train::{run, TrainOptions};
+use models::{Gpt2Config, LlamaConfig, ModelConfig};
+
+fn job(config: ModelConfig, fused: bool) -> Job {
+    Job {
+        config,
+        batch: 2,
+        seq_len: 16,
+        accum: 1,
+        fused,
+        resident: false,
+        loss_chunk_tokens: 4096,
+        gpu: false,
+    }
+}
+
+fn medium_llama() -> LlamaConfig {
+    LlamaConfig {
+        d_model: 256,
+        n_layer: 6,
+        n_head: 8,
+        n_kv_head: 2,
+        d_ff: 704,
+        vocab_size: 512,
+        ..LlamaConfig::tiny()
+    }
+}
+
+/// Host bytes of the store the engine builds for `config`.
+fn measured_store_bytes(config: &ModelConfig, fused: bool) -> u64 {
+    let device = Default::default();
+    let engine_config = EngineConfig {
+        fused,
+        ..EngineConfig::default()
+    };
+    let bytes = match config {
+        ModelConfig::Llama(c) => Engine::new(c.init::<B>(&device), engine_config, &device)
+            .unwrap()
+            .store()
+            .host_bytes(),
+        ModelConfig::Gpt2(c) => Engine::new(c.init::<B>(&device), engine_config, &device)
+            .unwrap()
+            .store()
+            .host_bytes(),
+    };
+    bytes as u64
+}
+
+#[test]
+fn store_prediction_matches_the_allocated_store_within_ten_percent() {
+    let configs = [
+        ModelConfig::Gpt2(Gpt2Config::tiny()),
+        ModelConfig::Llama(LlamaConfig::tiny()),
+        ModelConfig::Llama(medium_llama()),
+    ];
+    for config in configs {
+        for fused in [false, true] {
+            let predicted = Plan::new(&job(config.clone(), fused)).store_bytes();
+            let measured = measured_store_bytes(&config, fused);
+            let err = (predicted as f64 - measured as f64).abs() / measured as f64;
+            assert!(
+                err <= 0.10,
+                "{config:?} fused={fused}: predicted {predicted} B, allocated {measured} B"
+            );
+            let per_param = if fused { 12 } else { 16 };
+            assert_eq!(measured, per_param * config.num_params() as u64);
+        }
+    }
+}
+
+#[test]
+fn device_prediction_grows_with_batch_and_barely_with_depth() {
+    let at = |batch: usize, layers: usize| {
+        let config = ModelConfig::Llama(LlamaConfig {
+            n_layer: layers,
+            ..medium_llama()
+        });
+        Plan::new(&Job {
+            batch,
+            seq_len: 64,
+            ..job(config, false)
+        })
+        .device_total()
+    };
+    assert!(at(8, 6) > at(2, 6));
+    // Only the block-input checkpoints grow with depth; the weights on the
+    // device are the stem and two blocks whatever the depth.
+    let (shallow, deep) = (at(2, 12) as f64, at(2, 48) as f64);
+    let checkpoints = 36.0 * (2 * 64 * 256 * 4) as f64;
+    assert!(
+        (deep - shallow - checkpoints).abs() < 1.0,
+        "{shallow} {deep}"
+    );
+}
+
+fn machine(host: u64, device: Option<u64>) -> Machine {
+    Machine {
+        host_bytes: host,
+        host_source: "test".into(),
+        device_bytes: device,
+        device_source: "test".into(),
+    }
+}
+
+#[test]
+fn too_little_gpu_memory_suggests_a_batch_that_fits() {
+    let config = ModelConfig::Llama(medium_llama());
+    let big = Job {
+        batch: 32,
+        seq_len: 64,
+        ..job(config, false)
+    };
+    let small_need = Plan::new(&Job {
+        batch: 4,
+        ..big.clone()
+    })
+    .device_total();
+    let m = machine(u64::MAX, Some(small_need));
+    let err = Plan::new(&big).check(&big, &m).unwrap_err();
+    assert!(err.contains("not enough GPU memory"), "{err}");
+    assert!(err.contains("try --batch 4"), "{err}");
+    assert!(Plan::new(&Job {
+        batch: 4,
+        ..big.clone()
+    })
+    .check(&big, &m)
+    .is_ok());
+}
+
+#[test]
+fn too_little_host_memory_suggests_fused_mode_when_it_fits() {
+    let j = job(ModelConfig::Llama(medium_llama()), false);
+    let fused_need = Plan::new(&Job {
+        fused: true,
+        ..j.clone()
+    })
+    .host_total();
+    // On a CPU backend the device's share comes out of host memory.
+    let fused_need = fused_need
+        + Plan::new(&Job {
+            fused: true,
+            ..j.clone()
+        })
+        .device_total();
+    let err = Plan::new(&j)
+        .check(&j, &machine(fused_need, None))
+        .unwrap_err();
+    assert!(err.contains("not enough host memory"), "{err}");
+    assert!(err.contains("16 B/param"), "{err}");
+    assert!(err.contains("try --fused"), "{err}");
+}
+
+#[test]
+fn a_job_that_does_not_fit_the_gpu_is_refused_before_anything_is_created() {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = dir.path().join("metrics.jsonl");
+    let err = run(&TrainOptions {
+        model: "llama-tiny".into(),
+        steps: 2,
+        batch: 64,
+        seq_len: 32,
+        gpu_mem_gib: Some(1e-6),
+        metrics: Some(metrics.clone()),
+        checkpoint_dir: Some(dir.path().join("ckpt")),
+        ..TrainOptions::default()
+    })
+    .unwrap_err();
+    let msg = format!("{err:#}");
+    assert!(msg.contains("not enough GPU memory"), "{msg}");
+    assert!(
+        !metrics.exists() && !dir.path().join("ckpt").exists(),
+        "files created before the refusal"
+    );
+}
