@@ -35,6 +35,7 @@ use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeBackend;
 use cudarc::driver::sys::{self, CUresult, CUstream};
 use cudarc::driver::CudaContext;
+use rayon::prelude::*;
 
 /// `burn::backend::Cuda` in this workspace (fusion is off).
 pub type CudaBackend = CubeBackend<CudaRuntime, f32, i32, u8>;
@@ -240,6 +241,16 @@ pub(crate) fn flush_backend<X: Backend>(device: &X::Device) {
     }
 }
 
+/// Waits for the device's queued work when `X` is the CUDA backend.
+pub(crate) fn sync_backend<X: Backend>(device: &X::Device) {
+    if let Some(device) = (device as &dyn Any).downcast_ref::<CudaDevice>() {
+        if is_cuda::<X>() {
+            flush(device);
+            block_on_sync(device);
+        }
+    }
+}
+
 /// Copies (or, with `accumulate`, adds) the f32 tensor `tensor` into `out`
 /// (same length) through the page-locked staging buffer; gives `tensor` back
 /// when it is not an f32 tensor of the CUDA backend.
@@ -284,12 +295,14 @@ pub(crate) fn try_read_into<X: Backend, const D: usize>(
             );
             check(sys::cuStreamSynchronize(down), "cuStreamSynchronize");
         }
+        // In parallel: a block's gradients are hundreds of megabytes, and
+        // the GPU waits for the next block's work while this runs.
+        const CHUNK: usize = 1 << 16;
+        let pairs = out.par_chunks_mut(CHUNK).zip(staging.par_chunks(CHUNK));
         if accumulate {
-            out.iter_mut()
-                .zip(staging.iter())
-                .for_each(|(o, g)| *o += g);
+            pairs.for_each(|(o, g)| o.iter_mut().zip(g).for_each(|(o, g)| *o += g));
         } else {
-            out.copy_from_slice(staging);
+            pairs.for_each(|(o, g)| o.copy_from_slice(g));
         }
     });
     drop(cube);

@@ -21,6 +21,7 @@
 //! Fused mode cannot accumulate micro-batches (there is nowhere to accumulate).
 
 use std::collections::{HashMap, HashSet};
+use std::time::Instant;
 
 use burn::backend::Autodiff;
 use burn::module::{AutodiffModule, HasAutodiffModule, Module, ModuleMapper, Param, ParamId};
@@ -30,8 +31,9 @@ use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
 
 use crate::checkpoint::{self, CheckpointError};
 use crate::optim::{check_lr, sum_of_squares, OptimizerConfig, OptimizerError, UpdateSlices};
-use crate::pager::{Pager, PagerStats, ToPlaceholders};
+use crate::pager::{Pager, PagerStats, Stash, ToPlaceholders};
 use crate::store::{Collect, HostStore, StoreError, StoreLayout};
+use crate::trace;
 use crate::{BlockModel, DecoderBlock};
 
 type AD<B> = Autodiff<B>;
@@ -108,18 +110,42 @@ pub struct StepReport {
     pub tokens: usize,
     /// The loss or a gradient was not finite: nothing was updated.
     pub skipped: bool,
+    /// Where the step's time went.
+    pub split: StepSplit,
 }
 
 impl StepReport {
-    fn skipped(loss: f32, grad_norm: f64, tokens: usize) -> Self {
+    fn skipped(loss: f32, grad_norm: f64, tokens: usize, split: StepSplit) -> Self {
         Self {
             loss,
             grad_norm,
             clip_scale: 0.0,
             tokens,
             skipped: true,
+            split,
         }
     }
+}
+
+/// Where a step's wall time went, in seconds of host time, summed over
+/// micro-batches and passes. The device runs behind the host, so a phase ends
+/// when the host has handed its work over (or, for `backward_wait_s`, waited
+/// for it). `backward_s` contains `backward_wait_s`, `download_s` and, in
+/// fused mode, the part of `optimizer_s` that overlaps the backward.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepSplit {
+    /// Streamed forward without a graph (uploads, block compute, checkpoints).
+    pub forward_s: f64,
+    /// LM head and loss in chunks, and the embedding backward.
+    pub head_s: f64,
+    /// Recompute and backward of every block, gradients to the host.
+    pub backward_s: f64,
+    /// Waiting for a block's backward to finish on the device.
+    pub backward_wait_s: f64,
+    /// Copying gradients to the host and adding them up.
+    pub download_s: f64,
+    /// CPU optimizer (AdamW over the host slabs) and gradient accumulation.
+    pub optimizer_s: f64,
 }
 
 /// Where a block's gradients go once they are on the host.
@@ -147,6 +173,10 @@ pub struct Engine<B: Backend, M: BlockModel<B>> {
     device: B::Device,
     /// Optimizer updates applied so far.
     updates: u64,
+    /// The current step's time split.
+    split: StepSplit,
+    /// Host buffer for one block's gradients on their way to the optimizer.
+    block_grads: Vec<f32>,
 }
 
 impl<B, M> Engine<B, M>
@@ -176,8 +206,18 @@ where
         let layout = StoreLayout {
             gradient_buffer: !config.fused,
         };
-        let store = HostStore::from_modules(&model, model.blocks(), layout)?;
-        let template = model.map(&mut ToPlaceholders);
+        let block_ids: Vec<Vec<ParamId>> = model
+            .blocks()
+            .iter()
+            .map(|block| {
+                let mut collect = Collect::new(false);
+                block.visit(&mut collect);
+                collect.out.into_iter().map(|p| p.id).collect()
+            })
+            .collect();
+        // Lazily initialised weights are drawn one tensor at a time, straight
+        // into the host store.
+        let (template, store) = HostStore::take_from(model, &block_ids, layout)?;
         Self::with_store(template, store, config, device)
     }
 
@@ -244,6 +284,8 @@ where
             config,
             device: device.clone(),
             updates: 0,
+            split: StepSplit::default(),
+            block_grads: Vec::new(),
         })
     }
 
@@ -345,6 +387,7 @@ where
     ) -> Result<StepReport, EngineError> {
         check_lr(lr)?;
         self.check_batches(micro_batches)?;
+        self.split = StepSplit::default();
         let k = micro_batches.len();
         let tokens = micro_batches
             .iter()
@@ -379,7 +422,7 @@ where
                     unreachable!("the sink stays a norm sink")
                 };
                 if !(loss.is_finite() && sum.is_finite()) {
-                    return Ok(StepReport::skipped(loss, sum.sqrt(), tokens));
+                    return Ok(StepReport::skipped(loss, sum.sqrt(), tokens, self.split));
                 }
                 let (norm, scale) = match self.config.grad_clip {
                     Some(clip) => clip_scale(sum.sqrt(), clip),
@@ -400,6 +443,7 @@ where
                 clip_scale: scale,
                 tokens,
                 skipped: false,
+                split: self.split,
             });
         }
 
@@ -415,13 +459,14 @@ where
             })
             .sum::<f64>();
         if self.config.skip_non_finite && !(loss.is_finite() && sum.is_finite()) {
-            return Ok(StepReport::skipped(loss, sum.sqrt(), tokens));
+            return Ok(StepReport::skipped(loss, sum.sqrt(), tokens, self.split));
         }
         let (norm, scale) = match self.config.grad_clip {
             Some(clip) => clip_scale(sum.sqrt(), clip),
             None => (sum.sqrt(), 1.0),
         };
         self.updates += 1;
+        let started = Instant::now();
         let optimizer = self.config.optimizer;
         for group in &mut self.store.groups {
             let grads = group
@@ -436,12 +481,14 @@ where
             };
             optimizer.update(self.updates, lr, scale as f32, slices);
         }
+        self.split.optimizer_s += started.elapsed().as_secs_f64();
         Ok(StepReport {
             loss,
             grad_norm: norm,
             clip_scale: scale,
             tokens,
             skipped: false,
+            split: self.split,
         })
     }
 
@@ -530,7 +577,7 @@ where
     ) {
         let group = &self.store.groups[0];
         self.pager
-            .gradients_to_host::<AD<B>, _>(stem_ad, group, &self.block_ids, grads, out);
+            .gradients_to_host::<AD<B>, _>(stem_ad, group, &self.block_ids, grads, out, true);
     }
 
     /// Phases 1–4 for one micro-batch; parameter gradients of `loss_scale ×
@@ -551,37 +598,13 @@ where
         let num_blocks = blocks.len();
 
         // 1. Forward, no graph: keep only block inputs.
-        let stem = self.bind_stem::<B, M>(self.template.clone(), false);
-        self.pager.ready::<B>(&self.device);
-        let mut x = stem.embed(inputs.clone());
-        drop(stem);
-        self.pager.evict(0);
-        let mut checkpoints = Vec::with_capacity(num_blocks);
-        let mut next = (num_blocks > 0).then(|| self.bind_block(&blocks, 0));
-        for i in 0..num_blocks {
-            let block = next.take().expect("block bound ahead");
-            // Block i's weights have landed; block i+1's copy runs behind its compute.
-            self.pager.ready::<B>(&self.device);
-            if i + 1 < num_blocks {
-                next = Some(self.bind_block(&blocks, i + 1));
-            }
-            let want = x.dims();
-            checkpoints.push(self.pager.stash(x.clone()));
-            x = block.forward(x);
-            drop(block);
-            self.pager.evict(i + 1);
-            if x.dims() != want {
-                // Later blocks and the recompute would read a mis-shaped checkpoint.
-                self.pager.evict(i + 2);
-                return Err(EngineError::Checkpoint {
-                    block: i,
-                    got: x.dims().to_vec(),
-                    want: want.to_vec(),
-                });
-            }
-        }
+        let phase = Instant::now();
+        let (x, mut checkpoints) = self.stream_forward(&blocks, inputs, true)?;
+        self.split.forward_s += phase.elapsed().as_secs_f64();
+        self.mark("forward done");
 
         // 2. Head + loss in chunks of positions, each chunk its own small graph.
+        let phase = Instant::now();
         let stem_ad =
             self.bind_stem::<AD<B>, _>(M::TrainModule::from_inner(self.template.clone()), true);
         self.pager.ready::<B>(&self.device);
@@ -605,12 +628,17 @@ where
         drop(stem_ad);
         self.pager.evict(0);
         let mut dy = Tensor::cat(dx_chunks, 1);
+        self.split.head_s += phase.elapsed().as_secs_f64();
+        self.mark("head and loss done");
 
+        let phase = Instant::now();
         // 3. Backward, one block at a time, recomputed from its checkpoint.
         // A block's gradients reach the optimizer (`sink_group`) only after the
         // next block's backward has been handed to the device, so the CPU
         // update of block i+1 runs while the GPU computes block i.
-        let mut block_grads = Vec::new();
+        // One buffer serves every block: block i's gradients are written into
+        // it after block i+1's have gone to the optimizer. Kept across steps.
+        let mut block_grads = std::mem::take(&mut self.block_grads);
         let mut arrived: Option<(usize, Vec<f32>)> = None;
         for i in (0..num_blocks).rev() {
             let block = next.take().expect("block bound ahead");
@@ -631,8 +659,13 @@ where
                 self.sink_group(g, &buffer, sink);
                 block_grads = buffer;
             }
+            // What is left of block i's backward on the device.
+            let waited = Instant::now();
+            self.pager.sync::<B>(&self.device);
+            self.split.backward_wait_s += waited.elapsed().as_secs_f64();
+            let download = Instant::now();
             let group = &self.store.groups[i + 1];
-            block_grads.clear();
+            // Every slot is written over: no zeroing pass.
             block_grads.resize(group.numel(), 0.0);
             self.pager.gradients_to_host::<AD<B>, _>(
                 &block,
@@ -640,16 +673,23 @@ where
                 &HashSet::new(),
                 &grads,
                 &mut block_grads,
+                false,
             );
+            self.split.download_s += download.elapsed().as_secs_f64();
             drop(block);
             self.pager.evict(i + 1);
             arrived = Some((i + 1, std::mem::take(&mut block_grads)));
+            self.mark(format_args!("block {i} backward done"));
         }
         if let Some((g, buffer)) = arrived.take() {
             self.sink_group(g, &buffer, sink);
+            block_grads = buffer;
         }
+        self.block_grads = block_grads;
+        self.split.backward_s += phase.elapsed().as_secs_f64();
 
         // 4. Embedding backward from dx_0.
+        let phase = Instant::now();
         let stem_ad =
             self.bind_stem::<AD<B>, _>(M::TrainModule::from_inner(self.template.clone()), true);
         self.pager.ready::<B>(&self.device);
@@ -661,11 +701,101 @@ where
         drop(stem_ad);
         self.pager.evict(0);
         self.sink_group(0, &stem_grads, sink);
+        self.split.head_s += phase.elapsed().as_secs_f64();
+        self.mark("embedding backward done");
 
         Ok((loss_sum / total as f64) as f32)
     }
 
+    /// A trace line (`BURN_OFFLOAD_TRACE=1`), with the device pools' figures.
+    fn mark(&self, what: impl std::fmt::Display) {
+        if !trace::enabled() {
+            return;
+        }
+        match self.pager.device_memory::<B>(&self.device) {
+            Some((used, reserved)) => trace::mark(format_args!(
+                "{what} (device pools: {:.2} GiB in use, {:.2} GiB reserved)",
+                used as f64 / (1u64 << 30) as f64,
+                reserved as f64 / (1u64 << 30) as f64
+            )),
+            None => trace::mark(what),
+        }
+    }
+
+    /// Streams the blocks forward without a graph: the stem embeds `inputs`,
+    /// then each block runs while the next one's weights are copied. With
+    /// `keep_checkpoints`, every block input is stashed for the backward.
+    #[allow(clippy::type_complexity)]
+    fn stream_forward(
+        &mut self,
+        blocks: &[M::Block],
+        inputs: &Tensor<B, 2, Int>,
+        keep_checkpoints: bool,
+    ) -> Result<(Tensor<B, 3>, Vec<Stash<B>>), EngineError> {
+        let num_blocks = blocks.len();
+        let stem = self.bind_stem::<B, M>(self.template.clone(), false);
+        self.pager.ready::<B>(&self.device);
+        let mut x = stem.embed(inputs.clone());
+        drop(stem);
+        self.pager.evict(0);
+        let mut checkpoints = Vec::with_capacity(num_blocks);
+        let mut next = (num_blocks > 0).then(|| self.bind_block(blocks, 0));
+        for i in 0..num_blocks {
+            let block = next.take().expect("block bound ahead");
+            // Block i's weights have landed; block i+1's copy runs behind its compute.
+            self.pager.ready::<B>(&self.device);
+            if i + 1 < num_blocks {
+                next = Some(self.bind_block(blocks, i + 1));
+            }
+            let want = x.dims();
+            if keep_checkpoints {
+                checkpoints.push(self.pager.stash(x.clone()));
+            }
+            x = block.forward(x);
+            drop(block);
+            self.pager.evict(i + 1);
+            if x.dims() != want {
+                // Later blocks and the recompute would read a mis-shaped checkpoint.
+                self.pager.evict(i + 2);
+                return Err(EngineError::Checkpoint {
+                    block: i,
+                    got: x.dims().to_vec(),
+                    want: want.to_vec(),
+                });
+            }
+        }
+        Ok((x, checkpoints))
+    }
+
+    /// Logits at the last position of each sequence, `[batch, vocab]`, with
+    /// the blocks streamed as in training's forward (no graph): sampling never
+    /// needs the whole model on the device.
+    pub fn last_logits(&mut self, inputs: &Tensor<B, 2, Int>) -> Result<Tensor<B, 2>, EngineError> {
+        let [batch, seq] = inputs.dims();
+        if batch == 0 || seq == 0 {
+            return Err(EngineError::Batch(format!(
+                "empty input {:?}",
+                [batch, seq]
+            )));
+        }
+        let blocks = self.template.blocks().to_vec();
+        let (x, _) = self.stream_forward(&blocks, inputs, false)?;
+        let stem = self.bind_stem::<B, M>(self.template.clone(), false);
+        self.pager.ready::<B>(&self.device);
+        let logits = stem.head(x.narrow(1, seq - 1, 1));
+        drop(stem);
+        self.pager.evict(0);
+        let vocab = logits.dims()[2];
+        Ok(logits.reshape([batch, vocab]))
+    }
+
     fn sink_group(&mut self, g: usize, grads: &[f32], sink: &mut Sink) {
+        let started = Instant::now();
+        self.sink_group_now(g, grads, sink);
+        self.split.optimizer_s += started.elapsed().as_secs_f64();
+    }
+
+    fn sink_group_now(&mut self, g: usize, grads: &[f32], sink: &mut Sink) {
         let group = &mut self.store.groups[g];
         match sink {
             Sink::Accumulate => {

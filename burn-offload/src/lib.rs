@@ -16,9 +16,10 @@ pub mod model;
 pub mod optim;
 pub mod pager;
 pub mod store;
+pub mod trace;
 
 pub use backend::{HostParams, Offload, OffloadTensor, ParkParams};
-pub use engine::{Engine, EngineConfig, EngineError, MicroBatch, StepReport};
+pub use engine::{Engine, EngineConfig, EngineError, MicroBatch, StepReport, StepSplit};
 pub use model::{BlockModel, DecoderBlock};
 pub use optim::{AdamWConfig, OptimizerConfig, SgdConfig};
 pub use store::{HostStore, StoreError};

@@ -9,9 +9,9 @@
 //! move a whole block.
 
 use std::alloc::{self, Layout};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
-use burn::module::{Module, ModuleVisitor, Param, ParamId};
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::tensor::{backend::Backend, Tensor};
 use rayon::prelude::*;
 
@@ -36,11 +36,24 @@ impl Slab {
             };
         }
         let layout = Self::layout(len);
-        // SAFETY: the layout has a non-zero size; zeroed memory is a valid f32 array.
-        let ptr = unsafe { alloc::alloc_zeroed(layout) } as *mut f32;
+        // Not `alloc_zeroed`: with page alignment it zeroes on one thread,
+        // which took tens of seconds for a multi-billion-parameter store.
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { alloc::alloc(layout) } as *mut f32;
         if ptr.is_null() {
             alloc::handle_alloc_error(layout);
         }
+        const CHUNK: usize = 1 << 18;
+        let base = ptr as usize;
+        (0..len.div_ceil(CHUNK)).into_par_iter().for_each(|i| {
+            let start = i * CHUNK;
+            // SAFETY: chunks are disjoint ranges inside the `len` f32 just allocated.
+            unsafe {
+                (base as *mut f32)
+                    .add(start)
+                    .write_bytes(0, CHUNK.min(len - start))
+            };
+        });
         Self { ptr, len }
     }
 
@@ -182,6 +195,36 @@ fn host_values<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> Vec<f32> {
         .expect("f32 data")
 }
 
+/// Copies `tensor` (f32 values) into `out`, through page-locked memory on CUDA.
+fn read_into<B: Backend, const D: usize>(tensor: Tensor<B, D>, out: &mut [f32]) {
+    #[cfg(feature = "cuda")]
+    let tensor = match crate::cuda::try_read_into(tensor, out, false) {
+        Ok(()) => return,
+        Err(tensor) => tensor,
+    };
+    let data = tensor.into_data().convert::<f32>();
+    out.copy_from_slice(data.as_slice::<f32>().expect("f32 data"));
+}
+
+/// Takes each parameter's value into its slot and leaves a placeholder.
+struct Fill<'a> {
+    groups: &'a mut [ParamGroup],
+    slot_of: &'a HashMap<ParamId, (usize, usize)>,
+}
+
+impl<B: Backend> ModuleMapper<B> for Fill<'_> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let (id, tensor, _) = param.consume();
+        let (g, k) = self.slot_of[&id];
+        let group = &mut self.groups[g];
+        let slot = &group.slots[k];
+        let range = slot.offset..slot.offset + slot.len;
+        let (shape, device) = (tensor.dims(), tensor.device());
+        read_into(tensor, &mut group.params.as_mut_slice()[range]);
+        Param::initialized(id, crate::pager::placeholder::<B, D>(shape, &device))
+    }
+}
+
 /// Values of the float parameters not in `skip`, in visit order.
 struct StemValues<'a> {
     skip: &'a HashSet<ParamId>,
@@ -229,7 +272,8 @@ impl<B: Backend> ModuleVisitor<B> for Collect {
             let shape = tensor.dims().to_vec();
             (shape, host_values(tensor))
         } else {
-            (param.shape().dims::<D>().to_vec(), Vec::new())
+            // `lazy_shape`: reading a lazy parameter's shape must not draw it.
+            (param.lazy_shape().dims::<D>().to_vec(), Vec::new())
         };
         self.out.push(Visited {
             id: param.id,
@@ -278,6 +322,76 @@ impl HostStore {
             .collect();
         groups.insert(0, Self::group(stem_params, layout));
         Ok(Self { groups, layout })
+    }
+
+    /// Moves `model`'s parameters into a new store and returns the model with
+    /// every parameter replaced by a placeholder (the engine's template).
+    /// `block_ids` lists each block's parameter ids (group `i + 1`); every
+    /// other parameter goes to the stem.
+    ///
+    /// Parameters are taken one at a time, in visit order: a lazily
+    /// initialised parameter is drawn on its device, read straight into its
+    /// slab and dropped before the next one is drawn. So building the store of
+    /// a model far larger than GPU memory needs one tensor's worth of device
+    /// memory and no second host copy, and the draws happen in the same order
+    /// as a full `visit` would make them (the same seed gives the same weights).
+    pub fn take_from<B: Backend, M: Module<B>>(
+        model: M,
+        block_ids: &[Vec<ParamId>],
+        layout: StoreLayout,
+    ) -> Result<(M, Self), StoreError> {
+        let mut group_of = HashMap::new();
+        for (i, ids) in block_ids.iter().enumerate() {
+            for id in ids {
+                if group_of.insert(*id, i + 1).is_some() {
+                    return Err(StoreError::SharedParameter { id: *id });
+                }
+            }
+        }
+        // Shapes and names first (nothing is drawn), then the slabs.
+        let mut collect = Collect::new(false);
+        model.visit(&mut collect);
+        let mut members: Vec<Vec<Visited>> = (0..=block_ids.len()).map(|_| Vec::new()).collect();
+        for p in collect.out {
+            members[group_of.get(&p.id).copied().unwrap_or(0)].push(p);
+        }
+        let mut slot_of = HashMap::new();
+        let mut groups = Vec::with_capacity(members.len());
+        for (g, params) in members.into_iter().enumerate() {
+            for (k, p) in params.iter().enumerate() {
+                slot_of.insert(p.id, (g, k));
+            }
+            groups.push(Self::empty_group(&params, layout));
+        }
+        let mut fill = Fill {
+            groups: &mut groups,
+            slot_of: &slot_of,
+        };
+        let template = model.map(&mut fill);
+        Ok((template, Self { groups, layout }))
+    }
+
+    /// A group with slabs for `params` (values not filled in).
+    fn empty_group(params: &[Visited], layout: StoreLayout) -> ParamGroup {
+        let mut slots = Vec::with_capacity(params.len());
+        let mut offset = 0;
+        for p in params {
+            let len = p.shape.iter().product();
+            slots.push(ParamSlot {
+                name: p.name.clone(),
+                shape: p.shape.clone(),
+                offset,
+                len,
+            });
+            offset += len;
+        }
+        ParamGroup {
+            slots,
+            params: Slab::zeros(offset),
+            adam_m: Slab::zeros(offset),
+            adam_v: Slab::zeros(offset),
+            grads: layout.gradient_buffer.then(|| Slab::zeros(offset)),
+        }
     }
 
     fn group(params: Vec<Visited>, layout: StoreLayout) -> ParamGroup {

@@ -8,7 +8,7 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
@@ -30,6 +30,7 @@ use crate::data::{default_corpus, read_corpus, Batcher, Tokenizer};
 use crate::plan::{Job as PlanJob, Machine, Plan};
 use crate::schedule::WarmupCosine;
 use crate::{process_rss_bytes, DefaultBackend};
+use burn_offload::trace;
 
 /// Everything the `train` command line can set.
 #[derive(Debug, Clone)]
@@ -143,6 +144,10 @@ pub struct StepMetrics {
     pub step_s: f64,
     /// Resident set size of the process (host memory), when the OS reports it.
     pub rss_bytes: Option<u64>,
+    /// Largest resident set size during the step (Linux: `VmHWM`, reset at
+    /// the start of each step).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rss_peak_bytes: Option<u64>,
     /// Engine only: global gradient norm before clipping.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub grad_norm: Option<f64>,
@@ -161,10 +166,44 @@ pub struct StepMetrics {
     /// Engine only: seconds the step waited for weight uploads to land (GPU).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub upload_wait_s: Option<f64>,
+    /// Engine only: where the step's time went (see `burn_offload::StepSplit`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub split: Option<SplitMetrics>,
     /// The step had a non-finite loss or gradient and changed nothing.
     pub skipped: bool,
     /// Steps skipped so far in this run (including before a resume).
     pub skipped_total: usize,
+}
+
+/// [`burn_offload::StepSplit`] in the metrics file.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct SplitMetrics {
+    pub forward_s: f64,
+    pub head_s: f64,
+    pub backward_s: f64,
+    pub backward_wait_s: f64,
+    pub download_s: f64,
+    pub optimizer_s: f64,
+}
+
+impl From<burn_offload::StepSplit> for SplitMetrics {
+    fn from(s: burn_offload::StepSplit) -> Self {
+        Self {
+            forward_s: s.forward_s,
+            head_s: s.head_s,
+            backward_s: s.backward_s,
+            backward_wait_s: s.backward_wait_s,
+            download_s: s.download_s,
+            optimizer_s: s.optimizer_s,
+        }
+    }
+}
+
+/// The process's peak resident memory since the last [`trace::reset_peak`]
+/// (where the kernel allows resetting it).
+fn peak_rss_bytes() -> Option<u64> {
+    let (_, peak) = trace::host_memory();
+    (peak > 0).then_some(peak)
 }
 
 /// What a checkpoint records for the trainer to continue exactly where it stopped.
@@ -310,19 +349,19 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
     };
     let outcome = match (&config, opts.resident) {
         (ModelConfig::Gpt2(c), true) => job.train_resident::<AB, _>(
-            initial(opts, &config, &device, || c.init::<AB>(&device))?,
+            initial(opts, &config, &device, true, || c.init::<AB>(&device))?.0,
             &device,
         )?,
         (ModelConfig::Llama(c), true) => job.train_resident::<AB, _>(
-            initial(opts, &config, &device, || c.init::<AB>(&device))?,
+            initial(opts, &config, &device, true, || c.init::<AB>(&device))?.0,
             &device,
         )?,
         (ModelConfig::Gpt2(c), false) => job.train_engine::<B, _>(
-            initial(opts, &config, &device, || c.init::<B>(&device))?,
+            initial(opts, &config, &device, false, || c.init::<B>(&device))?,
             &device,
         )?,
         (ModelConfig::Llama(c), false) => job.train_engine::<B, _>(
-            initial(opts, &config, &device, || c.init::<B>(&device))?,
+            initial(opts, &config, &device, false, || c.init::<B>(&device))?,
             &device,
         )?,
     };
@@ -346,22 +385,29 @@ static WEIGHT_RNG: Mutex<()> = Mutex::new(());
 
 /// The starting model: drawn from `--seed`, or with `--init-from`'s weights
 /// (burn's lazy parameters are replaced before any random init runs).
+///
+/// With `draw`, every weight is drawn here. Without, the weights stay lazy
+/// and the caller draws them while it holds the returned lock: the engine
+/// draws one tensor at a time straight into its host store, so a model larger
+/// than the device never exists on it whole.
 fn initial<X: Backend, M: burn::module::Module<X>>(
     opts: &TrainOptions,
     config: &ModelConfig,
     device: &X::Device,
+    draw: bool,
     init: impl FnOnce() -> M,
-) -> Result<M> {
-    let _rng = WEIGHT_RNG.lock().unwrap_or_else(PoisonError::into_inner);
+) -> Result<(M, MutexGuard<'static, ()>)> {
+    let rng = WEIGHT_RNG.lock().unwrap_or_else(PoisonError::into_inner);
     X::seed(device, opts.seed);
     let model = init();
-    match &opts.init_from {
-        Some(dir) => Ok(models::hf::load_weights(model, config, dir)?),
-        None => {
-            model.visit(&mut DrawWeights);
-            Ok(model)
-        }
+    let model = match &opts.init_from {
+        Some(dir) => models::hf::load_weights(model, config, dir)?,
+        None => model,
+    };
+    if draw {
+        model.visit(&mut DrawWeights);
     }
+    Ok((model, rng))
 }
 
 /// Forces every lazily initialised parameter to be drawn now.
@@ -559,7 +605,11 @@ impl Job<'_> {
     }
 
     /// Offload engine: parameters and AdamW state in host slabs, blocks streamed.
-    fn train_engine<B, M>(mut self, model: M, device: &B::Device) -> Result<Outcome>
+    fn train_engine<B, M>(
+        mut self,
+        (model, rng): (M, MutexGuard<'static, ()>),
+        device: &B::Device,
+    ) -> Result<Outcome>
     where
         B: Backend,
         M: BlockModel<B> + HasAutodiffModule<Autodiff<B>>,
@@ -581,14 +631,17 @@ impl Job<'_> {
             host_checkpoints: true,
         };
         let mut engine = Engine::new(model, config, device)?;
+        drop(rng);
+        trace::mark("host store ready");
         if opts.progress {
             let store = engine.store();
             eprintln!(
-                "host store ready: {} parameters, {:.2} GiB ({} B/param) in {:.1} s",
+                "host store ready: {} parameters, {:.2} GiB ({} B/param) in {:.1} s; host peak so far {:.2} GiB",
                 human_count(store.num_params()),
                 store.host_bytes() as f64 / GIB,
                 store.bytes_per_param(),
-                self.building.elapsed().as_secs_f64()
+                self.building.elapsed().as_secs_f64(),
+                peak_rss_bytes().unwrap_or(0) as f64 / GIB,
             );
         }
         let mut outcome = Outcome::default();
@@ -626,6 +679,7 @@ impl Job<'_> {
                     .fill(f32::NAN);
             }
             engine.reset_pager_counters();
+            let peak_reset = trace::reset_peak();
             let report = engine.step(&batches, lr)?;
             if report.skipped {
                 consecutive_skips += 1;
@@ -651,11 +705,13 @@ impl Job<'_> {
                 tokens_per_s,
                 step_s,
                 rss_bytes: process_rss_bytes(),
+                rss_peak_bytes: peak_reset.then(peak_rss_bytes).flatten(),
                 grad_norm: report.grad_norm.is_finite().then_some(report.grad_norm),
                 bytes_to_device: Some(pager.bytes_to_device),
                 bytes_to_host: Some(pager.bytes_to_host),
                 peak_device_param_bytes: Some(pager.peak_resident_bytes),
                 upload_wait_s: Some(pager.upload_wait_ns as f64 * 1e-9),
+                split: Some(report.split.into()),
                 gpu_reserved_bytes: gpu_reserved_bytes(),
                 skipped: report.skipped,
                 skipped_total: outcome.skipped_total,
@@ -691,37 +747,55 @@ impl Job<'_> {
             }
         }
         bar.finish();
-        let (losses, sample) =
-            self.finish(&engine.model(), device, std::mem::take(&mut outcome.losses))?;
-        outcome.losses = losses;
-        outcome.sample = sample;
+        self.flush_metrics()?;
+        if let Some(dir) = &self.opts.export_hf {
+            // The export needs the whole model as burn modules on the device.
+            models::hf::save(&engine.model(), &self.config, dir)?;
+        }
+        // Sampling streams the blocks like training does: a model larger than
+        // the device is never assembled on it.
+        outcome.sample = self.sample(device, |tokens| Ok(engine.last_logits(&tokens)?))?;
         Ok(outcome)
     }
 
+    fn flush_metrics(&mut self) -> Result<()> {
+        if let Some(metrics) = self.metrics.as_mut() {
+            metrics.flush().context("cannot write metrics")?;
+        }
+        Ok(())
+    }
+
+    /// The resident model's export and sample.
     fn finish<B: Backend, M: BlockModel<B>>(
         &mut self,
         model: &M,
         device: &B::Device,
-        losses: Vec<f32>,
-    ) -> Result<(Vec<f32>, String)> {
-        if let Some(metrics) = self.metrics.as_mut() {
-            metrics.flush().context("cannot write metrics")?;
-        }
+    ) -> Result<String> {
+        self.flush_metrics()?;
         if let Some(dir) = &self.opts.export_hf {
             models::hf::save(model, &self.config, dir)?;
         }
+        self.sample(device, |tokens| Ok(last_logits(model, tokens)))
+    }
+
+    /// Text generated from "The " with `logits` (last-position logits of a batch of one).
+    fn sample<B: Backend>(
+        &self,
+        device: &B::Device,
+        logits: impl FnMut(Tensor<B, 2, Int>) -> Result<Tensor<B, 2>>,
+    ) -> Result<String> {
         let prompt = self.tokenizer.encode("The ");
         let opts = self.opts;
         let ids = generate(
-            model,
+            logits,
             &prompt,
             opts.sample_tokens,
             opts.seq_len,
             opts.temperature,
             opts.seed,
             device,
-        );
-        Ok((losses, self.tokenizer.decode(&ids)))
+        )?;
+        Ok(self.tokenizer.decode(&ids))
     }
 
     /// Plain burn: `Autodiff` over the whole model, burn-optim AdamW (whose
@@ -766,11 +840,13 @@ impl Job<'_> {
                 tokens_per_s,
                 step_s,
                 rss_bytes: process_rss_bytes(),
+                rss_peak_bytes: None,
                 grad_norm: None,
                 bytes_to_device: None,
                 bytes_to_host: None,
                 peak_device_param_bytes: None,
                 upload_wait_s: None,
+                split: None,
                 gpu_reserved_bytes: gpu_reserved_bytes(),
                 skipped: false,
                 skipped_total: 0,
@@ -780,7 +856,7 @@ impl Job<'_> {
             bar.inc(1);
         }
         bar.finish();
-        let (losses, sample) = self.finish(&model.valid(), device, losses)?;
+        let sample = self.finish(&model.valid(), device)?;
         Ok(Outcome {
             losses,
             sample,
@@ -809,15 +885,15 @@ impl Job<'_> {
 
 /// Continues a short prompt with the trained model: greedy at temperature 0,
 /// otherwise sampled (seeded). The window slides over the last `seq_len` tokens.
-pub fn generate<B: Backend, M: BlockModel<B>>(
-    model: &M,
+pub fn generate<B: Backend>(
+    mut last_logits: impl FnMut(Tensor<B, 2, Int>) -> Result<Tensor<B, 2>>,
     prompt: &[u32],
     new_tokens: usize,
     seq_len: usize,
     temperature: f64,
     seed: u64,
     device: &B::Device,
-) -> Vec<u32> {
+) -> Result<Vec<u32>> {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut ids = prompt.to_vec();
     for _ in 0..new_tokens {
@@ -825,20 +901,26 @@ pub fn generate<B: Backend, M: BlockModel<B>>(
         let input: Vec<i64> = window.iter().map(|&t| t as i64).collect();
         let tokens =
             Tensor::<B, 2, Int>::from_data(TensorData::new(input, [1, window.len()]), device);
-        let hidden = model
-            .blocks()
-            .iter()
-            .fold(model.embed(tokens), |x, b| b.forward(x));
-        let last = hidden.narrow(1, window.len() - 1, 1);
-        let logits: Vec<f32> = model
-            .head(last)
+        let logits: Vec<f32> = last_logits(tokens)?
             .into_data()
             .convert::<f32>()
             .to_vec()
             .unwrap_or_default();
         ids.push(pick_token(&logits, temperature, &mut rng));
     }
-    ids
+    Ok(ids)
+}
+
+/// Logits at the last position of each sequence of a resident model, `[batch, vocab]`.
+fn last_logits<B: Backend, M: BlockModel<B>>(model: &M, tokens: Tensor<B, 2, Int>) -> Tensor<B, 2> {
+    let [batch, seq] = tokens.dims();
+    let hidden = model
+        .blocks()
+        .iter()
+        .fold(model.embed(tokens), |x, b| b.forward(x));
+    let logits = model.head(hidden.narrow(1, seq - 1, 1));
+    let vocab = logits.dims()[2];
+    logits.reshape([batch, vocab])
 }
 
 fn pick_token(logits: &[f32], temperature: f64, rng: &mut StdRng) -> u32 {
