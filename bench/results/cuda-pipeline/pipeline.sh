@@ -3,9 +3,13 @@
 #   bash bench/gpu/pipeline.sh parity depth 7b pipeline
 # parity: the engine parity tests on CUDA; pipeline: pipelined vs serialised
 # copies vs resident burn; depth: GPU memory at 12 and 48 layers; 7b: a 7.39B
-# fp32-master run. Run from the repository root with the stripped binaries in
-# .device/bin (train, engine-tests); results in $OUT/results.tgz.
+# fp32-master run; largest: the largest model the planner accepts; peers:
+# PyTorch on the same shape. Run from the repository root with the stripped
+# binaries in .device/bin (train, *-tests) or .device/bin.tar.xz; results in
+# $OUT/results.tgz. bench/gpu/binaries.sh builds and packs the binaries.
 set -u
+# The binaries travel xz-compressed (the device tool carries 64 MiB per call).
+if [ -f .device/bin.tar.xz ]; then rm -rf .device/bin; tar xJf .device/bin.tar.xz -C .device; fi
 B=.device/bin/train
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 # Everything lands in $W; a tarball of it is refreshed in $OUT after each run
@@ -17,37 +21,51 @@ free -g | tee -a $OUT/gpu.txt
 # Llama shape of ~0.85B (16 layers, hidden 2048, GQA 32/8), the issue's calibration shape.
 echo '{"arch":"llama","vocab_size":32000,"d_model":2048,"n_layer":16,"n_head":32,"n_kv_head":8,"d_ff":5632,"max_seq_len":2048}' > /tmp/llama-0.85b.json
 
-# Peak GPU memory of one run: poll nvidia-smi while it runs.
+# One training run: the planner's prediction first (`--plan`), then the run
+# with nvidia-smi polled for the whole-process GPU peak and /usr/bin/time for
+# the host peak. TRACE=1 keeps the engine's phase trace ($name.trace).
 run() {
   local name=$1; shift
   echo "== $name: $*"
+  $B --plan "$@" > $OUT/$name.plan 2>&1
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 > $OUT/$name.gpumem &
   local poll=$!
   local t0=$(date +%s.%N)
-  /usr/bin/time -v timeout ${LIMIT:-150} $B "$@" --metrics $OUT/$name.jsonl --sample-tokens 0 > $OUT/$name.log 2> $OUT/$name.err
+  BURN_OFFLOAD_TRACE=${TRACE:-0} /usr/bin/time -v timeout ${LIMIT:-150} $B "$@" --metrics $OUT/$name.jsonl --sample-tokens ${SAMPLE:-0} > $OUT/$name.log 2> $OUT/$name.err
   echo "exit $?"
   local wall=$(python3 -c "print($(date +%s.%N) - $t0)")
   kill $poll 2>/dev/null
-  grep -E 'Maximum resident|Elapsed' $OUT/$name.err
+  grep -E 'Maximum resident|Elapsed|host store ready' $OUT/$name.err
   local gpu_peak=$(sort -n $OUT/$name.gpumem | tail -1)
-  grep -v '^\s' $OUT/$name.err | tail -3 > $OUT/$name.tail; rm -f $OUT/$name.gpumem $OUT/$name.log $OUT/$name.err
+  local host_peak_kib=$(grep 'Maximum resident' $OUT/$name.err | awk '{print $NF}')
+  local ready=$(grep 'host store ready' $OUT/$name.err | head -1)
+  if [ "${TRACE:-0}" != 0 ]; then grep '^\[trace\]' $OUT/$name.err > $OUT/$name.trace; fi
+  grep -v '^\s' $OUT/$name.err | grep -v '^\[trace\]' | tail -4 > $OUT/$name.tail
+  cp $OUT/$name.log $OUT/$name.stdout 2>/dev/null
+  rm -f $OUT/$name.gpumem $OUT/$name.log $OUT/$name.err
   touch $OUT/$name.jsonl
-  python3 - "$OUT/$name.jsonl" "$wall" "$gpu_peak" <<'PY' | tee $OUT/$name.summary.json
+  python3 - "$OUT/$name.jsonl" "$wall" "$gpu_peak" "${host_peak_kib:-0}" "$ready" <<'PY' | tee $OUT/$name.summary.json
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-if len(rows) < 3: print("too few steps", len(rows)); sys.exit()
-steady = rows[2:]
-med = lambda k: statistics.median(r[k] for r in steady if r.get(k) is not None)
-line = {"steps": len(rows), "tok_s_median": med("tokens_per_s"), "step_s_median": med("step_s"),
+line = {"steps": len(rows), "wall_s": float(sys.argv[2]), "gpu_peak_mib": int(sys.argv[3] or 0),
+        "host_peak_gib": int(sys.argv[4]) / 2**20, "store_ready": sys.argv[5]}
+if len(rows) >= 3:
+    steady = rows[2:]
+    med = lambda k: statistics.median(r[k] for r in steady if r.get(k) is not None)
+    line.update({"tok_s_median": med("tokens_per_s"), "step_s_median": med("step_s"),
         "loss_first": rows[0]["loss"], "loss_last": rows[-1]["loss"],
         "losses": [round(r["loss"], 4) for r in rows],
-        "wall_s": float(sys.argv[2]), "before_first_step_s": float(sys.argv[2]) - sum(r["step_s"] for r in rows),
-        "host_rss_gb_max": max(r["rss_bytes"] or 0 for r in rows) / 1e9,
-        "gpu_peak_mib": int(sys.argv[3] or 0)}
-if rows[-1].get("bytes_to_device") is not None:
-    line["upload_wait_s_median"] = med("upload_wait_s")
-    line["h2d_gb_per_step"] = rows[-1]["bytes_to_device"] / 1e9
-    line["d2h_gb_per_step"] = rows[-1]["bytes_to_host"] / 1e9
+        "before_first_step_s": float(sys.argv[2]) - sum(r["step_s"] for r in rows),
+        "host_rss_step_end_gib_max": max(r["rss_bytes"] or 0 for r in rows) / 2**30,
+        "gpu_reserved_gib_max": max(r.get("gpu_reserved_bytes") or 0 for r in rows) / 2**30})
+    peaks = [r["rss_peak_bytes"] for r in rows if r.get("rss_peak_bytes")]
+    if peaks: line["host_peak_in_steps_gib"] = max(peaks) / 2**30
+    if rows[-1].get("bytes_to_device") is not None:
+        line["upload_wait_s_median"] = med("upload_wait_s")
+        line["h2d_gb_per_step"] = rows[-1]["bytes_to_device"] / 1e9
+        line["d2h_gb_per_step"] = rows[-1]["bytes_to_host"] / 1e9
+    if rows[-1].get("split"):
+        line["split_median_s"] = {k: statistics.median(r["split"][k] for r in steady) for k in rows[-1]["split"]}
 print(json.dumps(line))
 PY
   pack
@@ -57,7 +75,9 @@ for part in "$@"; do case $part in
 parity)
 # Parity of the engine with plain burn, on CUDA (tolerances in tests/tests/engine.rs).
 echo "== parity tests on CUDA"
-timeout 200 .device/bin/engine-tests --test-threads 1 > $OUT/parity.txt 2>&1
+for t in .device/bin/*-tests; do
+  timeout 200 $t --test-threads 1 >> $OUT/parity.txt 2>&1
+done
 grep -E "^test |panicked|relative|test result" $OUT/parity.txt; pack
 ;;
 pipeline)
@@ -73,19 +93,20 @@ depth)
 # GPU memory flat in depth: the same width at 12 and 48 layers.
 for L in 12 48; do
   echo '{"arch":"llama","vocab_size":32000,"d_model":1024,"n_layer":'$L',"n_head":16,"n_kv_head":16,"d_ff":2816,"max_seq_len":1024}' > /tmp/depth-$L.json
-  $B --plan --model /tmp/depth-$L.json --batch 8 --seq-len 512 > $OUT/depth-$L.plan
-  run depth-$L --model /tmp/depth-$L.json --steps 4 --warmup 1 --lr 3e-4 --batch 8 --seq-len 512
+  TRACE=1 run depth-$L --model /tmp/depth-$L.json --steps 4 --warmup 1 --lr 3e-4 --batch 8 --seq-len 512
 done
 ;;
 7b)
 # >= 7B with fp32 master weights and fp32 Adam, which cannot be trained
 # resident on 80 GB: the Llama-3-8B shape with GPT-2's BPE (vocab 50257) has
-# 7.39B parameters. Fused (12 B/param on the host; 16 B/param did not leave
-# the 125 GiB host enough headroom), unguarded and unclipped so the backward
-# runs once per step.
-M7="--model llama-8b --tokenizer gpt2 --batch 4 --seq-len 1024 --fused --no-guard --grad-clip 0"
+# 7.39B parameters. Fused (12 B/param on the host; 16 B/param does not leave
+# the 125 GiB host enough headroom). Global-norm clipping at 1.0 and the
+# non-finite guard: fused mode then runs the backward twice per step (the
+# first pass measures the norm). Without clipping the loss spiked at the end
+# of the warm-up (run 6: 8.3 -> 34.4).
+M7="--model llama-8b --tokenizer gpt2 --batch 4 --seq-len 1024 --fused"
 $B --plan $M7 | tee $OUT/llama7b.plan
-LIMIT=${LIMIT_7B:-400} run llama7b-4k $M7 --steps 12 --warmup 3 --lr 1e-4
+TRACE=1 LIMIT=${LIMIT_7B:-450} run llama7b-4k $M7 --steps 12 --warmup 4 --lr 6e-5
 ;;
 largest)
 # The largest Llama-8B-wide model the planner accepts on this machine.
@@ -95,11 +116,25 @@ for L in 48 46 44 42 40 38 36; do
   $B --plan $ML > $OUT/largest-$L.plan 2>&1
   if grep -q '^fits' $OUT/largest-$L.plan; then
     echo "planner accepts $L layers"; cat $OUT/largest-$L.plan
-    LIMIT=${LIMIT_LARGEST:-300} run largest-${L}l $ML --steps 4 --warmup 1 --lr 1e-4
+    TRACE=1 LIMIT=${LIMIT_LARGEST:-300} run largest-${L}l $ML --steps 4 --warmup 1 --lr 1e-4
     break
   fi
 done
 ;;
-*) echo "unknown part $part (parity, pipeline, depth, 7b)"; exit 2 ;;
+peers)
+# PyTorch on the same 0.85B shape (bench/peers/torch_llama.py), fp32, TF32 off.
+echo '{"vocab_size":1000,"d_model":256,"n_layer":2,"n_head":8,"n_kv_head":4,"d_ff":512}' > /tmp/torch-tiny.json
+for m in resident fsdp2-offload; do  # smoke: a broken peer fails here in seconds
+  timeout 60 python3 bench/peers/torch_llama.py --config /tmp/torch-tiny.json --mode $m --batch 2 --seq-len 64 --steps 3 2>&1 | tail -2
+done
+for spec in "resident 4" "resident-ckpt 4" "fsdp2-offload 4" "resident-ckpt 16" "fsdp2-offload 16"; do
+  set -- $spec
+  echo "== torch $1 batch $2"
+  timeout ${LIMIT_PEER:-100} python3 bench/peers/torch_llama.py --config /tmp/llama-0.85b.json --mode $1 --batch $2 --seq-len 1024 --steps 7 > $OUT/torch-$1-$2.json 2> $OUT/torch-$1-$2.err
+  echo "exit $?"; cat $OUT/torch-$1-$2.json; tail -3 $OUT/torch-$1-$2.err
+  pack
+done
+;;
+*) echo "unknown part $part (parity, pipeline, depth, 7b, largest, peers)"; exit 2 ;;
 esac; done
 pack
