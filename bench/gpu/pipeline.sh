@@ -121,6 +121,20 @@ for L in 48 46 44 42 40 38 36; do
   fi
 done
 ;;
+headmem)
+# What the LM head and loss phase reserves on the GPU, by loss chunk and shape
+# (the planner's GPU calibration): traced 3-step runs, no clipping.
+echo '{"arch":"llama","vocab_size":32000,"d_model":3072,"n_layer":28,"n_head":24,"n_kv_head":8,"d_ff":8192,"max_seq_len":2048}' > /tmp/llama-3b.json
+echo '{"arch":"llama","vocab_size":32000,"d_model":1024,"n_layer":12,"n_head":16,"n_kv_head":16,"d_ff":2816,"max_seq_len":1024}' > /tmp/depth-12.json
+H="--steps 3 --warmup 1 --lr 1e-4 --fused --no-guard --grad-clip 0"
+for c in 1024 2048; do
+  TRACE=1 run head-8b-c$c --model llama-8b --tokenizer gpt2 --batch 4 --seq-len 1024 --loss-chunk-tokens $c $H
+done
+TRACE=1 run head-d1024-c1024 --model /tmp/depth-12.json --batch 8 --seq-len 512 --loss-chunk-tokens 1024 $H
+TRACE=1 run head-085b-4k --model /tmp/llama-0.85b.json --batch 4 --seq-len 1024 $H
+TRACE=1 run head-085b-16k --model /tmp/llama-0.85b.json --batch 16 --seq-len 1024 $H
+TRACE=1 run head-3b-4k --model /tmp/llama-3b.json --batch 4 --seq-len 1024 $H
+;;
 peers)
 # PyTorch on the same 0.85B shape (bench/peers/torch_llama.py), fp32, TF32 off.
 echo '{"vocab_size":1000,"d_model":256,"n_layer":2,"n_head":8,"n_kv_head":4,"d_ff":512}' > /tmp/torch-tiny.json
