@@ -110,13 +110,15 @@ TRACE=1 LIMIT=${LIMIT_7B:-450} run llama7b-4k $M7 --steps 12 --warmup 4 --lr 6e-
 ;;
 largest)
 # The largest Llama-8B-wide model the planner accepts on this machine.
-for L in 48 46 44 42 40 38 36; do
+# LARGEST_LAYERS: the depths to try, largest first; HOST_GIB: the machine's
+# documented RAM for the planner (GPU hosts grow RAM on demand).
+for L in ${LARGEST_LAYERS:-48 46 44 42 40 38 36}; do
   echo '{"arch":"llama","vocab_size":50257,"d_model":4096,"n_layer":'$L',"n_head":32,"n_kv_head":8,"d_ff":14336,"max_seq_len":8192}' > /tmp/largest.json
-  ML="--model /tmp/largest.json --tokenizer gpt2 --batch 4 --seq-len 1024 --fused --no-guard --grad-clip 0"
+  ML="--model /tmp/largest.json --tokenizer gpt2 --batch 4 --seq-len 1024 --fused --no-guard --grad-clip 0 ${HOST_GIB:+--host-mem-gib $HOST_GIB}"
   $B --plan $ML > $OUT/largest-$L.plan 2>&1
   if grep -q '^fits' $OUT/largest-$L.plan; then
     echo "planner accepts $L layers"; cat $OUT/largest-$L.plan
-    TRACE=1 LIMIT=${LIMIT_LARGEST:-300} run largest-${L}l $ML --steps 4 --warmup 1 --lr 1e-4
+    TRACE=1 LIMIT=${LIMIT_LARGEST:-300} run largest-${L}l $ML --steps ${LARGEST_STEPS:-4} --warmup 1 --lr 1e-4
     break
   fi
 done
