@@ -35,7 +35,6 @@ use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeBackend;
 use cudarc::driver::sys::{self, CUresult, CUstream};
 use cudarc::driver::CudaContext;
-use rayon::prelude::*;
 
 /// `burn::backend::Cuda` in this workspace (fusion is off).
 pub type CudaBackend = CubeBackend<CudaRuntime, f32, i32, u8>;
@@ -295,15 +294,7 @@ pub(crate) fn try_read_into<X: Backend, const D: usize>(
             );
             check(sys::cuStreamSynchronize(down), "cuStreamSynchronize");
         }
-        // In parallel: a block's gradients are hundreds of megabytes, and
-        // the GPU waits for the next block's work while this runs.
-        const CHUNK: usize = 1 << 16;
-        let pairs = out.par_chunks_mut(CHUNK).zip(staging.par_chunks(CHUNK));
-        if accumulate {
-            pairs.for_each(|(o, g)| o.iter_mut().zip(g).for_each(|(o, g)| *o += g));
-        } else {
-            pairs.for_each(|(o, g)| o.copy_from_slice(g));
-        }
+        crate::pager::write_into(out, staging, accumulate);
     });
     drop(cube);
     Ok(())

@@ -132,7 +132,7 @@ impl StepReport {
 /// when the host has handed its work over (or, for `backward_wait_s`, waited
 /// for it). `backward_s` contains `backward_wait_s`, `download_s` and, in
 /// fused mode, the part of `optimizer_s` that overlaps the backward.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct StepSplit {
     /// Streamed forward without a graph (uploads, block compute, checkpoints).
     pub forward_s: f64,

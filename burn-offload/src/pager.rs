@@ -339,11 +339,29 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for GradsOut<'_, B> {
             Err(grad) => grad,
         };
         let data = grad.into_data().convert::<f32>();
-        let values = data.as_slice::<f32>().expect("f32 gradient");
-        if self.accumulate {
-            out.iter_mut().zip(values).for_each(|(o, g)| *o += g);
-        } else {
-            out.copy_from_slice(values);
-        }
+        write_into(
+            out,
+            data.as_slice::<f32>().expect("f32 gradient"),
+            self.accumulate,
+        );
+    }
+}
+
+/// Writes `values` over `out`, or adds them with `accumulate`, in parallel:
+/// a block's gradients are hundreds of megabytes, and on a GPU the device
+/// waits for the next block's work while this runs.
+pub(crate) fn write_into(out: &mut [f32], values: &[f32], accumulate: bool) {
+    use rayon::prelude::*;
+    const CHUNK: usize = 1 << 16;
+    assert_eq!(
+        out.len(),
+        values.len(),
+        "host range and values differ in length"
+    );
+    let pairs = out.par_chunks_mut(CHUNK).zip(values.par_chunks(CHUNK));
+    if accumulate {
+        pairs.for_each(|(o, v)| o.iter_mut().zip(v).for_each(|(o, v)| *o += v));
+    } else {
+        pairs.for_each(|(o, v)| o.copy_from_slice(v));
     }
 }

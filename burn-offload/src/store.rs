@@ -176,26 +176,16 @@ pub(crate) struct Visited {
     pub values: Vec<f32>,
 }
 
-/// A parameter's values as f32 on the host. On CUDA they come through a
-/// page-locked buffer: `into_data` reads far slower, which dominated the
-/// initialisation of multi-billion-parameter models.
+/// A parameter's values as f32 on the host (see [`read_into`]).
 fn host_values<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> Vec<f32> {
-    #[cfg(feature = "cuda")]
-    let tensor = {
-        let mut out = vec![0.0; tensor.shape().num_elements()];
-        match crate::cuda::try_read_into(tensor, &mut out, false) {
-            Ok(()) => return out,
-            Err(tensor) => tensor,
-        }
-    };
-    tensor
-        .into_data()
-        .convert::<f32>()
-        .into_vec::<f32>()
-        .expect("f32 data")
+    let mut out = vec![0.0; tensor.shape().num_elements()];
+    read_into(tensor, &mut out);
+    out
 }
 
-/// Copies `tensor` (f32 values) into `out`, through page-locked memory on CUDA.
+/// Copies `tensor` (f32 values) into `out`. On CUDA the values come through a
+/// page-locked buffer: `into_data` reads far slower, which dominated the
+/// initialisation of multi-billion-parameter models.
 fn read_into<B: Backend, const D: usize>(tensor: Tensor<B, D>, out: &mut [f32]) {
     #[cfg(feature = "cuda")]
     let tensor = match crate::cuda::try_read_into(tensor, out, false) {
@@ -394,21 +384,11 @@ impl HostStore {
         }
     }
 
+    /// A group holding `params`' values (the slot table of [`Self::empty_group`]).
     fn group(params: Vec<Visited>, layout: StoreLayout) -> ParamGroup {
-        let mut slots = Vec::with_capacity(params.len());
-        let mut offset = 0;
-        for p in &params {
-            slots.push(ParamSlot {
-                name: p.name.clone(),
-                shape: p.shape.clone(),
-                offset,
-                len: p.values.len(),
-            });
-            offset += p.values.len();
-        }
-        let mut slab = Slab::zeros(offset);
+        let mut group = Self::empty_group(&params, layout);
         // Fill the slab in parallel: split it into the parameters' disjoint ranges.
-        let mut rest = slab.as_mut_slice();
+        let mut rest = group.params.as_mut_slice();
         let mut targets = Vec::with_capacity(params.len());
         for p in &params {
             let (head, tail) = rest.split_at_mut(p.values.len());
@@ -418,13 +398,7 @@ impl HostStore {
         targets
             .into_par_iter()
             .for_each(|(dst, src)| dst.copy_from_slice(src));
-        ParamGroup {
-            slots,
-            params: slab,
-            adam_m: Slab::zeros(offset),
-            adam_v: Slab::zeros(offset),
-            grads: layout.gradient_buffer.then(|| Slab::zeros(offset)),
-        }
+        group
     }
 
     /// `(name, shape)` of every parameter, per group: what a checkpoint records.

@@ -13,9 +13,15 @@ pub type DefaultBackend = burn::backend::Flex;
 #[cfg(feature = "cuda")]
 pub type DefaultBackend = burn::backend::Cuda;
 
-/// Resident set size of this process, from `/proc/self/statm` (Linux); `None` elsewhere.
+/// Resident set size of this process (`VmRSS`, Linux); `None` elsewhere.
 pub fn process_rss_bytes() -> Option<u64> {
-    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
-    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
-    Some(pages * 4096)
+    let (rss, _) = burn_offload::trace::host_memory();
+    (rss > 0).then_some(rss)
+}
+
+/// The process's peak resident memory (`VmHWM`) since the last
+/// [`burn_offload::trace::reset_peak`], where the kernel allows resetting it.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let (_, peak) = burn_offload::trace::host_memory();
+    (peak > 0).then_some(peak)
 }

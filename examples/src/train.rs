@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 use crate::data::{default_corpus, read_corpus, Batcher, Tokenizer};
 use crate::plan::{Job as PlanJob, Machine, Plan};
 use crate::schedule::WarmupCosine;
-use crate::{process_rss_bytes, DefaultBackend};
+use crate::{peak_rss_bytes, process_rss_bytes, DefaultBackend};
 use burn_offload::trace;
 
 /// Everything the `train` command line can set.
@@ -166,44 +166,13 @@ pub struct StepMetrics {
     /// Engine only: seconds the step waited for weight uploads to land (GPU).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub upload_wait_s: Option<f64>,
-    /// Engine only: where the step's time went (see `burn_offload::StepSplit`).
+    /// Engine only: where the step's time went.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub split: Option<SplitMetrics>,
+    pub split: Option<burn_offload::StepSplit>,
     /// The step had a non-finite loss or gradient and changed nothing.
     pub skipped: bool,
     /// Steps skipped so far in this run (including before a resume).
     pub skipped_total: usize,
-}
-
-/// [`burn_offload::StepSplit`] in the metrics file.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct SplitMetrics {
-    pub forward_s: f64,
-    pub head_s: f64,
-    pub backward_s: f64,
-    pub backward_wait_s: f64,
-    pub download_s: f64,
-    pub optimizer_s: f64,
-}
-
-impl From<burn_offload::StepSplit> for SplitMetrics {
-    fn from(s: burn_offload::StepSplit) -> Self {
-        Self {
-            forward_s: s.forward_s,
-            head_s: s.head_s,
-            backward_s: s.backward_s,
-            backward_wait_s: s.backward_wait_s,
-            download_s: s.download_s,
-            optimizer_s: s.optimizer_s,
-        }
-    }
-}
-
-/// The process's peak resident memory since the last [`trace::reset_peak`]
-/// (where the kernel allows resetting it).
-fn peak_rss_bytes() -> Option<u64> {
-    let (_, peak) = trace::host_memory();
-    (peak > 0).then_some(peak)
 }
 
 /// What a checkpoint records for the trainer to continue exactly where it stopped.
@@ -711,7 +680,7 @@ impl Job<'_> {
                 bytes_to_host: Some(pager.bytes_to_host),
                 peak_device_param_bytes: Some(pager.peak_resident_bytes),
                 upload_wait_s: Some(pager.upload_wait_ns as f64 * 1e-9),
-                split: Some(report.split.into()),
+                split: Some(report.split),
                 gpu_reserved_bytes: gpu_reserved_bytes(),
                 skipped: report.skipped,
                 skipped_total: outcome.skipped_total,
