@@ -4,13 +4,14 @@
 use burn::module::{Initializer, Module};
 use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig};
 use burn::tensor::activation::gelu_approximate;
-use burn::tensor::module::{attention, linear};
+use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{backend::Backend, Int, Tensor};
 use burn_offload::{BlockModel, DecoderBlock};
 use serde::{Deserialize, Serialize};
 
 use crate::config::{check_heads, check_positive, ConfigError};
+use crate::tokens::{forward_tokens, linear_tokens};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -154,15 +155,14 @@ impl<B: Backend> Gpt2Attention<B> {
             t.reshape([batch, seq, self.n_head, head_dim])
                 .swap_dims(1, 2)
         };
-        let qkv = self.c_attn.forward(x).chunk(3, 2);
+        let qkv = forward_tokens(&self.c_attn, x).chunk(3, 2);
         let [q, k, v]: [Tensor<B, 3>; 3] = qkv.try_into().expect("chunk(3) gives three tensors");
         let options = AttentionModuleOptions {
             is_causal: true,
             ..Default::default()
         };
         let y = attention(heads(q), heads(k), heads(v), None, None, options);
-        self.c_proj
-            .forward(y.swap_dims(1, 2).reshape([batch, seq, d]))
+        forward_tokens(&self.c_proj, y.swap_dims(1, 2).reshape([batch, seq, d]))
     }
 }
 
@@ -170,8 +170,8 @@ impl<B: Backend> DecoderBlock<B> for Gpt2Block<B> {
     fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         let x = x.clone() + self.attn.forward(self.ln_1.forward(x));
         // GPT-2 uses the tanh approximation ("gelu_new").
-        let h = gelu_approximate(self.mlp.c_fc.forward(self.ln_2.forward(x.clone())));
-        x + self.mlp.c_proj.forward(h)
+        let h = gelu_approximate(forward_tokens(&self.mlp.c_fc, self.ln_2.forward(x.clone())));
+        x + forward_tokens(&self.mlp.c_proj, h)
     }
 }
 
@@ -192,7 +192,7 @@ impl<B: Backend> BlockModel<B> for Gpt2<B> {
 
     fn head(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
         // Tied head: logits = ln_f(h) · wteᵀ.
-        linear(
+        linear_tokens(
             self.ln_f.forward(hidden),
             self.wte.weight.val().transpose(),
             None,

@@ -11,6 +11,7 @@ pub mod gpt2;
 pub mod hf;
 pub mod llama;
 pub mod loss;
+pub mod tokens;
 
 pub use config::{ConfigError, ModelConfig, PRESETS};
 pub use gpt2::{Gpt2, Gpt2Config};

@@ -11,6 +11,7 @@ use burn_offload::{BlockModel, DecoderBlock};
 use serde::{Deserialize, Serialize};
 
 use crate::config::{check_heads, check_positive, ConfigError};
+use crate::tokens::forward_tokens;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -242,9 +243,9 @@ impl<B: Backend> LlamaAttention<B> {
         let [batch, seq, _] = x.dims();
         let head_dim = self.q_proj.weight.dims()[1] / self.n_head;
         let heads = |t: Tensor<B, 3>, n| t.reshape([batch, seq, n, head_dim]).swap_dims(1, 2);
-        let q = heads(self.q_proj.forward(x.clone()), self.n_head);
-        let k = heads(self.k_proj.forward(x.clone()), self.n_kv_head);
-        let v = heads(self.v_proj.forward(x.clone()), self.n_kv_head);
+        let q = heads(forward_tokens(&self.q_proj, x.clone()), self.n_head);
+        let k = heads(forward_tokens(&self.k_proj, x.clone()), self.n_kv_head);
+        let v = heads(forward_tokens(&self.v_proj, x.clone()), self.n_kv_head);
 
         let (cos, sin) = rope_tables::<B>(seq, head_dim, self.rope_theta, &x.device());
         let (q, k) = (apply_rope(q, &cos, &sin), apply_rope(k, &cos, &sin));
@@ -255,7 +256,8 @@ impl<B: Backend> LlamaAttention<B> {
             ..Default::default()
         };
         let y = attention(q, k, v, None, None, options);
-        self.o_proj.forward(
+        forward_tokens(
+            &self.o_proj,
             y.swap_dims(1, 2)
                 .reshape([batch, seq, self.n_head * head_dim]),
         )
@@ -279,8 +281,9 @@ impl<B: Backend> DecoderBlock<B> for LlamaBlock<B> {
     fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         let x = x.clone() + self.attn.forward(self.input_layernorm.forward(x));
         let h = self.post_attention_layernorm.forward(x.clone());
-        let gated = silu(self.mlp.gate_proj.forward(h.clone())) * self.mlp.up_proj.forward(h);
-        x + self.mlp.down_proj.forward(gated)
+        let gated = silu(forward_tokens(&self.mlp.gate_proj, h.clone()))
+            * forward_tokens(&self.mlp.up_proj, h);
+        x + forward_tokens(&self.mlp.down_proj, gated)
     }
 }
 
@@ -296,7 +299,7 @@ impl<B: Backend> BlockModel<B> for Llama<B> {
     }
 
     fn head(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
-        self.lm_head.forward(self.norm.forward(hidden))
+        forward_tokens(&self.lm_head, self.norm.forward(hidden))
     }
 
     fn vocab_size(&self) -> usize {
