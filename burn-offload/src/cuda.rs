@@ -33,7 +33,7 @@ use burn_cubecl::cubecl::cuda::{CudaDevice, CudaRuntime};
 use burn_cubecl::cubecl::Runtime;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeBackend;
-use cudarc::driver::sys::{self, CUresult, CUstream};
+use cudarc::driver::sys::{self, CUevent, CUresult, CUstream};
 use cudarc::driver::CudaContext;
 
 /// `burn::backend::Cuda` in this workspace (fusion is off).
@@ -54,12 +54,18 @@ fn check(result: CUresult, what: &str) {
 
 /// Per-thread copy machinery: the primary context (the one cubecl uses), one
 /// stream for uploads, one for gradient downloads, and a page-locked staging
-/// buffer for the downloads.
+/// buffer for the downloads. Two events bracket the uploads between waits (the
+/// first copy's start, the last copy's end), so the achieved host→device rate
+/// is measured on the copy stream itself.
 struct Copier {
     context: Arc<CudaContext>,
     up: CUstream,
     down: CUstream,
     uploads_pending: bool,
+    /// Bytes of the uploads started since the last wait.
+    pending_bytes: u64,
+    up_start: CUevent,
+    up_end: CUevent,
     staging: *mut f32,
     staging_len: usize,
 }
@@ -82,11 +88,25 @@ impl Copier {
             };
             s
         };
+        let event = || {
+            let mut e: CUevent = std::ptr::null_mut();
+            // SAFETY: `e` is a valid out-pointer; the context is current.
+            unsafe {
+                check(
+                    sys::cuEventCreate(&mut e, sys::CUevent_flags::CU_EVENT_DEFAULT as u32),
+                    "cuEventCreate",
+                )
+            };
+            e
+        };
         Self {
             context,
             up: stream(),
             down: stream(),
             uploads_pending: false,
+            pending_bytes: 0,
+            up_start: event(),
+            up_end: event(),
             staging: std::ptr::null_mut(),
             staging_len: 0,
         }
@@ -160,12 +180,26 @@ fn upload_cube(values: &[f32], shape: &[usize], device: &CudaDevice) -> CubeTens
         // the same size that the store keeps alive and unchanged until the
         // engine's next `wait_uploads` (the optimizer runs only after it).
         unsafe {
+            if !copier.uploads_pending {
+                check(
+                    sys::cuEventRecord(copier.up_start, copier.up),
+                    "cuEventRecord",
+                );
+            }
             check(
                 sys::cuMemcpyHtoDAsync_v2(ptr, values.as_ptr().cast(), bytes, copier.up),
                 "cuMemcpyHtoDAsync",
             );
+            // Re-recorded after every copy: the span ends with the last copy,
+            // not when the engine gets round to waiting (in the pipeline that
+            // is a block later, and the gap is not copy time).
+            check(
+                sys::cuEventRecord(copier.up_end, copier.up),
+                "cuEventRecord",
+            );
         }
         copier.uploads_pending = true;
+        copier.pending_bytes += bytes as u64;
     });
     CubeTensor::new_contiguous(
         client,
@@ -201,25 +235,49 @@ pub(crate) fn try_upload<X: Backend, const D: usize>(
     tensor.downcast::<Tensor<X, D>>().ok().map(|t| *t)
 }
 
+/// What a wait for uploads saw: how long the host waited, and the uploads it
+/// waited for (their bytes and the time between the first copy's start and
+/// the last one's end on the copy stream).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct UploadWait {
+    pub waited: Duration,
+    pub bytes: u64,
+    pub copy_time: Duration,
+}
+
 /// Lets the GPU run everything submitted so far, then waits until every
-/// started upload has landed. Returns the time spent waiting for copies.
-pub(crate) fn wait_uploads<X: Backend>(device: &X::Device) -> Duration {
+/// started upload has landed.
+pub(crate) fn wait_uploads<X: Backend>(device: &X::Device) -> UploadWait {
     let Some(device) = (device as &dyn Any).downcast_ref::<CudaDevice>() else {
-        return Duration::ZERO;
+        return UploadWait::default();
     };
     if !is_cuda::<X>() {
-        return Duration::ZERO;
+        return UploadWait::default();
     }
     flush(device);
     with_copier(device, |copier| {
         if !copier.uploads_pending {
-            return Duration::ZERO;
+            return UploadWait::default();
         }
         let started = Instant::now();
-        // SAFETY: a stream we created, in the current context.
-        unsafe { check(sys::cuStreamSynchronize(copier.up), "cuStreamSynchronize") };
+        let mut ms = 0.0f32;
+        // SAFETY: a stream and events we created, in the current context; both
+        // events are recorded on `up` and complete once it is synchronised.
+        unsafe {
+            check(sys::cuStreamSynchronize(copier.up), "cuStreamSynchronize");
+            check(
+                sys::cuEventElapsedTime_v2(&mut ms, copier.up_start, copier.up_end),
+                "cuEventElapsedTime",
+            );
+        }
+        let wait = UploadWait {
+            waited: started.elapsed(),
+            bytes: copier.pending_bytes,
+            copy_time: Duration::from_secs_f64(f64::from(ms) / 1e3),
+        };
         copier.uploads_pending = false;
-        started.elapsed()
+        copier.pending_bytes = 0;
+        wait
     })
 }
 
@@ -251,13 +309,14 @@ pub(crate) fn sync_backend<X: Backend>(device: &X::Device) {
 }
 
 /// Copies (or, with `accumulate`, adds) the f32 tensor `tensor` into `out`
-/// (same length) through the page-locked staging buffer; gives `tensor` back
-/// when it is not an f32 tensor of the CUDA backend.
+/// (same length) through the page-locked staging buffer, and returns how long
+/// the device→host copy took (after the kernels that produce the tensor); gives
+/// `tensor` back when it is not an f32 tensor of the CUDA backend.
 pub(crate) fn try_read_into<X: Backend, const D: usize>(
     tensor: Tensor<X, D>,
     out: &mut [f32],
     accumulate: bool,
-) -> Result<(), Tensor<X, D>> {
+) -> Result<Duration, Tensor<X, D>> {
     if TypeId::of::<X>() != TypeId::of::<CudaBackend>() || tensor.dtype() != DType::F32 {
         return Err(tensor);
     }
@@ -277,9 +336,10 @@ pub(crate) fn try_read_into<X: Backend, const D: usize>(
         .unwrap_or_else(|e| panic!("no device pointer for a tensor: {e:?}"))
         .resource()
         .ptr;
-    with_copier(&device, |copier| {
+    let copy_time = with_copier(&device, |copier| {
         let down = copier.down;
         let staging = copier.staging(len);
+        let started = Instant::now();
         // SAFETY: `ptr` addresses `len` contiguous f32 on the device (held by
         // `cube`); `staging` is a page-locked buffer of `len` floats.
         unsafe {
@@ -294,10 +354,12 @@ pub(crate) fn try_read_into<X: Backend, const D: usize>(
             );
             check(sys::cuStreamSynchronize(down), "cuStreamSynchronize");
         }
+        let copy_time = started.elapsed();
         crate::pager::write_into(out, staging, accumulate);
+        copy_time
     });
     drop(cube);
-    Ok(())
+    Ok(copy_time)
 }
 
 /// Page-locks a host range for the lifetime of the guard, so copies from it
@@ -352,6 +414,8 @@ impl Drop for Copier {
             unsafe {
                 let _ = sys::cuStreamDestroy_v2(self.up);
                 let _ = sys::cuStreamDestroy_v2(self.down);
+                let _ = sys::cuEventDestroy_v2(self.up_start);
+                let _ = sys::cuEventDestroy_v2(self.up_end);
                 if !self.staging.is_null() {
                     let _ = sys::cuMemFreeHost(self.staging.cast());
                 }

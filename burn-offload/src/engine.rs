@@ -58,9 +58,10 @@ pub struct EngineConfig {
     /// and optimizer state untouched. In fused mode this needs the gradient
     /// norm before the first update, so the backward runs twice (as with clipping).
     pub skip_non_finite: bool,
-    /// Let weight copies run behind compute (the pipeline). `false` makes
-    /// every bind wait for its copies: the serialised baseline of the bench.
-    pub overlap_copies: bool,
+    /// Overlap copies and CPU work with compute (the pipeline). `false` is the
+    /// serialised baseline of the bench: every bind waits for its copies, and
+    /// the CPU handles a block's gradients only once the device is idle.
+    pub overlap: bool,
     /// Keep block-input checkpoints in host memory on GPU backends, so device
     /// memory stays flat in depth (each costs one small copy each way).
     pub host_checkpoints: bool,
@@ -74,7 +75,7 @@ impl Default for EngineConfig {
             fused: false,
             loss_chunk_tokens: 4096,
             skip_non_finite: true,
-            overlap_copies: true,
+            overlap: true,
             host_checkpoints: true,
         }
     }
@@ -132,6 +133,11 @@ impl StepReport {
 /// when the host has handed its work over (or, for `backward_wait_s`, waited
 /// for it). `backward_s` contains `backward_wait_s`, `download_s` and, in
 /// fused mode, the part of `optimizer_s` that overlaps the backward.
+///
+/// The `*_bytes`/`*_copy_s` pairs are the copies timed on CUDA (zero
+/// elsewhere): their ratio is the achieved rate. Uploads are timed on the copy
+/// stream from a batch's first copy to its last, so gaps between copies count
+/// against the rate; downloads from the copy's start to its end.
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct StepSplit {
     /// Streamed forward without a graph (uploads, block compute, checkpoints).
@@ -146,6 +152,33 @@ pub struct StepSplit {
     pub download_s: f64,
     /// CPU optimizer (AdamW over the host slabs) and gradient accumulation.
     pub optimizer_s: f64,
+    /// Host→device copies of the forward (weights).
+    pub forward_h2d_bytes: u64,
+    pub forward_h2d_copy_s: f64,
+    /// Host→device copies after the forward (head, weights again, checkpoints).
+    pub backward_h2d_bytes: u64,
+    pub backward_h2d_copy_s: f64,
+    /// Device→host copies (gradients, checkpoints).
+    pub d2h_bytes: u64,
+    pub d2h_copy_s: f64,
+}
+
+impl StepSplit {
+    /// Adds the copies the pager timed between `from` and `to`; uploads count
+    /// as the forward's with `forward`, else as the backward's.
+    fn add_copies(&mut self, from: &PagerStats, to: &PagerStats, forward: bool) {
+        let up_bytes = to.upload_timed_bytes - from.upload_timed_bytes;
+        let up_s = (to.upload_copy_ns - from.upload_copy_ns) as f64 * 1e-9;
+        if forward {
+            self.forward_h2d_bytes += up_bytes;
+            self.forward_h2d_copy_s += up_s;
+        } else {
+            self.backward_h2d_bytes += up_bytes;
+            self.backward_h2d_copy_s += up_s;
+        }
+        self.d2h_bytes += to.download_timed_bytes - from.download_timed_bytes;
+        self.d2h_copy_s += (to.download_copy_ns - from.download_copy_ns) as f64 * 1e-9;
+    }
 }
 
 /// Where a block's gradients go once they are on the host.
@@ -269,7 +302,7 @@ where
         }
         let template = model.map(&mut ToPlaceholders);
         // Uploads read the parameter slabs; page-locked, they run at DMA speed.
-        let mut pager = Pager::new(!config.overlap_copies, config.host_checkpoints);
+        let mut pager = Pager::new(!config.overlap, config.host_checkpoints);
         for group in &store.groups {
             pager.pin::<B>(group.params.as_slice(), device);
         }
@@ -599,8 +632,14 @@ where
 
         // 1. Forward, no graph: keep only block inputs.
         let phase = Instant::now();
+        let copies = self.pager.stats();
         let (x, mut checkpoints) = self.stream_forward(&blocks, inputs, true)?;
         self.split.forward_s += phase.elapsed().as_secs_f64();
+        let copies = {
+            let now = self.pager.stats();
+            self.split.add_copies(&copies, &now, true);
+            now
+        };
         self.mark("forward done");
 
         // 2. Head + loss in chunks of positions, each chunk its own small graph.
@@ -655,6 +694,10 @@ where
             let grads = (y * Tensor::from_inner(dy)).sum().backward();
             dy = x_in.grad(&grads).expect("a block depends on its input");
             self.pager.flush::<B>(&self.device);
+            if !self.config.overlap {
+                // The serialised baseline: no CPU work while the device computes.
+                self.pager.sync::<B>(&self.device);
+            }
             if let Some((g, buffer)) = arrived.take() {
                 self.sink_group(g, &buffer, sink);
                 block_grads = buffer;
@@ -702,6 +745,7 @@ where
         self.pager.evict(0);
         self.sink_group(0, &stem_grads, sink);
         self.split.head_s += phase.elapsed().as_secs_f64();
+        self.split.add_copies(&copies, &self.pager.stats(), false);
         self.mark("embedding backward done");
 
         Ok((loss_sum / total as f64) as f32)

@@ -27,6 +27,14 @@ pub struct PagerStats {
     pub peak_resident_bytes: u64,
     /// Nanoseconds the engine waited for uploads to land (0 off the GPU).
     pub upload_wait_ns: u64,
+    /// Upload bytes timed on the copy stream (CUDA), and the nanoseconds from
+    /// the first copy's start to the last one's end, summed over waits: their
+    /// ratio is the achieved host→device rate.
+    pub upload_timed_bytes: u64,
+    pub upload_copy_ns: u64,
+    /// Download bytes timed (CUDA), and the nanoseconds their copies took.
+    pub download_timed_bytes: u64,
+    pub download_copy_ns: u64,
 }
 
 /// A block-input checkpoint, on the device or in host memory.
@@ -85,8 +93,11 @@ impl Pager {
             let dims = x.dims();
             let mut values = vec![0.0; dims.iter().product()];
             match crate::cuda::try_read_into(x, &mut values, false) {
-                Ok(()) => {
-                    self.stats.bytes_to_host += (values.len() * 4) as u64;
+                Ok(copy_time) => {
+                    let bytes = (values.len() * 4) as u64;
+                    self.stats.bytes_to_host += bytes;
+                    self.stats.download_timed_bytes += bytes;
+                    self.stats.download_copy_ns += copy_time.as_nanos() as u64;
                     return Stash::Host(values, dims);
                 }
                 Err(x) => return Stash::Device(x),
@@ -131,8 +142,10 @@ impl Pager {
     pub fn ready<B: Backend>(&mut self, device: &B::Device) {
         #[cfg(feature = "cuda")]
         {
-            let waited = crate::cuda::wait_uploads::<B>(device);
-            self.stats.upload_wait_ns += waited.as_nanos() as u64;
+            let wait = crate::cuda::wait_uploads::<B>(device);
+            self.stats.upload_wait_ns += wait.waited.as_nanos() as u64;
+            self.stats.upload_timed_bytes += wait.bytes;
+            self.stats.upload_copy_ns += wait.copy_time.as_nanos() as u64;
         }
         self.in_flight.clear();
         let _ = device;
@@ -257,9 +270,13 @@ impl Pager {
             out,
             accumulate,
             bytes: 0,
+            timed_bytes: 0,
+            copy_ns: 0,
         };
         module.visit(&mut visit);
         self.stats.bytes_to_host += visit.bytes;
+        self.stats.download_timed_bytes += visit.timed_bytes;
+        self.stats.download_copy_ns += visit.copy_ns;
     }
 }
 
@@ -316,6 +333,8 @@ struct GradsOut<'a, B: AutodiffBackend> {
     out: &'a mut [f32],
     accumulate: bool,
     bytes: u64,
+    timed_bytes: u64,
+    copy_ns: u64,
 }
 
 impl<B: AutodiffBackend> ModuleVisitor<B> for GradsOut<'_, B> {
@@ -332,10 +351,15 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for GradsOut<'_, B> {
             }
             return;
         };
-        self.bytes += (slot.len * std::mem::size_of::<f32>()) as u64;
+        let bytes = (slot.len * std::mem::size_of::<f32>()) as u64;
+        self.bytes += bytes;
         #[cfg(feature = "cuda")]
         let grad = match crate::cuda::try_read_into(grad, out, self.accumulate) {
-            Ok(()) => return,
+            Ok(copy_time) => {
+                self.timed_bytes += bytes;
+                self.copy_ns += copy_time.as_nanos() as u64;
+                return;
+            }
             Err(grad) => grad,
         };
         let data = grad.into_data().convert::<f32>();

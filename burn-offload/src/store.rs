@@ -189,7 +189,7 @@ fn host_values<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> Vec<f32> {
 fn read_into<B: Backend, const D: usize>(tensor: Tensor<B, D>, out: &mut [f32]) {
     #[cfg(feature = "cuda")]
     let tensor = match crate::cuda::try_read_into(tensor, out, false) {
-        Ok(()) => return,
+        Ok(_) => return,
         Err(tensor) => tensor,
     };
     let data = tensor.into_data().convert::<f32>();

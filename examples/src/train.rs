@@ -55,8 +55,9 @@ pub struct TrainOptions {
     pub resident: bool,
     /// Engine: update each block as its gradient arrives (no gradient buffer).
     pub fused: bool,
-    /// Engine: wait for every weight copy before computing (no overlap; the
-    /// bench's serialised baseline).
+    /// Engine: no overlap (the bench's serialised baseline): every weight copy
+    /// lands before compute goes on, and the CPU handles a block's gradients
+    /// only once the device is idle.
     pub serial_copies: bool,
     /// Engine: update without first checking the gradients for non-finite
     /// values (fused mode then runs the backward once instead of twice).
@@ -142,6 +143,16 @@ pub struct StepMetrics {
     pub tokens_per_s: f64,
     /// Wall time of the step.
     pub step_s: f64,
+    /// Parameters of the model.
+    pub params: u64,
+    /// 6 · parameters · tokens per second of step time, in TFLOPS (the
+    /// usual model-FLOPs convention: attention scores are not counted).
+    pub model_tflops: f64,
+    /// The FLOPs the device ran by the same convention: the engine adds the
+    /// recompute of every block (2 · block parameters · tokens) to each
+    /// backward pass, and fused mode with clipping or the non-finite guard
+    /// runs two passes.
+    pub hardware_tflops: f64,
     /// Resident set size of the process (host memory), when the OS reports it.
     pub rss_bytes: Option<u64>,
     /// Largest resident set size during the step (Linux: `VmHWM`, reset at
@@ -596,7 +607,7 @@ impl Job<'_> {
             fused: opts.fused,
             loss_chunk_tokens: opts.loss_chunk_tokens,
             skip_non_finite: !opts.no_guard,
-            overlap_copies: !opts.serial_copies,
+            overlap: !opts.serial_copies,
             host_checkpoints: true,
         };
         let mut engine = Engine::new(model, config, device)?;
@@ -634,6 +645,16 @@ impl Job<'_> {
         let bar = progress_bar(opts, &self.config);
         bar.set_position(outcome.start_step as u64);
         let tokens_per_step = (opts.batch * opts.seq_len * opts.accum) as f64;
+        let params = engine.store().num_params() as u64;
+        let block_params = params - engine.store().groups[0].numel() as u64;
+        let config = engine.config();
+        let passes = if config.fused && (config.grad_clip.is_some() || config.skip_non_finite) {
+            2.0
+        } else {
+            1.0
+        };
+        let model_flops = 6.0 * params as f64 * tokens_per_step;
+        let hardware_flops = passes * (model_flops + 2.0 * block_params as f64 * tokens_per_step);
         let mut consecutive_skips = 0;
         for step in outcome.start_step..opts.steps {
             let started = Instant::now();
@@ -673,6 +694,9 @@ impl Job<'_> {
                 lr,
                 tokens_per_s,
                 step_s,
+                params,
+                model_tflops: model_flops / step_s * 1e-12,
+                hardware_tflops: hardware_flops / step_s * 1e-12,
                 rss_bytes: process_rss_bytes(),
                 rss_peak_bytes: peak_reset.then(peak_rss_bytes).flatten(),
                 grad_norm: report.grad_norm.is_finite().then_some(report.grad_norm),
@@ -785,6 +809,8 @@ impl Job<'_> {
             .init::<AB, M>();
         let bar = progress_bar(opts, &self.config);
         let tokens_per_step = (opts.batch * opts.seq_len) as f64;
+        let params = model.num_params() as u64;
+        let flops = 6.0 * params as f64 * tokens_per_step;
         let mut losses = Vec::with_capacity(opts.steps);
 
         for step in 0..opts.steps {
@@ -808,6 +834,9 @@ impl Job<'_> {
                 lr,
                 tokens_per_s,
                 step_s,
+                params,
+                model_tflops: flops / step_s * 1e-12,
+                hardware_tflops: flops / step_s * 1e-12,
                 rss_bytes: process_rss_bytes(),
                 rss_peak_bytes: None,
                 grad_norm: None,

@@ -99,7 +99,7 @@ fn engine_config(fused: bool) -> EngineConfig {
         loss_chunk_tokens: 8,
         // Off here so fused mode runs its single-pass schedule; tested below.
         skip_non_finite: false,
-        overlap_copies: true,
+        overlap: true,
         host_checkpoints: true,
     }
 }

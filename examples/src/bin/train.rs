@@ -73,8 +73,9 @@ struct Cli {
     /// backward runs twice per step.
     #[arg(long)]
     fused: bool,
-    /// Engine: wait for each block's weight copy before computing it (no
-    /// copy/compute overlap); the serialised baseline for benchmarks.
+    /// Engine: switch the overlap off, the serialised baseline for benchmarks:
+    /// each block's weight copy lands before it computes, and the CPU works on
+    /// a block's gradients only while the GPU is idle.
     #[arg(long)]
     serial_copies: bool,
     /// Engine: update without first checking the gradients for non-finite
