@@ -7,7 +7,11 @@
 //! Device figures are estimates: one Llama/GPT-2 block's activations under
 //! autodiff are counted tensor by tensor (DESIGN.md §3) with a margin for the
 //! backward's temporaries, plus a fixed allowance for the CUDA context and
-//! the allocator's pools.
+//! the allocator's pools. The block backward and the LM head are phases that
+//! never hold memory at the same time: the larger of the two counts. On a GPU
+//! cubecl reserves whole pages, one of each size class once any is used, so
+//! the peak is never below that floor (measured on the H100: 6.6 GiB of pool
+//! for a 7.6 GiB process; bench/results/cuda-bench).
 
 use std::fmt::Write as _;
 
@@ -46,7 +50,33 @@ pub struct Machine {
 pub struct Item {
     pub what: &'static str,
     pub bytes: u64,
+    /// A phase's working memory: of these, only the largest counts.
+    pub phase: bool,
 }
+
+impl Item {
+    fn held(what: &'static str, bytes: u64) -> Self {
+        Self {
+            what,
+            bytes,
+            phase: false,
+        }
+    }
+
+    fn phase(what: &'static str, bytes: u64) -> Self {
+        Self {
+            what,
+            bytes,
+            phase: true,
+        }
+    }
+}
+
+const CONTEXT: &str = "CUDA context and allocator pools";
+
+/// The share of a GPU's memory that cubecl's pools reserve as soon as each
+/// page class is used once (pages of 1/16, 1/64, 1/256, ... of the device).
+const POOL_FLOOR_FRACTION: f64 = 1.0 / 16.0 + 1.0 / 64.0 + 1.0 / 256.0 + 1.0 / 1024.0;
 
 /// Predicted memory of a job.
 #[derive(Debug, Clone)]
@@ -127,109 +157,88 @@ impl Plan {
         let runtime_device = if job.gpu { (1.0 * GIB) as u64 } else { 0 };
 
         let mut host = vec![
-            Item {
-                what: "parameters (fp32 master weights)",
-                bytes: F32 * params,
-            },
-            Item {
-                what: "Adam m and v (fp32)",
-                bytes: 2 * F32 * params,
-            },
+            Item::held("parameters (fp32 master weights)", F32 * params),
+            Item::held("Adam m and v (fp32)", 2 * F32 * params),
         ];
         let mut device = Vec::new();
         if job.resident {
-            device.push(Item {
-                what: "parameters, gradients, Adam m and v",
-                bytes: 4 * F32 * params,
-            });
-            device.push(Item {
-                what: "activations of every block (one graph)",
-                bytes: s.layers * block_forward,
-            });
-            device.push(Item {
-                what: "logits and loss (whole batch)",
-                bytes: F32 * 5 * tokens * s.vocab,
-            });
+            device.push(Item::held(
+                "parameters, gradients, Adam m and v",
+                4 * F32 * params,
+            ));
+            device.push(Item::held(
+                "activations of every block (one graph)",
+                s.layers * block_forward,
+            ));
+            device.push(Item::held(
+                "logits and loss (whole batch)",
+                F32 * 5 * tokens * s.vocab,
+            ));
             // Resident training keeps its state on the device; the host holds
             // only the initial copy burn makes while building the model.
-            host = vec![Item {
-                what: "parameters while building (fp32)",
-                bytes: F32 * params,
-            }];
+            host = vec![Item::held("parameters while building (fp32)", F32 * params)];
         } else {
             if !job.fused {
-                host.push(Item {
-                    what: "gradient buffer (fp32)",
-                    bytes: F32 * params,
-                });
+                host.push(Item::held("gradient buffer (fp32)", F32 * params));
             }
-            host.push(Item {
-                what: "gradients in flight (two blocks and the stem)",
-                bytes: F32 * (2 * s.block_params + s.stem_params),
-            });
-            host.push(Item {
-                what: "download staging (largest tensor)",
-                bytes: F32 * s.largest_tensor,
-            });
-            device.push(Item {
-                what: "weights: stem + two blocks",
-                bytes: F32 * (s.stem_params + 2 * s.block_params),
-            });
+            host.push(Item::held(
+                "gradients in flight (two blocks and the stem)",
+                F32 * (2 * s.block_params + s.stem_params),
+            ));
+            host.push(Item::held(
+                "download staging (largest tensor)",
+                F32 * s.largest_tensor,
+            ));
+            device.push(Item::held(
+                "weights: stem + two blocks",
+                F32 * (s.stem_params + 2 * s.block_params),
+            ));
             let checkpoints = F32 * (s.layers + 1) * tokens * s.d;
             if job.gpu {
                 // The engine keeps them in host memory on a GPU (flat in depth).
-                host.push(Item {
-                    what: "block-input checkpoints",
-                    bytes: checkpoints,
-                });
-                device.push(Item {
-                    what: "block input and output in flight",
-                    bytes: 2 * F32 * tokens * s.d,
-                });
+                host.push(Item::held("block-input checkpoints", checkpoints));
+                device.push(Item::held(
+                    "block input and output in flight",
+                    2 * F32 * tokens * s.d,
+                ));
             } else {
-                device.push(Item {
-                    what: "block-input checkpoints",
-                    bytes: checkpoints,
-                });
+                device.push(Item::held("block-input checkpoints", checkpoints));
             }
-            device.push(Item {
-                what: "one block's activations (recompute + backward)",
-                bytes: block_backward,
-            });
-            device.push(Item {
-                what: "LM head + loss chunk",
-                bytes: loss_chunk + F32 * s.vocab * s.d,
-            });
+            device.push(Item::phase(
+                "one block's activations (recompute + backward)",
+                block_backward,
+            ));
+            device.push(Item::phase(
+                "LM head + loss chunk",
+                loss_chunk + F32 * s.vocab * s.d,
+            ));
         }
         if job.gpu {
-            device.push(Item {
-                what: "CUDA context and allocator pools",
-                bytes: runtime_device,
-            });
+            device.push(Item::held(CONTEXT, runtime_device));
         }
         if !job.resident {
             // Building the store holds one group's values twice (the stem is the largest).
-            host.push(Item {
-                what: "while building: one group's values",
-                bytes: F32 * s.stem_params.max(s.block_params),
-            });
+            host.push(Item::held(
+                "while building: one group's values",
+                F32 * s.stem_params.max(s.block_params),
+            ));
         }
         // Libraries, the token stream, the CUDA driver's host side.
-        host.push(Item {
-            what: "runtime (libraries, corpus, driver)",
-            bytes: if job.gpu {
+        host.push(Item::held(
+            "runtime (libraries, corpus, driver)",
+            if job.gpu {
                 (1.5 * GIB) as u64
             } else {
                 (0.25 * GIB) as u64
             },
-        });
+        ));
         // A job that fills the host to the last page thrashes the page cache
         // (a 7.4B run at 16 B/param on 125 GiB did not finish a step).
         let used: u64 = host.iter().map(|i| i.bytes).sum();
-        host.push(Item {
-            what: "headroom for the OS and page cache (8%, >= 1 GiB)",
-            bytes: (used * 8 / 100).max(GIB as u64),
-        });
+        host.push(Item::held(
+            "headroom for the OS and page cache (8%, >= 1 GiB)",
+            (used * 8 / 100).max(GIB as u64),
+        ));
         Self {
             host,
             device,
@@ -241,8 +250,41 @@ impl Plan {
         self.host.iter().map(|i| i.bytes).sum()
     }
 
+    /// Device bytes at the peak: everything held, plus the largest phase.
     pub fn device_total(&self) -> u64 {
-        self.device.iter().map(|i| i.bytes).sum()
+        let held: u64 = self
+            .device
+            .iter()
+            .filter(|i| !i.phase)
+            .map(|i| i.bytes)
+            .sum();
+        let phase = self
+            .device
+            .iter()
+            .filter(|i| i.phase)
+            .map(|i| i.bytes)
+            .max();
+        held + phase.unwrap_or(0)
+    }
+
+    /// The device peak on this machine: on a GPU, never below what cubecl's
+    /// pools reserve once each page class is in use.
+    pub fn device_peak(&self, machine: &Machine) -> u64 {
+        match machine.device_bytes {
+            Some(gpu) => self.device_total().max(self.device_floor(gpu)),
+            None => self.device_total(),
+        }
+    }
+
+    /// The pools' floor plus the CUDA context.
+    fn device_floor(&self, gpu: u64) -> u64 {
+        let context: u64 = self
+            .device
+            .iter()
+            .filter(|i| i.what == CONTEXT)
+            .map(|i| i.bytes)
+            .sum();
+        pool_floor(gpu) + context
     }
 
     /// Host bytes of the store alone (weights, Adam state, gradient buffer).
@@ -287,14 +329,21 @@ impl Plan {
             self.host_total(),
             Some((machine.host_bytes, &machine.host_source)),
         );
+        let mut device = self.device.clone();
+        if let Some(gpu) = machine.device_bytes {
+            device.push(Item::held(
+                "(floor: context + cubecl's pages, 1/12 of the GPU)",
+                self.device_floor(gpu),
+            ));
+        }
         section(
             if machine.device_bytes.is_some() {
-                "device (GPU)"
+                "device (GPU; of the two phases the larger counts)"
             } else {
                 "device (the host: CPU backend)"
             },
-            &self.device,
-            self.device_total(),
+            &device,
+            self.device_peak(machine),
             machine
                 .device_bytes
                 .map(|b| (b, machine.device_source.as_str())),
@@ -311,7 +360,7 @@ impl Plan {
     /// device's share comes out of host memory).
     fn needs(&self, machine: &Machine) -> (u64, Option<u64>) {
         match machine.device_bytes {
-            Some(_) => (self.host_total(), Some(self.device_total())),
+            Some(_) => (self.host_total(), Some(self.device_peak(machine))),
             None => (self.host_total() + self.device_total(), None),
         }
     }
@@ -416,6 +465,12 @@ fn suggestion(job: &Job, machine: &Machine) -> String {
     } else {
         "no batch size fits: try --fused (12 B/param on the host) with a smaller model, or a larger machine".into()
     }
+}
+
+/// What cubecl's pools hold on a GPU with `gpu` bytes as soon as every page
+/// class has been used once.
+fn pool_floor(gpu: u64) -> u64 {
+    (gpu as f64 * POOL_FLOOR_FRACTION) as u64
 }
 
 impl Plan {

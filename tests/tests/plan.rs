@@ -178,3 +178,63 @@ fn a_job_that_does_not_fit_the_gpu_is_refused_before_anything_is_created() {
         "files created before the refusal"
     );
 }
+
+/// The GPU peaks measured on the H100 (whole process, nvidia-smi; 78.66 GiB
+/// free): the 7.39B run (bench/results/cuda-pipeline/run12) and the 0.85B
+/// pipelined row at 4k tokens (bench/results/cuda-bench/run12), each within
+/// 10% of the prediction. The head phase and the block backward do not add
+/// up, and small jobs sit on cubecl's page floor.
+#[test]
+fn gpu_prediction_matches_the_h100_runs() {
+    let gpu = Machine {
+        host_bytes: 125 << 30,
+        host_source: "test".into(),
+        device_bytes: Some((78.66 * (1u64 << 30) as f64) as u64),
+        device_source: "test".into(),
+    };
+    let llama_8b_gpt2 = ModelConfig::Llama(LlamaConfig {
+        vocab_size: 50257,
+        ..LlamaConfig::llama_8b()
+    });
+    let llama_085b = ModelConfig::Llama(LlamaConfig {
+        vocab_size: 32000,
+        d_model: 2048,
+        n_layer: 16,
+        n_head: 32,
+        n_kv_head: 8,
+        d_ff: 5632,
+        max_seq_len: 2048,
+        ..LlamaConfig::tiny()
+    });
+    for (config, fused, measured_mib) in
+        [(llama_8b_gpt2, true, 11373.0), (llama_085b, false, 7803.0)]
+    {
+        let job = Job {
+            batch: 4,
+            seq_len: 1024,
+            gpu: true,
+            ..job(config, fused)
+        };
+        let plan = Plan::new(&job);
+        let predicted = plan.device_peak(&gpu) as f64 / (1u64 << 20) as f64;
+        assert!(
+            (predicted / measured_mib - 1.0).abs() <= 0.10,
+            "predicted {predicted:.0} MiB, measured {measured_mib} MiB"
+        );
+        // Only the larger phase counts.
+        let phases: Vec<u64> = plan
+            .device
+            .iter()
+            .filter(|i| i.phase)
+            .map(|i| i.bytes)
+            .collect();
+        assert_eq!(phases.len(), 2);
+        let held: u64 = plan
+            .device
+            .iter()
+            .filter(|i| !i.phase)
+            .map(|i| i.bytes)
+            .sum();
+        assert_eq!(plan.device_total(), held + phases.iter().max().unwrap());
+    }
+}
