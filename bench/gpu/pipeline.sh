@@ -10,6 +10,8 @@
 set -u
 # The binaries travel xz-compressed (the device tool carries 64 MiB per call).
 if [ -f .device/bin.tar.xz ]; then rm -rf .device/bin; tar xJf .device/bin.tar.xz -C .device; fi
+# An earlier build, for before/after rows (BENCH_OLD); it unpacks as bin-old.
+if [ -f .device/bin-old.tar.xz ]; then rm -rf .device/bin-old; mkdir -p .device/bin-old; tar xJf .device/bin-old.tar.xz -C .device/bin-old --strip-components 1; fi
 B=.device/bin/train
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 # Everything lands in $W; a tarball of it is refreshed in $OUT after each run
@@ -64,8 +66,19 @@ if len(rows) >= 3:
         line["upload_wait_s_median"] = med("upload_wait_s")
         line["h2d_gb_per_step"] = rows[-1]["bytes_to_device"] / 1e9
         line["d2h_gb_per_step"] = rows[-1]["bytes_to_host"] / 1e9
+    for k in ("model_tflops", "hardware_tflops"):
+        if rows[-1].get(k) is not None: line[k + "_median"] = med(k)
+    if rows[-1].get("params"): line["params"] = rows[-1]["params"]
     if rows[-1].get("split"):
         line["split_median_s"] = {k: statistics.median(r["split"][k] for r in steady) for k in rows[-1]["split"]}
+        # Achieved copy rates over the steady steps: bytes over the time the
+        # copies took on their streams (CUDA events for uploads).
+        rate = lambda b, s: (sum(r["split"][b] for r in steady) / sum(r["split"][s] for r in steady) / 1e9
+                             if sum(r["split"].get(s, 0) for r in steady) > 0 else None)
+        if "forward_h2d_bytes" in rows[-1]["split"]:
+            line["h2d_forward_gb_s"] = rate("forward_h2d_bytes", "forward_h2d_copy_s")
+            line["h2d_backward_gb_s"] = rate("backward_h2d_bytes", "backward_h2d_copy_s")
+            line["d2h_gb_s"] = rate("d2h_bytes", "d2h_copy_s")
 print(json.dumps(line))
 PY
   pack
@@ -151,6 +164,46 @@ for spec in "resident 4" "resident-ckpt 4" "fsdp2-offload 4" "resident-ckpt 16" 
   pack
 done
 ;;
-*) echo "unknown part $part (parity, pipeline, depth, 7b, largest, peers)"; exit 2 ;;
+bench-085b|bench-085b-peers|bench-3b|bench-3b-peers|bench-64k)
+# `cargo xtask bench cuda` rows (issue 9): per shape and tokens/step, resident
+# burn, the engine pipelined and with serialised copies, PyTorch resident (with
+# and without per-block checkpointing) and FSDP2 CPU offload. Files are named
+# bench-<shape>-<tokens>-<system>; `cargo xtask bench cuda report` turns them
+# into JSON, markdown and a plot. A device call runs at most 10 minutes, so
+# the matrix is split into parts, each one call on the same machine kind.
+# BENCH_OLD: also run the rows named in it with the binaries in
+# .device/bin-old (an earlier build, for a before/after in the same call).
+echo '{"arch":"llama","vocab_size":32000,"d_model":3072,"n_layer":28,"n_head":24,"n_kv_head":8,"d_ff":8192,"max_seq_len":2048}' > /tmp/llama-3b.json
+case $part in
+bench-085b) shape=085b; tokens="4 16"; systems="resident pipelined serial" ;;
+bench-085b-peers) shape=085b; tokens="4 16"; systems="torch-resident torch-ckpt torch-fsdp2" ;;
+bench-3b) shape=3b; tokens="4 16"; systems="pipelined serial" ;;
+bench-3b-peers) shape=3b; tokens="4 16"; systems="torch-ckpt torch-fsdp2" ;;
+bench-64k) shape=085b; tokens="64"; systems="resident pipelined serial torch-ckpt torch-fsdp2" ;;
+esac
+if [ $shape = 085b ]; then cfg=/tmp/llama-0.85b.json; else cfg=/tmp/llama-3b.json; fi
+for b in ${BENCH_TOKENS:-$tokens}; do for sys in $systems; do
+  name=bench-$shape-${b}k-$sys
+  S="--model $cfg --steps ${BENCH_STEPS:-7} --warmup 1 --lr 3e-4 --seq-len 1024 --batch $b"
+  case $sys in
+  resident) LIMIT=${LIMIT_ROW:-120} run $name $S --resident ;;
+  pipelined) LIMIT=${LIMIT_ROW:-150} run $name $S ;;
+  serial) LIMIT=${LIMIT_ROW:-150} run $name $S --serial-copies ;;
+  torch-*)
+    mode=${sys#torch-}; mode=${mode/ckpt/resident-ckpt}; mode=${mode/fsdp2/fsdp2-offload}
+    echo "== $name"
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 > $OUT/$name.gpumem &
+    poll=$!
+    timeout ${LIMIT_ROW:-150} python3 bench/peers/torch_llama.py --config $cfg --mode $mode --batch $b --seq-len 1024 --steps ${BENCH_STEPS:-7} > $OUT/$name.torch.json 2> $OUT/$name.err
+    echo "exit $?"; kill $poll 2>/dev/null
+    sort -n $OUT/$name.gpumem | tail -1 > $OUT/$name.smi; rm -f $OUT/$name.gpumem
+    cat $OUT/$name.torch.json; tail -2 $OUT/$name.err; pack ;;
+  esac
+  if [[ " ${BENCH_OLD:-} " == *" $sys-${b}k "* ]] && [ -x .device/bin-old/train ]; then
+    B=.device/bin-old/train LIMIT=${LIMIT_ROW:-150} run $name-old $S $( [ $sys = resident ] && echo --resident ) $( [ $sys = serial ] && echo --serial-copies )
+  fi
+done; done
+;;
+*) echo "unknown part $part (parity, pipeline, depth, 7b, largest, headmem, peers, bench-085b, bench-085b-peers, bench-3b, bench-3b-peers, bench-64k)"; exit 2 ;;
 esac; done
 pack

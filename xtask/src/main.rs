@@ -4,7 +4,10 @@
 //! - `cargo xtask bench optim`: CPU AdamW throughput of burn-offload's fused
 //!   rayon loop against burn-optim's AdamW on the CPU backend and a
 //!   single-threaded scalar loop, side by side in one process.
+//! - `cargo xtask bench cuda build|report`: the GPU comparison against
+//!   resident burn and PyTorch (see `bench_cuda`).
 
+mod bench_cuda;
 mod bench_optim;
 
 use anyhow::{bail, Result};
@@ -32,6 +35,11 @@ enum Command {
 enum Bench {
     /// CPU AdamW throughput (Gparam/s): ours vs burn-optim vs a scalar loop.
     Optim(bench_optim::Args),
+    /// GPU training throughput: burn-offload vs resident burn and PyTorch.
+    Cuda {
+        #[command(subcommand)]
+        command: bench_cuda::Command,
+    },
 }
 
 fn main() -> Result<()> {
@@ -46,5 +54,8 @@ fn main() -> Result<()> {
         Command::Bench {
             which: Bench::Optim(args),
         } => bench_optim::run(args),
+        Command::Bench {
+            which: Bench::Cuda { command },
+        } => bench_cuda::run(command),
     }
 }

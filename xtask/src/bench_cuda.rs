@@ -1,0 +1,704 @@
+//! `cargo xtask bench cuda`: the GPU comparison of issue 9, in two halves,
+//! because the GPU machine has no Rust toolchain.
+//!
+//! - `build` compiles and packs the CUDA binaries (`bench/gpu/binaries.sh`)
+//!   and prints the device command that runs the rows
+//!   (`bench/gpu/pipeline.sh bench-085b ...`): resident burn, the engine
+//!   pipelined and with serialised copies, PyTorch resident (with and without
+//!   per-block checkpointing) and FSDP2 CPU offload, per shape and tokens/step.
+//! - `report` reads the files those rows leave (`bench-<shape>-<N>k-<system>`
+//!   `.summary.json` for burn rows, `.torch.json` for PyTorch rows) and writes
+//!   `bench.json`, `bench.md` (rows, the issue's ratios) and `bench.png`.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+use serde_json::Value;
+
+#[derive(clap::Subcommand)]
+pub enum Command {
+    /// Build and pack the CUDA binaries; print the device command.
+    Build,
+    /// Turn a results folder of the GPU rows into JSON, markdown and a plot.
+    Report(ReportArgs),
+}
+
+#[derive(clap::Args)]
+pub struct ReportArgs {
+    /// Folder with the rows' files (the unpacked `results.tgz`).
+    #[arg(long)]
+    results: PathBuf,
+    /// Where to write bench.json, bench.md and bench.png.
+    #[arg(long)]
+    out: PathBuf,
+    /// The command that produced the rows, quoted in the markdown.
+    #[arg(long, default_value = "")]
+    command: String,
+    /// A TrueType font for the plot's text.
+    #[arg(
+        long,
+        default_value = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf"
+    )]
+    font: PathBuf,
+}
+
+pub fn run(command: Command) -> Result<()> {
+    match command {
+        Command::Build => {
+            let status = std::process::Command::new("bash")
+                .arg("bench/gpu/binaries.sh")
+                .status()
+                .context("cannot run bench/gpu/binaries.sh")?;
+            if !status.success() {
+                bail!("bench/gpu/binaries.sh failed ({status})");
+            }
+            println!(
+                "packed .device/bin.tar.xz; on the GPU machine (device tool, carry .device/bin.tar.xz):\n  \
+                 bash bench/gpu/pipeline.sh parity bench-085b\n  \
+                 bash bench/gpu/pipeline.sh bench-085b-peers bench-3b\n\
+                 then: cargo xtask bench cuda report --results <unpacked results.tgz> --out bench/results/<run>"
+            );
+            Ok(())
+        }
+        Command::Report(args) => report(&args),
+    }
+}
+
+/// One bench row: a system on a shape at a number of tokens per step.
+#[derive(Debug, Clone, Serialize)]
+struct Row {
+    shape: String,
+    tokens_per_step: u64,
+    system: String,
+    ok: bool,
+    /// Why a row has no figures (out of memory, timed out, ...).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    note: Option<String>,
+    tok_s: Option<f64>,
+    step_s: Option<f64>,
+    model_tflops: Option<f64>,
+    hardware_tflops: Option<f64>,
+    /// Whole-process GPU memory peak (nvidia-smi), GiB.
+    gpu_peak_gib: Option<f64>,
+    /// Host peak resident set, GiB.
+    host_peak_gib: Option<f64>,
+    h2d_forward_gb_s: Option<f64>,
+    h2d_backward_gb_s: Option<f64>,
+    d2h_gb_s: Option<f64>,
+    /// Median seconds per phase (burn-offload rows).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    split_s: BTreeMap<String, f64>,
+}
+
+/// `bench-<shape>-<N>k-<system>` → (shape, tokens, system).
+fn parse_name(stem: &str) -> Option<(String, u64, String)> {
+    let rest = stem.strip_prefix("bench-")?;
+    let (shape, rest) = rest.split_once('-')?;
+    let (tokens, system) = rest.split_once('-')?;
+    let k: u64 = tokens.strip_suffix('k')?.parse().ok()?;
+    Some((shape.to_string(), k * 1024, system.to_string()))
+}
+
+fn num(v: &Value, key: &str) -> Option<f64> {
+    v.get(key).and_then(Value::as_f64)
+}
+
+/// The last lines of a row's stderr, for a failed row's note.
+fn failure_note(results: &Path, stem: &str) -> String {
+    for ext in ["tail", "err"] {
+        if let Ok(text) = fs::read_to_string(results.join(format!("{stem}.{ext}"))) {
+            let lower = text.to_lowercase();
+            if ["out of memory", "out_of_memory", "outofmemory"]
+                .iter()
+                .any(|m| lower.contains(m))
+            {
+                return "out of GPU memory".into();
+            }
+            if lower.contains("non-zero status 124") {
+                return "killed by the time limit".into();
+            }
+            // The program's own error line; /usr/bin/time's exit line last.
+            let lines = || text.lines().rev().map(str::trim).filter(|l| !l.is_empty());
+            let line = lines()
+                .find(|l| l.starts_with("error"))
+                .or_else(|| lines().find(|l| !l.starts_with("Command exited")));
+            if let Some(line) = line {
+                // The first clause says what failed; the planner's suggestion follows.
+                let clause = line.split(';').next().unwrap_or(line);
+                return clause.chars().take(120).collect();
+            }
+        }
+    }
+    "no steps completed (killed by the time limit?)".into()
+}
+
+fn burn_row(results: &Path, stem: &str, v: &Value) -> Result<Row> {
+    let (shape, tokens_per_step, system) =
+        parse_name(stem).with_context(|| format!("unexpected row name `{stem}`"))?;
+    let tok_s = num(v, "tok_s_median");
+    let split_s = v
+        .get("split_median_s")
+        .and_then(Value::as_object)
+        .map(|m| {
+            m.iter()
+                .filter(|(k, _)| k.ends_with("_s") && !k.ends_with("copy_s"))
+                .filter_map(|(k, x)| Some((k.trim_end_matches("_s").to_string(), x.as_f64()?)))
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok(Row {
+        ok: tok_s.is_some(),
+        note: tok_s.is_none().then(|| failure_note(results, stem)),
+        tok_s,
+        step_s: num(v, "step_s_median"),
+        model_tflops: num(v, "model_tflops_median"),
+        hardware_tflops: num(v, "hardware_tflops_median"),
+        gpu_peak_gib: num(v, "gpu_peak_mib").map(|m| m / 1024.0),
+        host_peak_gib: num(v, "host_peak_gib"),
+        h2d_forward_gb_s: num(v, "h2d_forward_gb_s"),
+        h2d_backward_gb_s: num(v, "h2d_backward_gb_s"),
+        d2h_gb_s: num(v, "d2h_gb_s"),
+        split_s,
+        shape,
+        tokens_per_step,
+        system,
+    })
+}
+
+fn torch_row(results: &Path, stem: &str, v: Option<&Value>) -> Result<Row> {
+    let (shape, tokens_per_step, system) =
+        parse_name(stem).with_context(|| format!("unexpected row name `{stem}`"))?;
+    let ok = v.and_then(|v| v.get("ok")).and_then(Value::as_bool) == Some(true);
+    let get = |key| v.and_then(|v| num(v, key));
+    // The whole-process peak polled with nvidia-smi, as for the burn rows;
+    // torch's own reserved figure when the poll is missing.
+    let smi = fs::read_to_string(results.join(format!("{stem}.smi")))
+        .ok()
+        .and_then(|s| s.trim().parse::<f64>().ok())
+        .map(|mib| mib / 1024.0);
+    let note = (!ok).then(|| {
+        v.and_then(|v| v.get("error"))
+            .and_then(Value::as_str)
+            .map(|e| {
+                if e.contains("out of memory") {
+                    "out of GPU memory".to_string()
+                } else {
+                    e.chars().take(120).collect()
+                }
+            })
+            .unwrap_or_else(|| failure_note(results, stem))
+    });
+    Ok(Row {
+        ok,
+        note,
+        tok_s: get("tok_s_median"),
+        step_s: get("step_s_median"),
+        model_tflops: get("model_tflops"),
+        // PyTorch rows with checkpointing recompute too; their figure is
+        // reported as model FLOPs only.
+        hardware_tflops: None,
+        gpu_peak_gib: smi.or(get("gpu_peak_reserved_gib")),
+        host_peak_gib: get("host_peak_gib"),
+        h2d_forward_gb_s: None,
+        h2d_backward_gb_s: None,
+        d2h_gb_s: None,
+        split_s: BTreeMap::new(),
+        shape,
+        tokens_per_step,
+        system,
+    })
+}
+
+fn read_rows(results: &Path) -> Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    let entries = fs::read_dir(results)
+        .with_context(|| format!("cannot read results folder `{}`", results.display()))?;
+    let mut names: Vec<String> = entries
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("bench-"))
+        .collect();
+    names.sort();
+    for name in names {
+        let path = results.join(&name);
+        if let Some(stem) = name.strip_suffix(".summary.json") {
+            let text = fs::read_to_string(&path)?;
+            let v: Value = serde_json::from_str(text.trim())
+                .with_context(|| format!("`{}` is not JSON", path.display()))?;
+            rows.push(burn_row(results, stem, &v)?);
+        } else if let Some(stem) = name.strip_suffix(".torch.json") {
+            let text = fs::read_to_string(&path)?;
+            // A killed peer leaves an empty file: the row is reported as failed.
+            let v: Option<Value> = text
+                .lines()
+                .rev()
+                .find(|l| l.trim_start().starts_with('{'))
+                .map(serde_json::from_str)
+                .transpose()
+                .with_context(|| format!("`{}` is not JSON", path.display()))?;
+            rows.push(torch_row(results, stem, v.as_ref())?);
+        }
+    }
+    if rows.is_empty() {
+        bail!(
+            "no bench rows (bench-*.summary.json or bench-*.torch.json) in `{}`",
+            results.display()
+        );
+    }
+    rows.sort_by(|a, b| {
+        (&a.shape, a.tokens_per_step, system_rank(&a.system)).cmp(&(
+            &b.shape,
+            b.tokens_per_step,
+            system_rank(&b.system),
+        ))
+    });
+    Ok(rows)
+}
+
+/// Display order of the systems.
+const SYSTEMS: [&str; 6] = [
+    "resident",
+    "pipelined",
+    "serial",
+    "torch-resident",
+    "torch-ckpt",
+    "torch-fsdp2",
+];
+
+fn system_rank(system: &str) -> (usize, String) {
+    let base = system.trim_end_matches("-old");
+    let rank = SYSTEMS
+        .iter()
+        .position(|s| *s == base)
+        .unwrap_or(SYSTEMS.len());
+    (rank, system.to_string())
+}
+
+fn label(system: &str) -> String {
+    let (base, old) = match system.strip_suffix("-old") {
+        Some(base) => (base, " (earlier build)"),
+        None => (system, ""),
+    };
+    let name = match base {
+        "resident" => "burn resident (Autodiff)",
+        "pipelined" => "burn-offload pipelined",
+        "serial" => "burn-offload serialised copies",
+        "torch-resident" => "PyTorch resident",
+        "torch-ckpt" => "PyTorch resident + checkpointing",
+        "torch-fsdp2" => "PyTorch FSDP2 CPU offload",
+        other => other,
+    };
+    format!("{name}{old}")
+}
+
+/// A ratio of two rows' tokens/s at one shape and tokens/step, with its target.
+#[derive(Debug, Serialize)]
+struct Ratio {
+    shape: String,
+    tokens_per_step: u64,
+    what: String,
+    value: f64,
+    target: Option<f64>,
+}
+
+fn ratios(rows: &[Row]) -> Vec<Ratio> {
+    const PAIRS: [(&str, &str, &str, Option<f64>); 6] = [
+        (
+            "pipelined",
+            "resident",
+            "offload ÷ resident burn",
+            Some(0.9),
+        ),
+        ("pipelined", "serial", "pipelined ÷ serialised", Some(1.3)),
+        (
+            "pipelined",
+            "torch-fsdp2",
+            "ours ÷ PyTorch FSDP2 offload",
+            Some(1.4),
+        ),
+        (
+            "pipelined",
+            "torch-ckpt",
+            "ours ÷ PyTorch checkpointed",
+            Some(0.9),
+        ),
+        (
+            "pipelined",
+            "pipelined-old",
+            "this build ÷ earlier build (pipelined)",
+            None,
+        ),
+        (
+            "resident",
+            "resident-old",
+            "this build ÷ earlier build (resident)",
+            None,
+        ),
+    ];
+    let tok = |shape: &str, tokens: u64, system: &str| {
+        rows.iter()
+            .find(|r| r.shape == shape && r.tokens_per_step == tokens && r.system == system)
+            .and_then(|r| r.tok_s)
+    };
+    let mut keys: Vec<(String, u64)> = rows
+        .iter()
+        .map(|r| (r.shape.clone(), r.tokens_per_step))
+        .collect();
+    keys.dedup();
+    let mut out = Vec::new();
+    for (shape, tokens) in keys {
+        for (a, b, what, target) in PAIRS {
+            if let (Some(x), Some(y)) = (tok(&shape, tokens, a), tok(&shape, tokens, b)) {
+                out.push(Ratio {
+                    shape: shape.clone(),
+                    tokens_per_step: tokens,
+                    what: what.into(),
+                    value: x / y,
+                    target,
+                });
+            }
+        }
+        // Resident burn keeps every activation and stops fitting as tokens
+        // per step grow; the offload row is then compared with resident
+        // burn's best, at the most tokens per step that fit.
+        if let (Some(x), None) = (
+            tok(&shape, tokens, "pipelined"),
+            tok(&shape, tokens, "resident"),
+        ) {
+            let fits = rows
+                .iter()
+                .filter(|r| {
+                    r.shape == shape && r.system == "resident" && r.tokens_per_step < tokens
+                })
+                .filter_map(|r| Some((r.tokens_per_step, r.tok_s?)))
+                .max_by_key(|(t, _)| *t);
+            if let Some((t, y)) = fits {
+                out.push(Ratio {
+                    shape: shape.clone(),
+                    tokens_per_step: tokens,
+                    what: format!(
+                        "offload ÷ resident burn at {t} tokens/step (the most that fits)"
+                    ),
+                    value: x / y,
+                    target: Some(0.9),
+                });
+            }
+        }
+    }
+    out
+}
+
+fn cell(x: Option<f64>, digits: usize) -> String {
+    x.map_or("—".into(), |x| format!("{x:.digits$}"))
+}
+
+fn markdown(rows: &[Row], ratios: &[Ratio], command: &str) -> String {
+    let mut md = String::from("# burn-offload vs resident burn and PyTorch on the GPU\n\n");
+    if !command.is_empty() {
+        md += &format!("Command: `{command}`\n\n");
+    }
+    md += "Tokens/s: median of the steps after the first two. Model TFLOPS: 6 · parameters · \
+           tokens/s. Hardware TFLOPS adds burn-offload's recompute (2 · block parameters · \
+           tokens per backward pass). GPU peak: whole process, polled with nvidia-smi. H2D/D2H: \
+           achieved rates of the engine's copies, timed on their streams.\n\n";
+    md += "| shape | tokens/step | system | tok/s | model TFLOPS | hw TFLOPS | GPU peak GiB | host peak GiB | H2D fwd GB/s | H2D bwd GB/s | D2H GB/s |\n";
+    md += "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+    for r in rows {
+        let tok = if r.ok {
+            cell(r.tok_s, 0)
+        } else {
+            r.note.clone().unwrap_or_default()
+        };
+        md += &format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            r.shape,
+            r.tokens_per_step,
+            label(&r.system),
+            tok,
+            cell(r.model_tflops, 1),
+            cell(r.hardware_tflops, 1),
+            cell(r.gpu_peak_gib, 1),
+            cell(r.host_peak_gib, 1),
+            cell(r.h2d_forward_gb_s, 1),
+            cell(r.h2d_backward_gb_s, 1),
+            cell(r.d2h_gb_s, 1),
+        );
+    }
+    let split_rows: Vec<&Row> = rows.iter().filter(|r| !r.split_s.is_empty()).collect();
+    if !split_rows.is_empty() {
+        md += "\n## Step split of the burn-offload rows (median seconds)\n\n";
+        md +=
+            "`backward` contains `backward_wait` (the device finishing a block), `download` and, \
+               in fused mode, the optimizer work that overlaps it.\n\n";
+        let keys = [
+            "forward",
+            "head",
+            "backward",
+            "backward_wait",
+            "download",
+            "optimizer",
+        ];
+        md += &format!("| shape | tokens/step | system | {} |\n", keys.join(" | "));
+        md += &format!("|---|---:|---|{}\n", "---:|".repeat(keys.len()));
+        for r in split_rows {
+            let cells: Vec<String> = keys
+                .iter()
+                .map(|k| cell(r.split_s.get(*k).copied(), 2))
+                .collect();
+            md += &format!(
+                "| {} | {} | {} | {} |\n",
+                r.shape,
+                r.tokens_per_step,
+                label(&r.system),
+                cells.join(" | ")
+            );
+        }
+    }
+    if !ratios.is_empty() {
+        md += "\n## Ratios (tokens/s, same run)\n\n| shape | tokens/step | ratio | value | target | met |\n|---|---:|---|---:|---:|---|\n";
+        for q in ratios {
+            let (target, met) = match q.target {
+                Some(t) => (format!("≥ {t}"), if q.value >= t { "yes" } else { "no" }),
+                None => ("—".into(), "—"),
+            };
+            md += &format!(
+                "| {} | {} | {} | {:.2} | {} | {} |\n",
+                q.shape, q.tokens_per_step, q.what, q.value, target, met
+            );
+        }
+    }
+    md
+}
+
+fn plot(rows: &[Row], path: &Path, font: &Path) -> Result<()> {
+    use plotters::prelude::*;
+    use plotters::style::text_anchor::{HPos, Pos, VPos};
+    use plotters::style::FontStyle;
+
+    let bytes = fs::read(font).with_context(|| {
+        format!(
+            "cannot read the plot font `{}` (pass --font with a TrueType file)",
+            font.display()
+        )
+    })?;
+    plotters::style::register_font(
+        "sans-serif",
+        FontStyle::Normal,
+        Box::leak(bytes.into_boxed_slice()),
+    )
+    .map_err(|_| anyhow::anyhow!("`{}` is not a usable TrueType font", font.display()))?;
+
+    let mut groups: Vec<(String, u64)> = rows
+        .iter()
+        .map(|r| (r.shape.clone(), r.tokens_per_step))
+        .collect();
+    groups.dedup();
+    let mut systems: Vec<String> = rows.iter().map(|r| r.system.clone()).collect();
+    systems.sort_by_key(|s| system_rank(s));
+    systems.dedup();
+    let max = rows.iter().filter_map(|r| r.tok_s).fold(0.0, f64::max) * 1.15;
+    if max <= 0.0 {
+        bail!("no row has a tokens/s figure to plot");
+    }
+
+    let root = BitMapBackend::new(path, (1400, 700)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (chart_area, legend_area) = root.split_horizontally(1000);
+    let n = groups.len() as f64;
+    let mut chart = ChartBuilder::on(&chart_area)
+        .caption(
+            "Training throughput (fp32, H100), tokens/s",
+            ("sans-serif", 26),
+        )
+        .margin(16)
+        .x_label_area_size(50)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0.0..n, 0.0..max)?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(0)
+        .y_label_formatter(&|y| format!("{y:.0}"))
+        .y_desc("tokens/s")
+        .label_style(("sans-serif", 16))
+        .draw()?;
+    let width = 0.8 / systems.len() as f64;
+    for (si, system) in systems.iter().enumerate() {
+        let color = Palette99::pick(si).filled();
+        let bars = groups
+            .iter()
+            .enumerate()
+            .filter_map(|(gi, (shape, tokens))| {
+                let r = rows.iter().find(|r| {
+                    &r.shape == shape && r.tokens_per_step == *tokens && &r.system == system
+                })?;
+                let x0 = gi as f64 + 0.1 + si as f64 * width;
+                Some(Rectangle::new(
+                    [(x0, 0.0), (x0 + width * 0.9, r.tok_s.unwrap_or(0.0))],
+                    color,
+                ))
+            });
+        chart.draw_series(bars)?;
+    }
+    // Each group's name above its bars (the x axis has no numeric meaning).
+    let top =
+        TextStyle::from(("sans-serif", 17).into_font()).pos(Pos::new(HPos::Center, VPos::Top));
+    chart.draw_series(groups.iter().enumerate().map(|(gi, (shape, tokens))| {
+        Text::new(
+            format!("{shape}, {}k tokens/step", tokens / 1024),
+            (gi as f64 + 0.5, max * 0.98),
+            top.clone(),
+        )
+    }))?;
+    for (si, system) in systems.iter().enumerate() {
+        let y = 80 + si as i32 * 34;
+        legend_area.draw(&Rectangle::new(
+            [(10, y), (34, y + 20)],
+            Palette99::pick(si).filled(),
+        ))?;
+        legend_area.draw(&Text::new(label(system), (44, y + 2), ("sans-serif", 17)))?;
+    }
+    legend_area.draw(&Text::new(
+        "missing bar: out of memory or not run",
+        (10, 80 + systems.len() as i32 * 34 + 10),
+        ("sans-serif", 15),
+    ))?;
+    root.present()?;
+    Ok(())
+}
+
+fn report(args: &ReportArgs) -> Result<()> {
+    let rows = read_rows(&args.results)?;
+    let ratios = ratios(&rows);
+    fs::create_dir_all(&args.out)
+        .with_context(|| format!("cannot create `{}`", args.out.display()))?;
+    let json = serde_json::json!({ "command": args.command, "rows": rows, "ratios": ratios });
+    fs::write(
+        args.out.join("bench.json"),
+        serde_json::to_string_pretty(&json)?,
+    )?;
+    fs::write(
+        args.out.join("bench.md"),
+        markdown(&rows, &ratios, &args.command),
+    )?;
+    plot(&rows, &args.out.join("bench.png"), &args.font)?;
+    println!(
+        "{} rows, {} ratios → {}/bench.{{json,md,png}}",
+        rows.len(),
+        ratios.len(),
+        args.out.display()
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn row_names_parse() {
+        assert_eq!(
+            parse_name("bench-085b-16k-torch-fsdp2"),
+            Some(("085b".into(), 16384, "torch-fsdp2".into()))
+        );
+        assert_eq!(
+            parse_name("bench-3b-4k-pipelined-old"),
+            Some(("3b".into(), 4096, "pipelined-old".into()))
+        );
+        assert_eq!(parse_name("bench-3b-four-pipelined"), None);
+        assert_eq!(parse_name("085b-16k-serial"), None);
+    }
+
+    #[test]
+    fn report_from_rows() {
+        let dir = std::env::temp_dir().join(format!("xtask-report-{}", std::process::id()));
+        let results = dir.join("results");
+        fs::create_dir_all(&results).unwrap();
+        let burn = |tok: f64| {
+            serde_json::json!({"tok_s_median": tok, "step_s_median": 16384.0 / tok, "gpu_peak_mib": 8192,
+                "host_peak_gib": 15.5, "h2d_forward_gb_s": 50.0,
+                "split_median_s": {"forward_s": 1.0, "backward_s": 3.0, "forward_h2d_copy_s": 0.1}})
+            .to_string()
+        };
+        fs::write(
+            results.join("bench-085b-16k-pipelined.summary.json"),
+            burn(4000.0),
+        )
+        .unwrap();
+        fs::write(
+            results.join("bench-085b-16k-serial.summary.json"),
+            burn(2000.0),
+        )
+        .unwrap();
+        fs::write(
+            results.join("bench-085b-16k-resident.summary.json"),
+            r#"{"steps": 0, "gpu_peak_mib": 80000}"#,
+        )
+        .unwrap();
+        fs::write(
+            results.join("bench-085b-16k-resident.tail"),
+            "CUDA_ERROR_OUT_OF_MEMORY\n",
+        )
+        .unwrap();
+        fs::write(
+            results.join("bench-085b-4k-resident.summary.json"),
+            burn(5000.0),
+        )
+        .unwrap();
+        fs::write(
+            results.join("bench-085b-4k-pipelined.summary.json"),
+            r#"{"steps": 0}"#,
+        )
+        .unwrap();
+        fs::write(
+            results.join("bench-085b-4k-pipelined.tail"),
+            "error: not enough GPU memory: needs 213 GiB\nCommand exited with non-zero status 1\n",
+        )
+        .unwrap();
+        fs::write(
+            results.join("bench-085b-16k-torch-fsdp2.torch.json"),
+            r#"{"ok": true, "tok_s_median": 3200.0, "model_tflops": 16.0}"#,
+        )
+        .unwrap();
+        fs::write(results.join("bench-085b-16k-torch-fsdp2.smi"), "16384\n").unwrap();
+        fs::write(results.join("bench-085b-16k-torch-ckpt.torch.json"), "").unwrap();
+        let rows = read_rows(&results).unwrap();
+        assert_eq!(rows.len(), 7);
+        assert_eq!(rows[0].system, "resident");
+        assert!(rows[0].ok);
+        assert_eq!(rows[1].system, "pipelined");
+        assert_eq!(
+            rows[1].note.as_deref(),
+            Some("error: not enough GPU memory: needs 213 GiB")
+        );
+        assert_eq!(rows[2].system, "resident");
+        assert!(!rows[2].ok);
+        assert_eq!(rows[2].note.as_deref(), Some("out of GPU memory"));
+        assert!(!rows.iter().find(|r| r.system == "torch-ckpt").unwrap().ok);
+        let fsdp = rows.iter().find(|r| r.system == "torch-fsdp2").unwrap();
+        assert_eq!(fsdp.gpu_peak_gib, Some(16.0));
+        let q = ratios(&rows);
+        let get = |what: &str| q.iter().find(|r| r.what == what).map(|r| r.value);
+        assert_eq!(get("pipelined ÷ serialised"), Some(2.0));
+        assert_eq!(get("ours ÷ PyTorch FSDP2 offload"), Some(1.25));
+        assert_eq!(get("offload ÷ resident burn"), None);
+        assert_eq!(
+            get("offload ÷ resident burn at 4096 tokens/step (the most that fits)"),
+            Some(0.8)
+        );
+        let md = markdown(&rows, &q, "cmd");
+        assert!(md.contains("| 085b | 16384 | burn resident (Autodiff) | out of GPU memory |"));
+        assert!(md.contains("| pipelined ÷ serialised | 2.00 | ≥ 1.3 | yes |"));
+        assert!(!md.contains("forward_h2d_copy"));
+        // The plot needs a font; CI machines may have none, so it is exercised
+        // only where the default one exists.
+        let font = PathBuf::from("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf");
+        if font.exists() {
+            plot(&rows, &dir.join("bench.png"), &font).unwrap();
+            assert!(fs::metadata(dir.join("bench.png")).unwrap().len() > 1000);
+        }
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}
