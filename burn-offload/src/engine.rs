@@ -183,8 +183,10 @@ impl StepSplit {
 
 /// Where a block's gradients go once they are on the host.
 enum Sink {
-    /// Add into the store's gradient buffer.
-    Accumulate,
+    /// Into the store's gradient buffer: written over for the first
+    /// micro-batch (every slot of every group arrives once per micro-batch,
+    /// so no zeroing pass is needed), added for the others.
+    Accumulate { first: bool },
     /// Only add their squared norm (first pass of fused + clipping).
     Norm(f64),
     /// Apply the update at once (fused), with the gradients scaled.
@@ -525,8 +527,8 @@ where
         })
     }
 
-    /// Zeroes the gradient buffer and accumulates the mean gradient of the
-    /// micro-batches into it; returns the mean loss. Non-fused mode only.
+    /// Writes the mean gradient of the micro-batches into the gradient buffer
+    /// (over its old contents); returns the mean loss. Non-fused mode only.
     pub fn accumulate_gradients(
         &mut self,
         micro_batches: &[MicroBatch<B>],
@@ -537,13 +539,11 @@ where
             ));
         }
         self.check_batches(micro_batches)?;
-        for group in &mut self.store.groups {
-            group.grads.as_mut().expect("gradient buffer").clear();
-        }
         let k = micro_batches.len() as f32;
         let mut loss = 0.0;
-        for (inputs, targets) in micro_batches {
-            loss += self.forward_backward(inputs, targets, 1.0 / k, &mut Sink::Accumulate)? / k;
+        for (i, (inputs, targets)) in micro_batches.iter().enumerate() {
+            let mut sink = Sink::Accumulate { first: i == 0 };
+            loss += self.forward_backward(inputs, targets, 1.0 / k, &mut sink)? / k;
         }
         Ok(loss)
     }
@@ -842,13 +842,13 @@ where
     fn sink_group_now(&mut self, g: usize, grads: &[f32], sink: &mut Sink) {
         let group = &mut self.store.groups[g];
         match sink {
-            Sink::Accumulate => {
+            Sink::Accumulate { first } => {
                 let buffer = group
                     .grads
                     .as_mut()
                     .expect("gradient buffer")
                     .as_mut_slice();
-                buffer.iter_mut().zip(grads).for_each(|(b, g)| *b += g);
+                crate::pager::write_into(buffer, grads, !*first);
             }
             Sink::Norm(sum) => *sum += sum_of_squares(grads),
             Sink::Update { step, lr, scale } => {

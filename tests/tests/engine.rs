@@ -298,6 +298,10 @@ fn gradient_accumulation_equals_one_large_batch() {
         .accumulate_gradients(&[(x.clone(), y.clone())])
         .unwrap();
     let mut small = Engine::new(model.clone(), engine_config(false), &device).unwrap();
+    // A first accumulation on other data: the next one must replace it, not
+    // add to it (the buffer is written over, not zeroed first).
+    let (x_other, y_other) = batch(2, 12, config.vocab_size, 7);
+    small.accumulate_gradients(&[(x_other, y_other)]).unwrap();
     let micro: Vec<Batch> = (0..3)
         .map(|i| (x.clone().narrow(0, 2 * i, 2), y.clone().narrow(0, 2 * i, 2)))
         .collect();
