@@ -37,6 +37,16 @@ pub struct PagerStats {
     pub download_copy_ns: u64,
 }
 
+impl PagerStats {
+    /// A device→host copy of `bytes` that took `copy_time` on its stream.
+    #[cfg(feature = "cuda")]
+    fn timed_download(&mut self, bytes: u64, copy_time: std::time::Duration) {
+        self.bytes_to_host += bytes;
+        self.download_timed_bytes += bytes;
+        self.download_copy_ns += copy_time.as_nanos() as u64;
+    }
+}
+
 /// A block-input checkpoint, on the device or in host memory.
 pub enum Stash<B: Backend> {
     Device(Tensor<B, 3>),
@@ -94,10 +104,8 @@ impl Pager {
             let mut values = vec![0.0; dims.iter().product()];
             match crate::cuda::try_read_into(x, &mut values, false) {
                 Ok(copy_time) => {
-                    let bytes = (values.len() * 4) as u64;
-                    self.stats.bytes_to_host += bytes;
-                    self.stats.download_timed_bytes += bytes;
-                    self.stats.download_copy_ns += copy_time.as_nanos() as u64;
+                    let bytes = std::mem::size_of_val(values.as_slice()) as u64;
+                    self.stats.timed_download(bytes, copy_time);
                     return Stash::Host(values, dims);
                 }
                 Err(x) => return Stash::Device(x),
@@ -269,14 +277,9 @@ impl Pager {
             grads,
             out,
             accumulate,
-            bytes: 0,
-            timed_bytes: 0,
-            copy_ns: 0,
+            stats: &mut self.stats,
         };
         module.visit(&mut visit);
-        self.stats.bytes_to_host += visit.bytes;
-        self.stats.download_timed_bytes += visit.timed_bytes;
-        self.stats.download_copy_ns += visit.copy_ns;
     }
 }
 
@@ -332,9 +335,7 @@ struct GradsOut<'a, B: AutodiffBackend> {
     grads: &'a B::Gradients,
     out: &'a mut [f32],
     accumulate: bool,
-    bytes: u64,
-    timed_bytes: u64,
-    copy_ns: u64,
+    stats: &'a mut PagerStats,
 }
 
 impl<B: AutodiffBackend> ModuleVisitor<B> for GradsOut<'_, B> {
@@ -351,17 +352,13 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for GradsOut<'_, B> {
             }
             return;
         };
-        let bytes = (slot.len * std::mem::size_of::<f32>()) as u64;
-        self.bytes += bytes;
+        let bytes = std::mem::size_of_val(out) as u64;
         #[cfg(feature = "cuda")]
         let grad = match crate::cuda::try_read_into(grad, out, self.accumulate) {
-            Ok(copy_time) => {
-                self.timed_bytes += bytes;
-                self.copy_ns += copy_time.as_nanos() as u64;
-                return;
-            }
+            Ok(copy_time) => return self.stats.timed_download(bytes, copy_time),
             Err(grad) => grad,
         };
+        self.stats.bytes_to_host += bytes;
         let data = grad.into_data().convert::<f32>();
         write_into(
             out,
