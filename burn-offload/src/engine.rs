@@ -13,7 +13,12 @@
 //!    gradients; the gradients go to the host at once and the graph is dropped.
 //! 4. **Embedding backward** from `dx_0`.
 //!
-//! Then the optimizer runs over the host slabs. In **fused** mode each block is
+//! Then the optimizer runs over the host slabs. By default (not fused, overlap
+//! on) the update is **deferred**: block i's update is applied just before the
+//! next step binds block i, so the CPU updates block i+2 while the device
+//! computes block i's forward (the update sits off the critical path instead of
+//! after the backward). Everything that reads the store settles what is still
+//! pending first. In **fused** mode each block is
 //! updated as soon as its gradient arrives and no gradient buffer exists (12
 //! host bytes/param instead of 16). Global-norm clipping needs the norm before
 //! the first update, so fused mode with clipping runs the backward twice: a
@@ -151,6 +156,8 @@ pub struct StepSplit {
     /// Copying gradients to the host and adding them up.
     pub download_s: f64,
     /// CPU optimizer (AdamW over the host slabs) and gradient accumulation.
+    /// In the default (deferred) mode this is mostly the previous step's
+    /// update, applied block by block inside this step's `forward_s`.
     pub optimizer_s: f64,
     /// Host→device copies of the forward (weights).
     pub forward_h2d_bytes: u64,
@@ -185,8 +192,13 @@ impl StepSplit {
 enum Sink {
     /// Into the store's gradient buffer: written over for the first
     /// micro-batch (every slot of every group arrives once per micro-batch,
-    /// so no zeroing pass is needed), added for the others.
-    Accumulate { first: bool },
+    /// so no zeroing pass is needed), added for the others. The `last`
+    /// micro-batch adds the squared norm of each finished group to `sum_sq`.
+    Accumulate {
+        first: bool,
+        last: bool,
+        sum_sq: f64,
+    },
     /// Only add their squared norm (first pass of fused + clipping).
     Norm(f64),
     /// Apply the update at once (fused), with the gradients scaled.
@@ -212,6 +224,19 @@ pub struct Engine<B: Backend, M: BlockModel<B>> {
     split: StepSplit,
     /// Host buffer for one block's gradients on their way to the optimizer.
     block_grads: Vec<f32>,
+    /// The last step's update, for the groups not yet updated (deferred mode).
+    pending: Option<PendingUpdate>,
+}
+
+/// An optimizer update decided at the end of a step (norm, clip scale, bias
+/// correction), applied group by group when each group is next needed.
+#[derive(Debug)]
+struct PendingUpdate {
+    step: u64,
+    lr: f64,
+    scale: f32,
+    /// Groups still holding their pre-update values.
+    todo: Vec<bool>,
 }
 
 impl<B, M> Engine<B, M>
@@ -321,26 +346,84 @@ where
             updates: 0,
             split: StepSplit::default(),
             block_grads: Vec::new(),
+            pending: None,
         })
     }
 
-    pub fn store(&self) -> &HostStore {
+    /// The parameters and optimizer state, with every update applied.
+    pub fn store(&mut self) -> &HostStore {
+        self.settle_all();
         &self.store
     }
 
-    /// Mutable access to the parameters and optimizer state (loaders, surgery).
+    /// Mutable access to the parameters and optimizer state (loaders,
+    /// surgery), with every update applied.
     pub fn store_mut(&mut self) -> &mut HostStore {
+        self.settle_all();
         &mut self.store
+    }
+
+    /// Number of parameters (no update needs to be settled to count them).
+    pub fn num_params(&self) -> usize {
+        self.store.num_params()
+    }
+
+    /// Parameter groups (stem, then blocks) whose last update is still deferred.
+    pub fn pending_groups(&self) -> usize {
+        self.pending
+            .as_ref()
+            .map_or(0, |p| p.todo.iter().filter(|&&t| t).count())
+    }
+
+    /// Applies every deferred update now.
+    pub fn settle_all(&mut self) {
+        for g in 0..self.store.groups.len() {
+            self.settle(g);
+        }
+    }
+
+    /// Applies the deferred update to group `g` if it has not been applied.
+    fn settle(&mut self, g: usize) {
+        let Some(pending) = self.pending.as_mut() else {
+            return;
+        };
+        if !std::mem::take(&mut pending.todo[g]) {
+            return;
+        }
+        let (step, lr, scale) = (pending.step, pending.lr, pending.scale);
+        if !pending.todo.contains(&true) {
+            self.pending = None;
+        }
+        let started = Instant::now();
+        self.update_group(g, step, lr, scale);
+        self.split.optimizer_s += started.elapsed().as_secs_f64();
+    }
+
+    /// AdamW on group `g` from its gradient buffer.
+    fn update_group(&mut self, g: usize, step: u64, lr: f64, scale: f32) {
+        let group = &mut self.store.groups[g];
+        let grads = group
+            .grads
+            .as_ref()
+            .expect("gradient buffer in non-fused mode");
+        let slices = UpdateSlices {
+            params: group.params.as_mut_slice(),
+            m: group.adam_m.as_mut_slice(),
+            v: group.adam_v.as_mut_slice(),
+            grads: grads.as_slice(),
+        };
+        self.config.optimizer.update(step, lr, scale, slices);
     }
 
     /// Writes a checkpoint (parameters, Adam state, update count and the
     /// trainer's `state`) into `dir`, atomically, keeping the newest `keep`.
     pub fn save_checkpoint(
-        &self,
+        &mut self,
         dir: &std::path::Path,
         state: serde_json::Value,
         keep: usize,
     ) -> Result<std::path::PathBuf, CheckpointError> {
+        self.settle_all();
         checkpoint::save(dir, &self.store, self.updates, state, keep)
     }
 
@@ -350,13 +433,17 @@ where
         &mut self,
         path: &std::path::Path,
     ) -> Result<checkpoint::Manifest, CheckpointError> {
+        // A failed load leaves the engine as it was, deferred update included.
         let manifest = checkpoint::load_into(path, &mut self.store)?;
+        // The loaded state is complete: the old step's update no longer applies.
+        self.pending = None;
         self.updates = manifest.updates;
         Ok(manifest)
     }
 
     /// Gives up the engine, keeping its store (parameters and optimizer state).
-    pub fn into_store(self) -> HostStore {
+    pub fn into_store(mut self) -> HostStore {
+        self.settle_all();
         self.store
     }
 
@@ -378,8 +465,9 @@ where
     }
 
     /// The current value of a parameter (by the id it had in the model given to [`Engine::new`]).
-    pub fn param(&self, id: &ParamId) -> Option<&[f32]> {
+    pub fn param(&mut self, id: &ParamId) -> Option<&[f32]> {
         let (g, k) = *self.slot_of.get(id)?;
+        self.settle(g);
         let slot = &self.store.groups[g].slots[k];
         Some(&self.store.groups[g].params.as_slice()[slot.offset..slot.offset + slot.len])
     }
@@ -392,8 +480,9 @@ where
     }
 
     /// Adam moments `(m, v)` of a parameter.
-    pub fn moments(&self, id: &ParamId) -> Option<(&[f32], &[f32])> {
+    pub fn moments(&mut self, id: &ParamId) -> Option<(&[f32], &[f32])> {
         let (g, k) = *self.slot_of.get(id)?;
+        self.settle(g);
         let (group, slot) = (&self.store.groups[g], &self.store.groups[g].slots[k]);
         let range = slot.offset..slot.offset + slot.len;
         Some((
@@ -404,7 +493,8 @@ where
 
     /// A complete, ordinary module with the store's current values (for
     /// evaluation, sampling or saving).
-    pub fn model(&self) -> M {
+    pub fn model(&mut self) -> M {
+        self.settle_all();
         let mut export = Export {
             store: &self.store,
             slot_of: &self.slot_of,
@@ -482,17 +572,7 @@ where
             });
         }
 
-        let loss = self.accumulate_gradients(micro_batches)?;
-        let sum = self
-            .store
-            .groups
-            .iter()
-            .map(|g| {
-                g.grads
-                    .as_ref()
-                    .map_or(0.0, |s| sum_of_squares(s.as_slice()))
-            })
-            .sum::<f64>();
+        let (loss, sum) = self.accumulate(micro_batches)?;
         if self.config.skip_non_finite && !(loss.is_finite() && sum.is_finite()) {
             return Ok(StepReport::skipped(loss, sum.sqrt(), tokens, self.split));
         }
@@ -501,22 +581,17 @@ where
             None => (sum.sqrt(), 1.0),
         };
         self.updates += 1;
-        let started = Instant::now();
-        let optimizer = self.config.optimizer;
-        for group in &mut self.store.groups {
-            let grads = group
-                .grads
-                .as_ref()
-                .expect("gradient buffer in non-fused mode");
-            let slices = UpdateSlices {
-                params: group.params.as_mut_slice(),
-                m: group.adam_m.as_mut_slice(),
-                v: group.adam_v.as_mut_slice(),
-                grads: grads.as_slice(),
-            };
-            optimizer.update(self.updates, lr, scale as f32, slices);
+        let todo = vec![true; self.store.groups.len()];
+        self.pending = Some(PendingUpdate {
+            step: self.updates,
+            lr,
+            scale: scale as f32,
+            todo,
+        });
+        if !self.config.overlap {
+            // The serialised baseline updates at once, after the backward.
+            self.settle_all();
         }
-        self.split.optimizer_s += started.elapsed().as_secs_f64();
         Ok(StepReport {
             loss,
             grad_norm: norm,
@@ -538,14 +613,30 @@ where
                 "fused mode keeps no gradient buffer".into(),
             ));
         }
+        Ok(self.accumulate(micro_batches)?.0)
+    }
+
+    /// [`Engine::accumulate_gradients`], also returning the squared norm of
+    /// the accumulated gradient: the last micro-batch measures each group as
+    /// it lands, while the device computes the next block, rather than in a
+    /// pass over the whole buffer after the backward.
+    fn accumulate(&mut self, micro_batches: &[MicroBatch<B>]) -> Result<(f32, f64), EngineError> {
         self.check_batches(micro_batches)?;
-        let k = micro_batches.len() as f32;
+        let k = micro_batches.len();
         let mut loss = 0.0;
+        let mut sum_sq = 0.0;
         for (i, (inputs, targets)) in micro_batches.iter().enumerate() {
-            let mut sink = Sink::Accumulate { first: i == 0 };
-            loss += self.forward_backward(inputs, targets, 1.0 / k, &mut sink)? / k;
+            let mut sink = Sink::Accumulate {
+                first: i == 0,
+                last: i + 1 == k,
+                sum_sq: 0.0,
+            };
+            loss += self.forward_backward(inputs, targets, 1.0 / k as f32, &mut sink)? / k as f32;
+            if let Sink::Accumulate { sum_sq: s, .. } = sink {
+                sum_sq = s;
+            }
         }
-        Ok(loss)
+        Ok((loss, sum_sq))
     }
 
     fn check_batches(&self, micro_batches: &[MicroBatch<B>]) -> Result<(), EngineError> {
@@ -576,6 +667,7 @@ where
 
     /// Binds block `i` (its weights paged in) for graph-free forward.
     fn bind_block(&mut self, blocks: &[M::Block], i: usize) -> M::Block {
+        self.settle(i + 1);
         let group = &self.store.groups[i + 1];
         let template = blocks[i].clone();
         self.pager
@@ -584,6 +676,7 @@ where
 
     /// Binds block `i` under `Autodiff`, its parameters requiring gradients.
     fn bind_block_ad(&mut self, blocks: &[M::Block], i: usize) -> BlockAd<B, M> {
+        self.settle(i + 1);
         let group = &self.store.groups[i + 1];
         let template = BlockAd::<B, M>::from_inner(blocks[i].clone());
         self.pager
@@ -595,6 +688,7 @@ where
     where
         X::Device: From<B::Device>,
     {
+        self.settle(0);
         let group = &self.store.groups[0];
         let device = X::Device::from(self.device.clone());
         self.pager
@@ -641,6 +735,10 @@ where
             now
         };
         self.mark("forward done");
+        // Every group was bound above, so no update is left; the backward
+        // writes over the gradients a deferred update would read.
+        debug_assert_eq!(self.pending_groups(), 0);
+        self.settle_all();
 
         // 2. Head + loss in chunks of positions, each chunk its own small graph.
         let phase = Instant::now();
@@ -796,6 +894,11 @@ where
                 checkpoints.push(self.pager.stash(x.clone()));
             }
             x = block.forward(x);
+            // The device computes block i and copies block i+1: the CPU
+            // applies block i+2's deferred update meanwhile.
+            if i + 2 < num_blocks {
+                self.settle(i + 3);
+            }
             drop(block);
             self.pager.evict(i + 1);
             if x.dims() != want {
@@ -842,13 +945,21 @@ where
     fn sink_group_now(&mut self, g: usize, grads: &[f32], sink: &mut Sink) {
         let group = &mut self.store.groups[g];
         match sink {
-            Sink::Accumulate { first } => {
+            Sink::Accumulate {
+                first,
+                last,
+                sum_sq,
+            } => {
                 let buffer = group
                     .grads
                     .as_mut()
                     .expect("gradient buffer")
                     .as_mut_slice();
-                crate::pager::write_into(buffer, grads, !*first);
+                if *last {
+                    *sum_sq += crate::pager::write_into_sum_sq(buffer, grads, !*first);
+                } else {
+                    crate::pager::write_into(buffer, grads, !*first);
+                }
             }
             Sink::Norm(sum) => *sum += sum_of_squares(grads),
             Sink::Update { step, lr, scale } => {

@@ -8,6 +8,8 @@
 
 use std::collections::HashSet;
 
+use rayon::prelude::*;
+
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData};
@@ -372,17 +374,39 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for GradsOut<'_, B> {
 /// a block's gradients are hundreds of megabytes, and on a GPU the device
 /// waits for the next block's work while this runs.
 pub(crate) fn write_into(out: &mut [f32], values: &[f32], accumulate: bool) {
-    use rayon::prelude::*;
+    let pairs = chunk_pairs(out, values);
+    if accumulate {
+        pairs.for_each(|(o, v)| o.iter_mut().zip(v).for_each(|(o, v)| *o += v));
+    } else {
+        pairs.for_each(|(o, v)| o.copy_from_slice(v));
+    }
+}
+
+/// [`write_into`], returning the sum of squares of what `out` holds after
+/// (in f64, as [`crate::optim::sum_of_squares`]) from the same pass.
+pub(crate) fn write_into_sum_sq(out: &mut [f32], values: &[f32], accumulate: bool) -> f64 {
+    chunk_pairs(out, values)
+        .map(|(o, v)| {
+            o.iter_mut()
+                .zip(v)
+                .map(|(o, v)| {
+                    *o = if accumulate { *o + v } else { *v };
+                    (*o as f64) * (*o as f64)
+                })
+                .sum::<f64>()
+        })
+        .sum()
+}
+
+fn chunk_pairs<'a>(
+    out: &'a mut [f32],
+    values: &'a [f32],
+) -> impl IndexedParallelIterator<Item = (&'a mut [f32], &'a [f32])> {
     const CHUNK: usize = 1 << 16;
     assert_eq!(
         out.len(),
         values.len(),
         "host range and values differ in length"
     );
-    let pairs = out.par_chunks_mut(CHUNK).zip(values.par_chunks(CHUNK));
-    if accumulate {
-        pairs.for_each(|(o, v)| o.iter_mut().zip(v).for_each(|(o, v)| *o += v));
-    } else {
-        pairs.for_each(|(o, v)| o.copy_from_slice(v));
-    }
+    out.par_chunks_mut(CHUNK).zip(values.par_chunks(CHUNK))
 }

@@ -227,12 +227,13 @@ fn check_training(fused: bool, clip: Option<f64>) {
     // Optimizer state: Adam's first and second moments, parameter by parameter.
     let mut moments = Moments {
         record: optim.to_record(),
-        engine: &engine,
+        engine: &mut engine,
         checked: 0,
     };
     model.visit(&mut moments);
+    let checked = moments.checked;
     assert_eq!(
-        moments.checked,
+        checked,
         engine
             .store()
             .groups
@@ -244,7 +245,7 @@ fn check_training(fused: bool, clip: Option<f64>) {
 
 struct Moments<'a> {
     record: <burn::optim::adaptor::OptimizerAdaptor<burn::optim::AdamW, models::Llama<AD>, AD> as Optimizer<models::Llama<AD>, AD>>::Record,
-    engine: &'a Engine<B, models::Llama<B>>,
+    engine: &'a mut Engine<B, models::Llama<B>>,
     checked: usize,
 }
 
@@ -564,7 +565,7 @@ fn a_non_finite_step_is_skipped_and_changes_nothing() {
             .unwrap()
             .clone();
         stem.params.as_mut_slice()[norm.offset] = f32::NAN;
-        let snapshot = |e: &Engine<B, models::Llama<B>>| {
+        let snapshot = |e: &mut Engine<B, models::Llama<B>>| {
             e.store()
                 .groups
                 .iter()
@@ -578,7 +579,7 @@ fn a_non_finite_step_is_skipped_and_changes_nothing() {
                 })
                 .collect::<Vec<_>>()
         };
-        let before = snapshot(&engine);
+        let before = snapshot(&mut engine);
         let report = engine
             .step(&[batch(2, 8, config.vocab_size, 2)], 1e-3)
             .unwrap();
@@ -591,7 +592,7 @@ fn a_non_finite_step_is_skipped_and_changes_nothing() {
             1,
             "fused={fused}: the skipped step counted as an update"
         );
-        let after = snapshot(&engine);
+        let after = snapshot(&mut engine);
         let same = before
             .iter()
             .zip(&after)
@@ -601,4 +602,78 @@ fn a_non_finite_step_is_skipped_and_changes_nothing() {
             "fused={fused}: a skipped step changed parameters or optimizer state"
         );
     }
+}
+
+/// By default each group's update waits until the next step binds the group
+/// (the CPU updates block i+2 while the device runs block i's forward). That
+/// must not change a bit: the serialised engine updates at once after the
+/// backward and is the reference. Reading one parameter between steps settles
+/// only its group; a checkpoint-free sample (`last_logits`) settles the rest.
+#[test]
+fn deferred_updates_equal_immediate_ones_bit_for_bit() {
+    let device = Default::default();
+    let config = LlamaConfig::tiny();
+    let model = config.init::<AD>(&device);
+    let one_block_param = *values::<AD, _>(&model.blocks()[1], None)
+        .keys()
+        .next()
+        .unwrap();
+    let mut cfg = engine_config(false);
+    cfg.grad_clip = Some(0.5);
+    let model = model.valid();
+    let mut deferred = Engine::new(model.clone(), cfg.clone(), &device).unwrap();
+    cfg.overlap = false;
+    let mut immediate = Engine::new(model, cfg, &device).unwrap();
+    let groups = config.n_layer + 1;
+    for step in 0..4u64 {
+        let data = [batch(2, 8, config.vocab_size, 40 + step)];
+        let a = deferred.step(&data, 1e-2).unwrap();
+        let b = immediate.step(&data, 1e-2).unwrap();
+        assert_eq!(a.loss.to_bits(), b.loss.to_bits(), "step {step}");
+        assert_eq!(a.grad_norm.to_bits(), b.grad_norm.to_bits(), "step {step}");
+        assert_eq!(deferred.pending_groups(), groups, "step {step}");
+        assert_eq!(immediate.pending_groups(), 0, "step {step}");
+        if step == 1 {
+            let got = deferred.param(&one_block_param).unwrap().to_vec();
+            assert_eq!(deferred.pending_groups(), groups - 1);
+            assert_eq!(got, immediate.param(&one_block_param).unwrap());
+        }
+    }
+    let probe = batch(1, 4, config.vocab_size, 99).0;
+    deferred.last_logits(&probe).unwrap();
+    assert_eq!(
+        deferred.pending_groups(),
+        0,
+        "the forward settles every group"
+    );
+    let (a, b) = (deferred.into_store(), immediate.into_store());
+    for (g, (a, b)) in a.groups.iter().zip(&b.groups).enumerate() {
+        assert!(
+            a.params.as_slice() == b.params.as_slice(),
+            "group {g} params"
+        );
+        assert!(a.adam_m.as_slice() == b.adam_m.as_slice(), "group {g} m");
+        assert!(a.adam_v.as_slice() == b.adam_v.as_slice(), "group {g} v");
+    }
+}
+
+/// Whatever reads the store whole (export, checkpoint, `store()`) sees every
+/// deferred update applied.
+#[test]
+fn readers_of_the_store_settle_deferred_updates() {
+    let device = Default::default();
+    let config = LlamaConfig::tiny();
+    let model = config.init::<AD>(&device).valid();
+    let mut engine = Engine::new(model, engine_config(false), &device).unwrap();
+    let before = engine.store().groups[2].params.as_slice().to_vec();
+    engine
+        .step(&[batch(2, 8, config.vocab_size, 5)], 1e-2)
+        .unwrap();
+    assert!(engine.pending_groups() > 0);
+    let dir = tempfile::tempdir().unwrap();
+    engine
+        .save_checkpoint(dir.path(), serde_json::Value::Null, 1)
+        .unwrap();
+    assert_eq!(engine.pending_groups(), 0);
+    assert_ne!(engine.store().groups[2].params.as_slice(), &before[..]);
 }

@@ -431,7 +431,8 @@ fn markdown(rows: &[Row], ratios: &[Ratio], command: &str) -> String {
         md += "\n## Step split of the burn-offload rows (median seconds)\n\n";
         md +=
             "`backward` contains `backward_wait` (the device finishing a block), `download` and, \
-               in fused mode, the optimizer work that overlaps it.\n\n";
+               in fused mode, the optimizer work that overlaps it. In the default pipelined mode \
+               `optimizer` is the previous step's deferred update, run inside `forward`.\n\n";
         let keys = [
             "forward",
             "head",
