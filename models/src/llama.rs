@@ -225,11 +225,21 @@ pub fn rope_tables<B: Backend>(
 
 /// Rotates `x [batch, heads, seq, head_dim]`: `x·cos + rotate_half(x)·sin`, where
 /// `rotate_half([a, b]) = [-b, a]` over the two halves of the head dimension.
+/// The tables (f32) are cast to `x`'s dtype, so a block computing in bf16 stays in it.
 pub fn apply_rope<B: Backend>(
     x: Tensor<B, 4>,
     cos: &Tensor<B, 2>,
     sin: &Tensor<B, 2>,
 ) -> Tensor<B, 4> {
+    let dtype = x.dtype();
+    let table = |t: &Tensor<B, 2>| {
+        if t.dtype() == dtype {
+            t.clone()
+        } else {
+            t.clone().cast(dtype)
+        }
+    };
+    let (cos, sin) = (&table(cos), &table(sin));
     let head_dim = x.dims()[3];
     let half = head_dim / 2;
     let first = x.clone().narrow(3, 0, half);
