@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use burn::backend::Autodiff;
 use burn::tensor::backend::Backend;
-use burn::tensor::{DType, Shape, Tensor, TensorPrimitive};
+use burn::tensor::{bf16, DType, Shape, Tensor, TensorPrimitive};
 use burn_cubecl::cubecl::cuda::{CudaDevice, CudaRuntime};
 use burn_cubecl::cubecl::Runtime;
 use burn_cubecl::tensor::CubeTensor;
@@ -66,7 +66,8 @@ struct Copier {
     pending_bytes: u64,
     up_start: CUevent,
     up_end: CUevent,
-    staging: *mut f32,
+    /// Page-locked bytes for downloads (f32 or bf16 elements).
+    staging: *mut u8,
     staging_len: usize,
 }
 
@@ -118,26 +119,23 @@ impl Copier {
             .unwrap_or_else(|e| panic!("cannot bind the CUDA context: {e}"));
     }
 
-    /// A page-locked buffer of at least `len` floats.
-    fn staging(&mut self, len: usize) -> &mut [f32] {
-        if self.staging_len < len {
+    /// A page-locked buffer of at least `bytes` bytes (page-aligned, so any
+    /// element type may be read from it).
+    fn staging(&mut self, bytes: usize) -> *mut u8 {
+        if self.staging_len < bytes {
             // SAFETY: frees what cuMemAllocHost returned (or null), then
-            // allocates `len` floats; the context is current.
+            // allocates `bytes`; the context is current.
             unsafe {
                 if !self.staging.is_null() {
                     check(sys::cuMemFreeHost(self.staging.cast()), "cuMemFreeHost");
                 }
                 let mut p: *mut c_void = std::ptr::null_mut();
-                check(
-                    sys::cuMemAllocHost_v2(&mut p, len * std::mem::size_of::<f32>()),
-                    "cuMemAllocHost",
-                );
+                check(sys::cuMemAllocHost_v2(&mut p, bytes), "cuMemAllocHost");
                 self.staging = p.cast();
             }
-            self.staging_len = len;
+            self.staging_len = bytes;
         }
-        // SAFETY: `staging` holds `staging_len >= len` floats owned by us.
-        unsafe { std::slice::from_raw_parts_mut(self.staging, len) }
+        self.staging
     }
 }
 
@@ -161,12 +159,17 @@ fn block_on_sync(device: &CudaDevice) {
         .unwrap_or_else(|e| panic!("CUDA stream sync failed: {e:?}"));
 }
 
-/// Starts copying `values` into a fresh device buffer on the upload stream.
-/// The buffer must not be read before [`wait_uploads`].
-fn upload_cube(values: &[f32], shape: &[usize], device: &CudaDevice) -> CubeTensor<CudaRuntime> {
+/// Starts copying `bytes` (elements of `dtype`) into a fresh device buffer
+/// on the upload stream. The buffer must not be read before [`wait_uploads`].
+fn upload_cube(
+    bytes: &[u8],
+    dtype: DType,
+    shape: &[usize],
+    device: &CudaDevice,
+) -> CubeTensor<CudaRuntime> {
     let client = CudaRuntime::client(device);
-    let bytes = std::mem::size_of_val(values);
-    let handle = client.empty(bytes);
+    let len = bytes.len();
+    let handle = client.empty(len);
     // Earlier kernels may still read the memory the pool just handed out.
     block_on_sync(device);
     let ptr = client
@@ -175,10 +178,13 @@ fn upload_cube(values: &[f32], shape: &[usize], device: &CudaDevice) -> CubeTens
         .resource()
         .ptr;
     with_copier(device, |copier| {
-        // SAFETY: `ptr` is a live device allocation of `bytes` bytes (the
-        // handle is held by the tensor we return); `values` is a host slice of
-        // the same size that the store keeps alive and unchanged until the
-        // engine's next `wait_uploads` (the optimizer runs only after it).
+        // SAFETY: `ptr` is a live device allocation of `len` bytes (the
+        // handle is held by the tensor we return); `bytes` is a host slice of
+        // the same size that its owner keeps alive and unchanged until the
+        // engine's next `wait_uploads`: parameter slabs and their bf16
+        // copies are only written for groups that are not in flight (a
+        // group's deferred update runs before its bind), and the pager
+        // keeps checkpoint sources until then.
         unsafe {
             if !copier.uploads_pending {
                 check(
@@ -187,7 +193,7 @@ fn upload_cube(values: &[f32], shape: &[usize], device: &CudaDevice) -> CubeTens
                 );
             }
             check(
-                sys::cuMemcpyHtoDAsync_v2(ptr, values.as_ptr().cast(), bytes, copier.up),
+                sys::cuMemcpyHtoDAsync_v2(ptr, bytes.as_ptr().cast(), len, copier.up),
                 "cuMemcpyHtoDAsync",
             );
             // Re-recorded after every copy: the span ends with the last copy,
@@ -199,29 +205,30 @@ fn upload_cube(values: &[f32], shape: &[usize], device: &CudaDevice) -> CubeTens
             );
         }
         copier.uploads_pending = true;
-        copier.pending_bytes += bytes as u64;
+        copier.pending_bytes += len as u64;
     });
     CubeTensor::new_contiguous(
         client,
         device.clone(),
         Shape::from(shape.to_vec()),
         handle,
-        DType::F32,
+        dtype,
     )
 }
 
-/// A tensor of backend `X` whose upload from `values` has been started, when
-/// `X` is the CUDA backend or `Autodiff` over it; `None` for every other
-/// backend (the caller falls back to `from_data`).
+/// A tensor of backend `X` whose upload from `bytes` (elements of `dtype`)
+/// has been started, when `X` is the CUDA backend or `Autodiff` over it;
+/// `None` for every other backend (the caller falls back to `from_data`).
 pub(crate) fn try_upload<X: Backend, const D: usize>(
-    values: &[f32],
+    bytes: &[u8],
+    dtype: DType,
     shape: &[usize],
     device: &X::Device,
 ) -> Option<Tensor<X, D>> {
     let device = (device as &dyn Any).downcast_ref::<CudaDevice>()?;
     let inner = || {
         Tensor::<CudaBackend, D>::from_primitive(TensorPrimitive::Float(upload_cube(
-            values, shape, device,
+            bytes, dtype, shape, device,
         )))
     };
     let x = TypeId::of::<X>();
@@ -308,16 +315,57 @@ pub(crate) fn sync_backend<X: Backend>(device: &X::Device) {
     }
 }
 
-/// Copies (or, with `accumulate`, adds) the f32 tensor `tensor` into `out`
-/// (same length) through the page-locked staging buffer, and returns how long
-/// the device→host copy took (after the kernels that produce the tensor); gives
-/// `tensor` back when it is not an f32 tensor of the CUDA backend.
+/// A device→host copy: its bytes and how long it took on the copy stream.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Download {
+    pub bytes: u64,
+    pub time: Duration,
+}
+
+/// Copies (or, with `accumulate`, adds) the f32 or bf16 tensor `tensor` into
+/// `out` (same length, f32); a bf16 tensor crosses the bus in bf16 and is
+/// widened on the host. Gives `tensor` back when it is not a tensor of the
+/// CUDA backend in one of those dtypes.
 pub(crate) fn try_read_into<X: Backend, const D: usize>(
     tensor: Tensor<X, D>,
     out: &mut [f32],
     accumulate: bool,
-) -> Result<Duration, Tensor<X, D>> {
-    if TypeId::of::<X>() != TypeId::of::<CudaBackend>() || tensor.dtype() != DType::F32 {
+) -> Result<Download, Tensor<X, D>> {
+    read_with(tensor, |bytes, dtype| {
+        if dtype == DType::BF16 {
+            let values: &[bf16] = bytemuck::cast_slice(bytes);
+            crate::pager::widen_into(out, values, accumulate);
+        } else {
+            let values: &[f32] = bytemuck::cast_slice(bytes);
+            crate::pager::write_into(out, values, accumulate);
+        }
+    })
+    .map(|((), copy)| copy)
+}
+
+/// The f32 or bf16 tensor's bytes on the host (a checkpoint kept in its
+/// compute dtype), or the tensor back as [`try_read_into`].
+pub(crate) fn try_read_bytes<X: Backend, const D: usize>(
+    tensor: Tensor<X, D>,
+) -> Result<(Vec<u8>, Download), Tensor<X, D>> {
+    read_with(tensor, |bytes, _| {
+        let mut out = vec![0u8; bytes.len()];
+        crate::pager::copy_bytes(&mut out, bytes);
+        out
+    })
+}
+
+/// Downloads an f32 or bf16 tensor of the CUDA backend into the page-locked
+/// staging buffer, after the kernels that produce it, and hands its bytes to
+/// `consume`.
+fn read_with<X: Backend, const D: usize, R>(
+    tensor: Tensor<X, D>,
+    consume: impl FnOnce(&[u8], DType) -> R,
+) -> Result<(R, Download), Tensor<X, D>> {
+    let dtype = tensor.dtype();
+    if TypeId::of::<X>() != TypeId::of::<CudaBackend>()
+        || !matches!(dtype, DType::F32 | DType::BF16)
+    {
         return Err(tensor);
     }
     let boxed: Box<dyn Any> = Box::new(tensor);
@@ -325,8 +373,7 @@ pub(crate) fn try_read_into<X: Backend, const D: usize>(
         .downcast::<Tensor<CudaBackend, D>>()
         .expect("checked type");
     let cube = burn_cubecl::kernel::into_contiguous(tensor.into_primitive().tensor());
-    let len = cube.meta.shape().num_elements();
-    assert_eq!(len, out.len(), "tensor and host slot sizes differ");
+    let bytes = cube.meta.shape().num_elements() * dtype.size();
     let device = cube.device.clone();
     // The kernels that produce the tensor must have finished before the copy reads it.
     block_on_sync(&device);
@@ -336,36 +383,39 @@ pub(crate) fn try_read_into<X: Backend, const D: usize>(
         .unwrap_or_else(|e| panic!("no device pointer for a tensor: {e:?}"))
         .resource()
         .ptr;
-    let copy_time = with_copier(&device, |copier| {
+    let (out, time) = with_copier(&device, |copier| {
         let down = copier.down;
-        let staging = copier.staging(len);
+        let staging = copier.staging(bytes);
         let started = Instant::now();
-        // SAFETY: `ptr` addresses `len` contiguous f32 on the device (held by
-        // `cube`); `staging` is a page-locked buffer of `len` floats.
+        // SAFETY: `ptr` addresses `bytes` contiguous bytes on the device (held
+        // by `cube`); `staging` is a page-locked buffer of at least `bytes`.
         unsafe {
             check(
-                sys::cuMemcpyDtoHAsync_v2(
-                    staging.as_mut_ptr().cast(),
-                    ptr,
-                    len * std::mem::size_of::<f32>(),
-                    down,
-                ),
+                sys::cuMemcpyDtoHAsync_v2(staging.cast(), ptr, bytes, down),
                 "cuMemcpyDtoHAsync",
             );
             check(sys::cuStreamSynchronize(down), "cuStreamSynchronize");
         }
-        let copy_time = started.elapsed();
-        crate::pager::write_into(out, staging, accumulate);
-        copy_time
+        let time = started.elapsed();
+        // SAFETY: the copy above filled `bytes` bytes at the page-aligned
+        // `staging`, which nothing else touches until we return.
+        let filled = unsafe { std::slice::from_raw_parts(staging.cast_const(), bytes) };
+        (consume(filled, dtype), time)
     });
     drop(cube);
-    Ok(copy_time)
+    Ok((
+        out,
+        Download {
+            bytes: bytes as u64,
+            time,
+        },
+    ))
 }
 
 /// Page-locks a host range for the lifetime of the guard, so copies from it
 /// run at DMA speed. `None` when `X` is not CUDA or the driver refuses (the
 /// copies then still work, pageable and slower).
-pub(crate) fn pin<X: Backend>(device: &X::Device, data: &[f32]) -> Option<Pinned> {
+pub(crate) fn pin<X: Backend>(device: &X::Device, data: &[u8]) -> Option<Pinned> {
     let device = (device as &dyn Any).downcast_ref::<CudaDevice>()?;
     if !is_cuda::<X>() || data.is_empty() {
         return None;

@@ -32,11 +32,12 @@ use burn::backend::Autodiff;
 use burn::module::{AutodiffModule, HasAutodiffModule, Module, ModuleMapper, Param, ParamId};
 use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
+use burn::tensor::{DType, ElementConversion, Int, Tensor, TensorData};
 
 use crate::checkpoint::{self, CheckpointError};
 use crate::optim::{check_lr, sum_of_squares, OptimizerConfig, OptimizerError, UpdateSlices};
 use crate::pager::{Pager, PagerStats, Stash, ToPlaceholders};
+use crate::precision::{cast_to, Bf16Weights, Compute};
 use crate::store::{Collect, HostStore, StoreError, StoreLayout};
 use crate::trace;
 use crate::{BlockModel, DecoderBlock};
@@ -70,6 +71,8 @@ pub struct EngineConfig {
     /// Keep block-input checkpoints in host memory on GPU backends, so device
     /// memory stays flat in depth (each costs one small copy each way).
     pub host_checkpoints: bool,
+    /// The precision the device computes in; the host state stays f32.
+    pub compute: Compute,
 }
 
 impl Default for EngineConfig {
@@ -82,6 +85,7 @@ impl Default for EngineConfig {
             skip_non_finite: true,
             overlap: true,
             host_checkpoints: true,
+            compute: Compute::Fp32,
         }
     }
 }
@@ -216,6 +220,8 @@ pub struct Engine<B: Backend, M: BlockModel<B>> {
     /// Declared before `store`: it unlocks page-locked slabs before they are freed.
     pager: Pager,
     store: HostStore,
+    /// bf16 copies of the parameters, the weights uploaded in bf16 mode.
+    bf16: Option<Bf16Weights>,
     config: EngineConfig,
     device: B::Device,
     /// Optimizer updates applied so far.
@@ -330,8 +336,18 @@ where
         let template = model.map(&mut ToPlaceholders);
         // Uploads read the parameter slabs; page-locked, they run at DMA speed.
         let mut pager = Pager::new(!config.overlap, config.host_checkpoints);
-        for group in &store.groups {
-            pager.pin::<B>(group.params.as_slice(), device);
+        let bf16 = (config.compute == Compute::Bf16).then(|| Bf16Weights::new(&store));
+        match &bf16 {
+            Some(copies) => {
+                for slab in copies.slabs() {
+                    pager.pin::<B>(slab, device);
+                }
+            }
+            None => {
+                for group in &store.groups {
+                    pager.pin::<B>(bytemuck::cast_slice(group.params.as_slice()), device);
+                }
+            }
         }
         // The model's weights were drawn on the device; only placeholders remain.
         pager.release_free_memory::<B>(device);
@@ -341,6 +357,7 @@ where
             slot_of,
             pager,
             store,
+            bf16,
             config,
             device: device.clone(),
             updates: 0,
@@ -360,6 +377,9 @@ where
     /// surgery), with every update applied.
     pub fn store_mut(&mut self) -> &mut HostStore {
         self.settle_all();
+        if let Some(copies) = &mut self.bf16 {
+            copies.mark_all_stale();
+        }
         &mut self.store
     }
 
@@ -413,6 +433,16 @@ where
             grads: grads.as_slice(),
         };
         self.config.optimizer.update(step, lr, scale, slices);
+        if let Some(copies) = &mut self.bf16 {
+            copies.refresh(g, group.params.as_slice());
+        }
+    }
+
+    /// Brings group `g`'s bf16 weights up to date (bf16 mode) before a bind.
+    fn refresh_bf16(&mut self, g: usize) {
+        if let Some(copies) = self.bf16.as_mut().filter(|c| c.is_stale(g)) {
+            copies.refresh(g, self.store.groups[g].params.as_slice());
+        }
     }
 
     /// Writes a checkpoint (parameters, Adam state, update count and the
@@ -437,6 +467,9 @@ where
         let manifest = checkpoint::load_into(path, &mut self.store)?;
         // The loaded state is complete: the old step's update no longer applies.
         self.pending = None;
+        if let Some(copies) = &mut self.bf16 {
+            copies.mark_all_stale();
+        }
         self.updates = manifest.updates;
         Ok(manifest)
     }
@@ -668,19 +701,37 @@ where
     /// Binds block `i` (its weights paged in) for graph-free forward.
     fn bind_block(&mut self, blocks: &[M::Block], i: usize) -> M::Block {
         self.settle(i + 1);
+        self.refresh_bf16(i + 1);
         let group = &self.store.groups[i + 1];
+        let bf16 = self.bf16.as_ref().map(|c| c.values(i + 1));
         let template = blocks[i].clone();
-        self.pager
-            .bind(template, i + 1, group, &HashSet::new(), false, &self.device)
+        self.pager.bind(
+            template,
+            i + 1,
+            group,
+            bf16,
+            &HashSet::new(),
+            false,
+            &self.device,
+        )
     }
 
     /// Binds block `i` under `Autodiff`, its parameters requiring gradients.
     fn bind_block_ad(&mut self, blocks: &[M::Block], i: usize) -> BlockAd<B, M> {
         self.settle(i + 1);
+        self.refresh_bf16(i + 1);
         let group = &self.store.groups[i + 1];
+        let bf16 = self.bf16.as_ref().map(|c| c.values(i + 1));
         let template = BlockAd::<B, M>::from_inner(blocks[i].clone());
-        self.pager
-            .bind(template, i + 1, group, &HashSet::new(), true, &self.device)
+        self.pager.bind(
+            template,
+            i + 1,
+            group,
+            bf16,
+            &HashSet::new(),
+            true,
+            &self.device,
+        )
     }
 
     /// Binds the stem (embeddings, final norm, head) into the whole template.
@@ -689,10 +740,19 @@ where
         X::Device: From<B::Device>,
     {
         self.settle(0);
+        self.refresh_bf16(0);
         let group = &self.store.groups[0];
+        let bf16 = self.bf16.as_ref().map(|c| c.values(0));
         let device = X::Device::from(self.device.clone());
-        self.pager
-            .bind(template, 0, group, &self.block_ids, require_grad, &device)
+        self.pager.bind(
+            template,
+            0,
+            group,
+            bf16,
+            &self.block_ids,
+            require_grad,
+            &device,
+        )
     }
 
     /// Adds the stem's parameter gradients (head or embedding) into `out`.
@@ -933,7 +993,7 @@ where
         drop(stem);
         self.pager.evict(0);
         let vocab = logits.dims()[2];
-        Ok(logits.reshape([batch, vocab]))
+        Ok(cast_to(logits, DType::F32).reshape([batch, vocab]))
     }
 
     fn sink_group(&mut self, g: usize, grads: &[f32], sink: &mut Sink) {
@@ -970,6 +1030,9 @@ where
                     grads,
                 };
                 self.config.optimizer.update(*step, *lr, *scale, slices);
+                if let Some(copies) = &mut self.bf16 {
+                    copies.refresh(g, group.params.as_slice());
+                }
             }
         }
     }
@@ -981,9 +1044,11 @@ pub fn clip_scale(norm: f64, clip: f64) -> (f64, f64) {
     (norm, scale)
 }
 
-/// Sum over positions of `-log p(target)`.
+/// Sum over positions of `-log p(target)`, in f32 whatever the logits' dtype
+/// (the log-sum-exp over the vocabulary needs more than bf16's 8 bits).
 fn nll_sum<B: Backend>(logits: Tensor<B, 3>, targets: Tensor<B, 2, Int>) -> Tensor<B, 1> {
     let [batch, seq, vocab] = logits.dims();
+    let logits = cast_to(logits, DType::F32);
     let log_probs = log_softmax(logits.reshape([batch * seq, vocab]), 1);
     log_probs
         .gather(1, targets.reshape([batch * seq, 1]))

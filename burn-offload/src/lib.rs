@@ -15,6 +15,7 @@ pub mod engine;
 pub mod model;
 pub mod optim;
 pub mod pager;
+pub mod precision;
 pub mod store;
 pub mod trace;
 
@@ -22,4 +23,5 @@ pub use backend::{HostParams, Offload, OffloadTensor, ParkParams};
 pub use engine::{Engine, EngineConfig, EngineError, MicroBatch, StepReport, StepSplit};
 pub use model::{BlockModel, DecoderBlock};
 pub use optim::{AdamWConfig, OptimizerConfig, SgdConfig};
+pub use precision::Compute;
 pub use store::{HostStore, StoreError};

@@ -12,7 +12,7 @@ use rayon::prelude::*;
 
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::{bf16, DType, Tensor, TensorData};
 
 use crate::store::ParamGroup;
 
@@ -49,10 +49,11 @@ impl PagerStats {
     }
 }
 
-/// A block-input checkpoint, on the device or in host memory.
+/// A block-input checkpoint, on the device or in host memory (its bytes, in
+/// the dtype the device computed it in).
 pub enum Stash<B: Backend> {
     Device(Tensor<B, 3>),
-    Host(Vec<f32>, [usize; 3]),
+    Host(Vec<u8>, [usize; 3], DType),
 }
 
 /// Residency and traffic of parameter groups.
@@ -65,7 +66,7 @@ pub struct Pager {
     /// Keep block-input checkpoints in host memory (GPU backends).
     host_checkpoints: bool,
     /// Host sources of uploads still in flight (freed by `ready`).
-    in_flight: Vec<Vec<f32>>,
+    in_flight: Vec<Vec<u8>>,
     /// Page-locked host slabs (CUDA); unlocked when the pager drops.
     #[cfg(feature = "cuda")]
     pinned: Vec<crate::cuda::Pinned>,
@@ -102,13 +103,11 @@ impl Pager {
     pub fn stash<B: Backend>(&mut self, x: Tensor<B, 3>) -> Stash<B> {
         #[cfg(feature = "cuda")]
         if self.host_checkpoints {
-            let dims = x.dims();
-            let mut values = vec![0.0; dims.iter().product()];
-            match crate::cuda::try_read_into(x, &mut values, false) {
-                Ok(copy_time) => {
-                    let bytes = std::mem::size_of_val(values.as_slice()) as u64;
-                    self.stats.timed_download(bytes, copy_time);
-                    return Stash::Host(values, dims);
+            let (dims, dtype) = (x.dims(), x.dtype());
+            match crate::cuda::try_read_bytes(x) {
+                Ok((bytes, copy)) => {
+                    self.stats.timed_download(copy.bytes, copy.time);
+                    return Stash::Host(bytes, dims, dtype);
                 }
                 Err(x) => return Stash::Device(x),
             }
@@ -121,22 +120,23 @@ impl Pager {
     pub fn unstash<B: Backend>(&mut self, stash: Stash<B>, device: &B::Device) -> Tensor<B, 3> {
         match stash {
             Stash::Device(x) => x,
-            Stash::Host(values, dims) => {
-                self.stats.bytes_to_device += (values.len() * 4) as u64;
+            Stash::Host(bytes, dims, dtype) => {
+                self.stats.bytes_to_device += bytes.len() as u64;
                 #[cfg(feature = "cuda")]
-                if let Some(x) = crate::cuda::try_upload::<B, 3>(&values, &dims, device) {
-                    // The copy reads `values` until `ready`.
-                    self.in_flight.push(values);
+                if let Some(x) = crate::cuda::try_upload::<B, 3>(&bytes, dtype, &dims, device) {
+                    // The copy reads `bytes` until `ready`.
+                    self.in_flight.push(bytes);
                     return x;
                 }
-                Tensor::from_data(TensorData::new(values, dims), device)
+                let data = TensorData::from_bytes_vec(bytes, dims, dtype);
+                Tensor::from_data(data, (device, dtype))
             }
         }
     }
 
-    /// Page-locks `data` (a parameter slab) so uploads from it run at DMA
-    /// speed; a no-op off CUDA. Returns whether it is now page-locked.
-    pub fn pin<B: Backend>(&mut self, data: &[f32], device: &B::Device) -> bool {
+    /// Page-locks `data` (a parameter slab or its bf16 copy) so uploads from
+    /// it run at DMA speed; a no-op off CUDA. Returns whether it is now page-locked.
+    pub fn pin<B: Backend>(&mut self, data: &[u8], device: &B::Device) -> bool {
         #[cfg(feature = "cuda")]
         if let Some(pinned) = crate::cuda::pin::<B>(device, data) {
             self.pinned.push(pinned);
@@ -210,20 +210,24 @@ impl Pager {
     }
 
     /// Binds `group` into `template` (on any backend: the inner one for
-    /// graph-free forward, `Autodiff<_>` with `require_grad` for recompute).
-    /// `skip` lists parameters that belong to other groups (the blocks, when
-    /// binding the stem into the whole model).
+    /// graph-free forward, `Autodiff<_>` with `require_grad` for recompute),
+    /// from its f32 parameters, or from `bf16`, their compute-precision copy
+    /// (same layout), when given. `skip` lists parameters that belong to other
+    /// groups (the blocks, when binding the stem into the whole model).
+    #[allow(clippy::too_many_arguments)]
     pub fn bind<B: Backend, M: Module<B>>(
         &mut self,
         template: M,
         group_index: usize,
         group: &ParamGroup,
+        bf16: Option<&[bf16]>,
         skip: &HashSet<ParamId>,
         require_grad: bool,
         device: &B::Device,
     ) -> M {
         let mut bind = Bind {
             group,
+            bf16,
             next: 0,
             skip,
             device,
@@ -231,7 +235,8 @@ impl Pager {
         };
         let module = template.map(&mut bind);
         debug_assert_eq!(bind.next, group.slots.len(), "template and group disagree");
-        self.page_in(group_index, group.param_bytes() as u64);
+        let width = if bf16.is_some() { 2 } else { 4 };
+        self.page_in(group_index, (group.numel() * width) as u64);
         if self.serial {
             self.ready::<B>(device);
         }
@@ -306,6 +311,7 @@ impl<B: Backend> ModuleMapper<B> for ToPlaceholders {
 
 struct Bind<'a, B: Backend> {
     group: &'a ParamGroup,
+    bf16: Option<&'a [bf16]>,
     next: usize,
     skip: &'a HashSet<ParamId>,
     device: &'a B::Device,
@@ -319,13 +325,22 @@ impl<B: Backend> ModuleMapper<B> for Bind<'_, B> {
         }
         let slot = &self.group.slots[self.next];
         self.next += 1;
-        let values = &self.group.params.as_slice()[slot.offset..slot.offset + slot.len];
+        let range = slot.offset..slot.offset + slot.len;
+        let (bytes, dtype): (&[u8], DType) = match self.bf16 {
+            Some(values) => (bytemuck::cast_slice(&values[range]), DType::BF16),
+            None => (
+                bytemuck::cast_slice(&self.group.params.as_slice()[range]),
+                DType::F32,
+            ),
+        };
         #[cfg(feature = "cuda")]
-        if let Some(tensor) = crate::cuda::try_upload::<B, D>(values, &slot.shape, self.device) {
+        if let Some(tensor) =
+            crate::cuda::try_upload::<B, D>(bytes, dtype, &slot.shape, self.device)
+        {
             return Param::initialized(param.id, tensor.set_require_grad(self.require_grad));
         }
-        let data = TensorData::new(values.to_vec(), slot.shape.clone());
-        let tensor = Tensor::<B, D>::from_data(data, self.device);
+        let data = TensorData::from_bytes_vec(bytes.to_vec(), slot.shape.clone(), dtype);
+        let tensor = Tensor::<B, D>::from_data(data, (self.device, dtype));
         Param::initialized(param.id, tensor.set_require_grad(self.require_grad))
     }
 }
@@ -354,13 +369,12 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for GradsOut<'_, B> {
             }
             return;
         };
-        let bytes = std::mem::size_of_val(out) as u64;
         #[cfg(feature = "cuda")]
         let grad = match crate::cuda::try_read_into(grad, out, self.accumulate) {
-            Ok(copy_time) => return self.stats.timed_download(bytes, copy_time),
+            Ok(copy) => return self.stats.timed_download(copy.bytes, copy.time),
             Err(grad) => grad,
         };
-        self.stats.bytes_to_host += bytes;
+        self.stats.bytes_to_host += (out.len() * grad.dtype().size()) as u64;
         let data = grad.into_data().convert::<f32>();
         write_into(
             out,
@@ -382,6 +396,28 @@ pub(crate) fn write_into(out: &mut [f32], values: &[f32], accumulate: bool) {
     }
 }
 
+/// [`write_into`] from bf16 values (a bf16 gradient or checkpoint), widened
+/// to f32 as they are written or added.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) fn widen_into(out: &mut [f32], values: &[burn::tensor::bf16], accumulate: bool) {
+    let pairs = chunk_pairs(out, values);
+    if accumulate {
+        pairs.for_each(|(o, v)| o.iter_mut().zip(v).for_each(|(o, v)| *o += v.to_f32()));
+    } else {
+        pairs.for_each(|(o, v)| o.iter_mut().zip(v).for_each(|(o, v)| *o = v.to_f32()));
+    }
+}
+
+/// Copies `src` into `dst` (same length) in parallel.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) fn copy_bytes(dst: &mut [u8], src: &[u8]) {
+    const CHUNK: usize = 1 << 20;
+    assert_eq!(dst.len(), src.len(), "byte ranges differ in length");
+    dst.par_chunks_mut(CHUNK)
+        .zip(src.par_chunks(CHUNK))
+        .for_each(|(d, s)| d.copy_from_slice(s));
+}
+
 /// [`write_into`], returning the sum of squares of what `out` holds after
 /// (in f64, as [`crate::optim::sum_of_squares`]) from the same pass.
 pub(crate) fn write_into_sum_sq(out: &mut [f32], values: &[f32], accumulate: bool) -> f64 {
@@ -398,10 +434,10 @@ pub(crate) fn write_into_sum_sq(out: &mut [f32], values: &[f32], accumulate: boo
         .sum()
 }
 
-fn chunk_pairs<'a>(
+fn chunk_pairs<'a, T: Sync>(
     out: &'a mut [f32],
-    values: &'a [f32],
-) -> impl IndexedParallelIterator<Item = (&'a mut [f32], &'a [f32])> {
+    values: &'a [T],
+) -> impl IndexedParallelIterator<Item = (&'a mut [f32], &'a [T])> {
     const CHUNK: usize = 1 << 16;
     assert_eq!(
         out.len(),

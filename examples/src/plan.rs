@@ -15,6 +15,7 @@
 
 use std::fmt::Write as _;
 
+use burn_offload::Compute;
 use models::ModelConfig;
 
 const GIB: f64 = (1u64 << 30) as f64;
@@ -30,6 +31,9 @@ pub struct Job {
     pub accum: usize,
     pub fused: bool,
     pub resident: bool,
+    /// Device compute precision: sets the bytes of weights on the device,
+    /// activations and checkpoints (the loss stays f32).
+    pub compute: Compute,
     pub loss_chunk_tokens: usize,
     /// Whether the device is a GPU (its context and pools cost memory).
     pub gpu: bool,
@@ -147,7 +151,9 @@ impl Plan {
         // Attention probabilities and their softmax/backward temporaries: the
         // B·H·T² tensors dominate at long sequences.
         let scores = 4 * b * s.heads * t * t;
-        let block_forward = F32 * (tokens * s.saved_per_token + scores);
+        // Bytes of one device value (weights, activations, checkpoints).
+        let width = job.compute.bytes() as u64;
+        let block_forward = width * (tokens * s.saved_per_token + scores);
         // The backward holds the saved values plus about half as much again in
         // gradients of the same shapes.
         let block_backward = block_forward * 3 / 2;
@@ -166,6 +172,12 @@ impl Plan {
                 "parameters, gradients, Adam m and v",
                 4 * F32 * params,
             ));
+            if job.compute != Compute::Fp32 {
+                device.push(Item::held(
+                    "parameters cast for the forward",
+                    width * params,
+                ));
+            }
             device.push(Item::held(
                 "activations of every block (one graph)",
                 s.layers * block_forward,
@@ -181,6 +193,12 @@ impl Plan {
             if !job.fused {
                 host.push(Item::held("gradient buffer (fp32)", F32 * params));
             }
+            if job.compute != Compute::Fp32 {
+                host.push(Item::held(
+                    "weights in the compute precision (uploaded)",
+                    width * params,
+                ));
+            }
             host.push(Item::held(
                 "gradients in flight (two blocks and the stem)",
                 F32 * (2 * s.block_params + s.stem_params),
@@ -191,15 +209,15 @@ impl Plan {
             ));
             device.push(Item::held(
                 "weights: stem + two blocks",
-                F32 * (s.stem_params + 2 * s.block_params),
+                width * (s.stem_params + 2 * s.block_params),
             ));
-            let checkpoints = F32 * (s.layers + 1) * tokens * s.d;
+            let checkpoints = width * (s.layers + 1) * tokens * s.d;
             if job.gpu {
                 // The engine keeps them in host memory on a GPU (flat in depth).
                 host.push(Item::held("block-input checkpoints", checkpoints));
                 device.push(Item::held(
                     "block input and output in flight",
-                    2 * F32 * tokens * s.d,
+                    2 * width * tokens * s.d,
                 ));
             } else {
                 device.push(Item::held("block-input checkpoints", checkpoints));

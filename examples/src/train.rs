@@ -20,7 +20,7 @@ use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{ElementConversion, TensorData};
-use burn_offload::{BlockModel, DecoderBlock, Engine, EngineConfig, OptimizerConfig};
+use burn_offload::{BlockModel, Compute, DecoderBlock, Engine, EngineConfig, OptimizerConfig};
 use indicatif::{ProgressBar, ProgressStyle};
 use models::{cross_entropy, ModelConfig};
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -64,6 +64,8 @@ pub struct TrainOptions {
     pub no_guard: bool,
     /// Engine: micro-batches of `batch` sequences accumulated per optimizer step.
     pub accum: usize,
+    /// Precision of the device's compute (host state stays f32).
+    pub compute: Compute,
     /// Engine: tokens per chunk of the LM head and loss.
     pub loss_chunk_tokens: usize,
     /// Write checkpoints into this folder (every `checkpoint_every` steps, at
@@ -118,6 +120,7 @@ impl Default for TrainOptions {
             serial_copies: false,
             no_guard: false,
             accum: 1,
+            compute: Compute::Fp32,
             loss_chunk_tokens: 4096,
             checkpoint_dir: None,
             checkpoint_every: 0,
@@ -483,6 +486,7 @@ pub fn plan(opts: &TrainOptions) -> Result<(Plan, PlanJob)> {
         accum: opts.accum,
         fused: opts.fused,
         resident: opts.resident,
+        compute: opts.compute,
         loss_chunk_tokens: opts.loss_chunk_tokens,
         gpu: cfg!(feature = "cuda"),
     };
@@ -609,6 +613,7 @@ impl Job<'_> {
             skip_non_finite: !opts.no_guard,
             overlap: !opts.serial_copies,
             host_checkpoints: true,
+            compute: opts.compute,
         };
         let mut engine = Engine::new(model, config, device)?;
         drop(rng);
@@ -792,7 +797,8 @@ impl Job<'_> {
     }
 
     /// Plain burn: `Autodiff` over the whole model, burn-optim AdamW (whose
-    /// clipping is per parameter tensor, not global).
+    /// clipping is per parameter tensor, not global). In bf16 the f32
+    /// parameters are cast for each forward and the gradients arrive in f32.
     fn train_resident<AB, M>(mut self, mut model: M, device: &AB::Device) -> Result<Outcome>
     where
         AB: AutodiffBackend,
@@ -817,7 +823,13 @@ impl Job<'_> {
             let started = Instant::now();
             let lr = schedule.lr(step);
             let (inputs, targets) = self.batch_tensors::<AB>(device);
-            let loss = cross_entropy(model.forward(inputs), targets);
+            let logits = match opts.compute {
+                Compute::Fp32 => model.forward(inputs),
+                low => {
+                    burn_offload::precision::cast_params(model.clone(), low.dtype()).forward(inputs)
+                }
+            };
+            let loss = cross_entropy(logits, targets);
             let loss_value: f32 = loss.clone().into_scalar().elem();
             if !loss_value.is_finite() {
                 bail!("loss became {loss_value} at step {step}; try a lower --lr");

@@ -9,7 +9,9 @@ use burn::module::{AutodiffModule, Module, ModuleMapper, ModuleVisitor, Param, P
 use burn::optim::{AdamWConfig as BurnAdamW, GradientsParams, Optimizer};
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
-use burn_offload::{AdamWConfig, BlockModel, Engine, EngineConfig, EngineError, OptimizerConfig};
+use burn_offload::{
+    AdamWConfig, BlockModel, Compute, Engine, EngineConfig, EngineError, OptimizerConfig,
+};
 use burn_offload_tests::{random_tokens, TestAutodiff as AD, TestBackend as B};
 use models::{cross_entropy, Gpt2Config, LlamaConfig};
 
@@ -101,6 +103,7 @@ fn engine_config(fused: bool) -> EngineConfig {
         skip_non_finite: false,
         overlap: true,
         host_checkpoints: true,
+        compute: Compute::Fp32,
     }
 }
 

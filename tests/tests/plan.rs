@@ -1,6 +1,7 @@
 //! The memory planner: its host prediction against the store the engine
 //! really allocates, and its refusals.
 
+use burn_offload::Compute;
 use burn_offload::{Engine, EngineConfig};
 use burn_offload_tests::TestBackend as B;
 use examples::plan::{Job, Machine, Plan};
@@ -15,6 +16,7 @@ fn job(config: ModelConfig, fused: bool) -> Job {
         accum: 1,
         fused,
         resident: false,
+        compute: Compute::Fp32,
         loss_chunk_tokens: 4096,
         gpu: false,
     }
@@ -237,4 +239,33 @@ fn gpu_prediction_matches_the_h100_runs() {
             .sum();
         assert_eq!(plan.device_total(), held + phases.iter().max().unwrap());
     }
+}
+
+/// bf16 compute: the host also keeps the bf16 weights it uploads (2 B/param)
+/// and its checkpoints take half the bytes; weights, checkpoints and
+/// activations on the device take half the bytes, so the GPU plan shrinks.
+#[test]
+fn bf16_compute_adds_two_host_bytes_per_param_and_shrinks_the_device_plan() {
+    let config = ModelConfig::Llama(medium_llama());
+    let params = config.num_params() as u64;
+    let fp32 = Job {
+        gpu: true,
+        ..job(config, false)
+    };
+    let bf16 = Job {
+        compute: Compute::Bf16,
+        ..fp32.clone()
+    };
+    let (a, b) = (Plan::new(&fp32), Plan::new(&bf16));
+    let bytes = |plan: &Plan, what: &str| {
+        plan.host
+            .iter()
+            .find(|i| i.what.contains(what))
+            .map_or(0, |i| i.bytes)
+    };
+    assert_eq!(bytes(&a, "compute precision"), 0);
+    assert_eq!(bytes(&b, "compute precision"), 2 * params);
+    assert_eq!(2 * bytes(&b, "checkpoints"), bytes(&a, "checkpoints"));
+    assert!(b.host_total() > a.host_total());
+    assert!(b.device_total() < a.device_total());
 }

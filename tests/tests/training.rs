@@ -1,5 +1,6 @@
 //! End-to-end: the `tiny` models learn a small repetitive corpus.
 
+use burn_offload::Compute;
 use examples::train::{run, TrainOptions};
 
 /// A corpus a tiny model can nearly memorise: one sentence pattern repeated.
@@ -11,6 +12,10 @@ fn repetitive_corpus(dir: &std::path::Path) -> std::path::PathBuf {
 }
 
 fn train_tiny(model: &str, resident: bool) -> Vec<f32> {
+    train_tiny_in(model, resident, Compute::Fp32)
+}
+
+fn train_tiny_in(model: &str, resident: bool, compute: Compute) -> Vec<f32> {
     let dir = tempfile::tempdir().unwrap();
     let opts = TrainOptions {
         model: model.into(),
@@ -22,6 +27,7 @@ fn train_tiny(model: &str, resident: bool) -> Vec<f32> {
         data: Some(repetitive_corpus(dir.path())),
         sample_tokens: 16,
         resident,
+        compute,
         ..TrainOptions::default()
     };
     run(&opts).unwrap().losses
@@ -59,4 +65,12 @@ fn tiny_llama_learns_a_repetitive_corpus() {
 #[test]
 fn tiny_llama_learns_with_plain_burn_too() {
     assert_learned(&train_tiny("llama-tiny", true));
+}
+
+/// `--compute bf16`: the engine (bf16 on the device, f32 on the host) and the
+/// resident baseline (f32 parameters cast for each forward) both learn.
+#[test]
+fn tiny_llama_learns_in_bf16_with_the_engine_and_plain_burn() {
+    assert_learned(&train_tiny_in("llama-tiny", false, Compute::Bf16));
+    assert_learned(&train_tiny_in("llama-tiny", true, Compute::Bf16));
 }

@@ -6,6 +6,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use burn_offload::Compute;
 use clap::Parser;
 use examples::train::{install_interrupt_handler, run, TrainOptions};
 
@@ -86,6 +87,12 @@ struct Cli {
     /// Engine: micro-batches of --batch sequences accumulated per step.
     #[arg(long, default_value_t = 1)]
     accum: usize,
+    /// Precision the device computes in: fp32, or bf16 (weights, activations
+    /// and gradients on the device; master weights, Adam state and gradient
+    /// accumulation stay f32 on the host; the loss is taken in f32). With
+    /// --resident, bf16 casts the f32 parameters for each forward (autocast-like).
+    #[arg(long, default_value = "fp32")]
+    compute: Compute,
     /// Engine: tokens per chunk of the LM head and loss.
     #[arg(long, default_value_t = 4096)]
     loss_chunk_tokens: usize,
@@ -152,6 +159,7 @@ fn main() -> ExitCode {
         serial_copies: cli.serial_copies,
         no_guard: cli.no_guard,
         accum: cli.accum,
+        compute: cli.compute,
         loss_chunk_tokens: cli.loss_chunk_tokens,
         checkpoint_dir: cli.checkpoint_dir,
         checkpoint_every: cli.checkpoint_every,

@@ -1,0 +1,256 @@
+//! Compute precision: the engine in bf16 against f32 (plain burn and the
+//! engine itself). Master weights and Adam state stay f32 on the host.
+//!
+//! Tolerances (stated for the issue): one step's gradients in bf16 are within
+//! a normwise relative error of `GRAD_TOL` of plain burn's f32 gradients; over
+//! 50 AdamW steps the bf16 loss stays within `CURVE_TOL` (relative) of the
+//! f32 engine's loss at every step.
+
+use burn::module::{AutodiffModule, ModuleVisitor, Param, ParamId};
+use burn::prelude::*;
+use burn::tensor::backend::AutodiffBackend;
+use burn_offload::{BlockModel, Compute, Engine, EngineConfig};
+use burn_offload_tests::{random_tokens, TestAutodiff as AD, TestBackend as B};
+use models::{cross_entropy, Gpt2Config, LlamaConfig};
+use std::collections::HashMap;
+
+/// bf16 keeps 8 significant bits (relative rounding 2⁻⁹ ≈ 2e-3 per value);
+/// through a few matmuls and norms the gradients of the tiny models move by
+/// about 1e-2 (measured); this leaves room without hiding an f32 run.
+const GRAD_TOL: f64 = 5e-2;
+/// The bf16 engine must differ from f32 by more than this, or it did not run in bf16.
+const MIN_BF16_ERR: f64 = 1e-4;
+/// Loss curves: relative distance per step between bf16 and f32 training,
+/// and its mean over the 50 steps. Measured on the CPU (random weights, loss
+/// 5.6 → 0.86): worst 1.3e-2 to 1.7e-2 (at the last steps, 0.01 nats), mean
+/// 1.8e-3; the trajectories part slowly as the loss falls.
+const CURVE_TOL: f32 = 3e-2;
+const MEAN_CURVE_TOL: f32 = 6e-3;
+
+type Batch = (Tensor<B, 2, Int>, Tensor<B, 2, Int>);
+
+fn batch(rows: usize, seq: usize, vocab: usize, seed: u64) -> Batch {
+    let device = Default::default();
+    (
+        random_tokens::<B>(rows, seq, vocab, seed, &device),
+        random_tokens::<B>(rows, seq, vocab, seed + 1000, &device),
+    )
+}
+
+fn config(compute: Compute) -> EngineConfig {
+    EngineConfig {
+        compute,
+        grad_clip: Some(1.0),
+        loss_chunk_tokens: 8,
+        ..Default::default()
+    }
+}
+
+struct Grads<'a> {
+    grads: &'a <AD as AutodiffBackend>::Gradients,
+    out: HashMap<ParamId, Vec<f32>>,
+}
+
+impl ModuleVisitor<AD> for Grads<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<AD, D>>) {
+        let grad = param
+            .val()
+            .grad(self.grads)
+            .expect("every parameter has a gradient");
+        self.out
+            .insert(param.id, grad.into_data().to_vec::<f32>().unwrap());
+    }
+}
+
+/// Normwise relative error over all gradients: ‖a − b‖ / ‖b‖.
+fn rel_err(a: &[f32], b: &[f32]) -> (f64, f64) {
+    let diff = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (*x as f64 - *y as f64).powi(2))
+        .sum::<f64>();
+    let norm = b.iter().map(|y| (*y as f64).powi(2)).sum::<f64>();
+    (diff, norm)
+}
+
+fn check_gradients<M>(model: M, vocab: usize)
+where
+    M: BlockModel<AD> + AutodiffModule<AD>,
+    M::InnerModule: BlockModel<B> + burn::module::HasAutodiffModule<AD, TrainModule = M>,
+    <M::InnerModule as BlockModel<B>>::Block: burn::module::HasAutodiffModule<AD>,
+    <<M::InnerModule as BlockModel<B>>::Block as burn::module::HasAutodiffModule<AD>>::TrainModule:
+        burn_offload::DecoderBlock<AD>,
+{
+    let data = batch(2, 16, vocab, 7);
+    let x = Tensor::<AD, 2, Int>::from_inner(data.0.clone());
+    let y = Tensor::<AD, 2, Int>::from_inner(data.1.clone());
+    let grads = cross_entropy(model.forward(x), y).backward();
+    let mut want = Grads {
+        grads: &grads,
+        out: HashMap::new(),
+    };
+    model.visit(&mut want);
+
+    let device = Default::default();
+    let mut engine = Engine::new(model.valid(), config(Compute::Bf16), &device).unwrap();
+    engine.accumulate_gradients(&[data]).unwrap();
+    let (mut diff, mut norm) = (0.0, 0.0);
+    for (id, reference) in &want.out {
+        let got = engine.grad(id).expect("engine has every parameter");
+        let (d, n) = rel_err(got, reference);
+        diff += d;
+        norm += n;
+    }
+    let err = (diff / norm).sqrt();
+    eprintln!("bf16 gradients vs plain burn f32: normwise relative error {err:.2e}");
+    assert!(
+        (MIN_BF16_ERR..=GRAD_TOL).contains(&err),
+        "bf16 gradients vs f32: normwise relative error {err:.2e}, want within [{MIN_BF16_ERR:.0e}, {GRAD_TOL:.0e}]"
+    );
+}
+
+#[test]
+fn bf16_gradients_are_close_to_plain_burn_f32_llama() {
+    let config = LlamaConfig::tiny();
+    check_gradients(config.init::<AD>(&Default::default()), config.vocab_size);
+}
+
+#[test]
+fn bf16_gradients_are_close_to_plain_burn_f32_gpt2() {
+    let config = Gpt2Config::tiny();
+    check_gradients(config.init::<AD>(&Default::default()), config.vocab_size);
+}
+
+/// Trains the same initial weights 50 steps in f32 and in bf16 (a few batches
+/// cycled, so the loss falls well below its start), comparing the losses at
+/// every step. Master weights must keep f32 precision: a bf16 round trip
+/// would leave the low 16 bits of every weight zero.
+#[test]
+fn bf16_loss_curve_tracks_fp32_for_50_steps() {
+    let device = Default::default();
+    let model_config = LlamaConfig::tiny();
+    let model = model_config.init::<AD>(&device).valid();
+    let batches: Vec<Batch> = (0..4)
+        .map(|i| batch(4, 16, model_config.vocab_size, 100 + i))
+        .collect();
+    let mut fp32 = Engine::new(model.clone(), config(Compute::Fp32), &device).unwrap();
+    let mut bf16 = Engine::new(model, config(Compute::Bf16), &device).unwrap();
+    let (mut first, mut last, mut worst, mut sum) = (0.0, 0.0, 0.0f32, 0.0f32);
+    for step in 0..50 {
+        let data = [batches[step % batches.len()].clone()];
+        let a = fp32.step(&data, 3e-3).unwrap();
+        let b = bf16.step(&data, 3e-3).unwrap();
+        assert!(!a.skipped && !b.skipped, "step {step} was skipped");
+        let err = (b.loss - a.loss).abs() / a.loss;
+        worst = worst.max(err);
+        sum += err;
+        assert!(
+            err <= CURVE_TOL,
+            "step {step}: bf16 loss {} vs f32 {} (relative {err:.2e})",
+            b.loss,
+            a.loss
+        );
+        if step == 0 {
+            first = a.loss;
+        }
+        last = a.loss;
+    }
+    assert!(last < 0.8 * first, "the loss should fall: {first} → {last}");
+    let mean = sum / 50.0;
+    eprintln!(
+        "bf16 vs f32 over 50 steps: relative loss distance worst {worst:.2e}, mean {mean:.2e}"
+    );
+    assert!(
+        mean <= MEAN_CURVE_TOL,
+        "mean relative loss distance {mean:.2e}"
+    );
+    let store = bf16.into_store();
+    let (mut wide, mut total) = (0usize, 0usize);
+    for group in &store.groups {
+        for &w in group.params.as_slice() {
+            total += 1;
+            wide += usize::from(w.to_bits() & 0xffff != 0);
+        }
+    }
+    assert!(
+        wide as f64 > 0.9 * total as f64,
+        "only {wide} of {total} master weights carry more than bf16 precision"
+    );
+}
+
+/// Fused mode in bf16: the first step's loss (same weights, same forward) is
+/// the non-fused one's, and the updates stay close.
+#[test]
+fn bf16_fused_mode_matches_bf16_with_a_gradient_buffer() {
+    let device = Default::default();
+    let model_config = LlamaConfig::tiny();
+    let model = model_config.init::<AD>(&device).valid();
+    let fused_config = EngineConfig {
+        fused: true,
+        ..config(Compute::Bf16)
+    };
+    let mut fused = Engine::new(model.clone(), fused_config, &device).unwrap();
+    let mut buffered = Engine::new(model, config(Compute::Bf16), &device).unwrap();
+    for step in 0..3 {
+        let data = [batch(2, 16, model_config.vocab_size, 300 + step)];
+        let a = fused.step(&data, 1e-3).unwrap();
+        let b = buffered.step(&data, 1e-3).unwrap();
+        let err = (a.loss - b.loss).abs() / b.loss;
+        assert!(err <= 1e-3, "step {step}: fused {} vs {}", a.loss, b.loss);
+        assert!(
+            (a.grad_norm - b.grad_norm).abs() <= 1e-3 * b.grad_norm,
+            "step {step}: norms {} vs {}",
+            a.grad_norm,
+            b.grad_norm
+        );
+    }
+}
+
+/// The bf16 weights the device sees follow every write to the f32 master
+/// weights: updates, surgery through `store_mut`, and checkpoint loads.
+#[test]
+fn bf16_weights_follow_surgery_and_checkpoint_loads() {
+    let device = Default::default();
+    let model_config = LlamaConfig::tiny();
+    let model = model_config.init::<AD>(&device).valid();
+    let probe = batch(1, 8, model_config.vocab_size, 7).0;
+    let logits = |e: &mut Engine<B, models::Llama<B>>| {
+        e.last_logits(&probe)
+            .unwrap()
+            .into_data()
+            .to_vec::<f32>()
+            .unwrap()
+    };
+    let mut engine = Engine::new(model.clone(), config(Compute::Bf16), &device).unwrap();
+    let before = logits(&mut engine);
+    for group in &mut engine.store_mut().groups[1..] {
+        group
+            .params
+            .as_mut_slice()
+            .iter_mut()
+            .for_each(|w| *w *= 0.5);
+    }
+    let after = logits(&mut engine);
+    assert_ne!(before, after, "surgery did not reach the device");
+    let mut fresh = Engine::new(engine.model(), config(Compute::Bf16), &device).unwrap();
+    assert_eq!(
+        after,
+        logits(&mut fresh),
+        "stale bf16 weights after surgery"
+    );
+
+    // A checkpoint of `fresh` after a step, loaded into `engine`.
+    fresh
+        .step(&[batch(2, 8, model_config.vocab_size, 8)], 1e-2)
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = fresh
+        .save_checkpoint(dir.path(), serde_json::Value::Null, 1)
+        .unwrap();
+    engine.load_checkpoint(&path).unwrap();
+    assert_eq!(
+        logits(&mut fresh),
+        logits(&mut engine),
+        "stale bf16 weights after a checkpoint load"
+    );
+}
