@@ -164,7 +164,7 @@ for spec in "resident 4" "resident-ckpt 4" "fsdp2-offload 4" "resident-ckpt 16" 
   pack
 done
 ;;
-bench-085b|bench-085b-peers|bench-3b|bench-3b-peers|bench-64k)
+bench-085b|bench-085b-peers|bench-3b|bench-3b-peers|bench-64k|bench-bf16|bench-bf16-peers|bench-3b-bf16)
 # `cargo xtask bench cuda` rows (issue 9): per shape and tokens/step, resident
 # burn, the engine pipelined and with serialised copies, PyTorch resident (with
 # and without per-block checkpointing) and FSDP2 CPU offload. Files are named
@@ -173,6 +173,8 @@ bench-085b|bench-085b-peers|bench-3b|bench-3b-peers|bench-64k)
 # the matrix is split into parts, each one call on the same machine kind.
 # BENCH_OLD: also run the rows named in it with the binaries in
 # .device/bin-old (an earlier build, for a before/after in the same call).
+# Systems ending in -bf16 compute in bf16 over fp32 master weights (issue 7):
+# `train --compute bf16`, torch_llama.py --dtype bf16.
 echo '{"arch":"llama","vocab_size":32000,"d_model":3072,"n_layer":28,"n_head":24,"n_kv_head":8,"d_ff":8192,"max_seq_len":2048}' > /tmp/llama-3b.json
 case $part in
 bench-085b) shape=085b; tokens="4 16"; systems="resident pipelined serial" ;;
@@ -180,30 +182,37 @@ bench-085b-peers) shape=085b; tokens="4 16"; systems="torch-resident torch-ckpt 
 bench-3b) shape=3b; tokens="4 16"; systems="pipelined serial" ;;
 bench-3b-peers) shape=3b; tokens="4 16"; systems="torch-ckpt torch-fsdp2" ;;
 bench-64k) shape=085b; tokens="64"; systems="resident pipelined serial torch-ckpt torch-fsdp2" ;;
+bench-bf16) shape=085b; tokens="16 64"; systems="resident-bf16 pipelined-bf16 serial-bf16" ;;
+bench-bf16-peers) shape=085b; tokens="16 64"; systems="torch-resident-bf16 torch-ckpt-bf16 torch-fsdp2-bf16" ;;
+bench-3b-bf16) shape=3b; tokens="16"; systems="pipelined-bf16 serial-bf16 torch-ckpt-bf16 torch-fsdp2-bf16" ;;
 esac
 if [ $shape = 085b ]; then cfg=/tmp/llama-0.85b.json; else cfg=/tmp/llama-3b.json; fi
 for b in ${BENCH_TOKENS:-$tokens}; do for sys in $systems; do
   name=bench-$shape-${b}k-$sys
   S="--model $cfg --steps ${BENCH_STEPS:-7} --warmup 1 --lr 3e-4 --seq-len 1024 --batch $b"
-  case $sys in
+  base=${sys%-bf16}; dtype=fp32; [ "$base" != "$sys" ] && dtype=bf16
+  S="$S --compute $dtype"
+  case $base in
   resident) LIMIT=${LIMIT_ROW:-120} run $name $S --resident ;;
   pipelined) LIMIT=${LIMIT_ROW:-150} run $name $S ;;
   serial) LIMIT=${LIMIT_ROW:-150} run $name $S --serial-copies ;;
   torch-*)
-    mode=${sys#torch-}; mode=${mode/ckpt/resident-ckpt}; mode=${mode/fsdp2/fsdp2-offload}
+    mode=${base#torch-}; mode=${mode/ckpt/resident-ckpt}; mode=${mode/fsdp2/fsdp2-offload}
     echo "== $name"
     nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 > $OUT/$name.gpumem &
     poll=$!
-    timeout ${LIMIT_ROW:-150} python3 bench/peers/torch_llama.py --config $cfg --mode $mode --batch $b --seq-len 1024 --steps ${BENCH_STEPS:-7} > $OUT/$name.torch.json 2> $OUT/$name.err
+    timeout ${LIMIT_ROW:-150} python3 bench/peers/torch_llama.py --config $cfg --mode $mode --dtype $dtype --batch $b --seq-len 1024 --steps ${BENCH_STEPS:-7} > $OUT/$name.torch.json 2> $OUT/$name.err
     echo "exit $?"; kill $poll 2>/dev/null
     sort -n $OUT/$name.gpumem | tail -1 > $OUT/$name.smi; rm -f $OUT/$name.gpumem
     cat $OUT/$name.torch.json; tail -2 $OUT/$name.err; pack ;;
   esac
   if [[ " ${BENCH_OLD:-} " == *" $sys-${b}k "* ]] && [ -x .device/bin-old/train ]; then
+    # Builds before issue 7 have no --compute: fp32 rows only.
+    S=${S% --compute fp32}
     B=.device/bin-old/train LIMIT=${LIMIT_ROW:-150} run $name-old $S $( [ $sys = resident ] && echo --resident ) $( [ $sys = serial ] && echo --serial-copies )
   fi
 done; done
 ;;
-*) echo "unknown part $part (parity, pipeline, depth, 7b, largest, headmem, peers, bench-085b, bench-085b-peers, bench-3b, bench-3b-peers, bench-64k)"; exit 2 ;;
+*) echo "unknown part $part (parity, pipeline, depth, 7b, largest, headmem, peers, bench-085b, bench-085b-peers, bench-3b, bench-3b-peers, bench-64k, bench-bf16, bench-bf16-peers, bench-3b-bf16)"; exit 2 ;;
 esac; done
 pack

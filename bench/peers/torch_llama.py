@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""PyTorch peers of the offload engine: the same Llama shape trained in fp32.
+"""PyTorch peers of the offload engine: the same Llama shape trained in fp32,
+or with bf16 compute over fp32 master weights (`--dtype bf16`).
 
 Modes (one per process):
   resident      the whole model and AdamW on the GPU
@@ -11,6 +12,10 @@ Modes (one per process):
 Prints one JSON line: median tokens/s over the steps after warm-up, peak GPU
 memory (allocator peak and reserved), host peak RSS, losses. Only torch's
 public API is used; TF32 is off so the arithmetic is fp32 like burn's.
+With `--dtype bf16` the resident modes run forward and loss under
+`torch.autocast(bfloat16)` and FSDP2 casts parameters with
+`MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)`; the
+parameters, gradients and AdamW state stay fp32 and the loss is taken in fp32.
 
   python3 torch_llama.py --config llama.json --mode resident-ckpt --batch 16 --seq-len 1024
 """
@@ -35,12 +40,15 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+        # The mean square in fp32 (as HF's LlamaRMSNorm and burn's RmsNorm).
+        rms = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
+        return (x * rms.to(x.dtype)) * self.weight.to(x.dtype)
 
 
 def rope(x, cos, sin):
     # x: [b, h, t, hd]; rotate halves (the Llama/HF convention).
     half = x.shape[-1] // 2
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # bf16 q/k stay bf16
     x1, x2 = x[..., :half], x[..., half:]
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
@@ -111,6 +119,7 @@ def main():
     p.add_argument("--steps", type=int, default=7)
     p.add_argument("--warmup-steps", type=int, default=2, help="steps left out of the median")
     p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="compute precision")
     a = p.parse_args()
     c = json.load(open(a.config))
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -118,10 +127,11 @@ def main():
     torch.manual_seed(0)
     dev = torch.device("cuda")
     fsdp = a.mode == "fsdp2-offload"
-    result = {"mode": a.mode, "batch": a.batch, "seq_len": a.seq_len, "tokens_per_step": a.batch * a.seq_len}
+    bf16 = a.dtype == "bf16"
+    result = {"mode": a.mode, "dtype": a.dtype, "batch": a.batch, "seq_len": a.seq_len, "tokens_per_step": a.batch * a.seq_len}
     try:
         if fsdp:
-            from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+            from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
             os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
             os.environ.setdefault("MASTER_PORT", "29517")
             torch.distributed.init_process_group("nccl", rank=0, world_size=1)
@@ -129,9 +139,10 @@ def main():
             with torch.device("meta"):
                 model = Llama(c, ckpt=True)
             policy = CPUOffloadPolicy()
+            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
             for block in model.blocks:
-                fully_shard(block, offload_policy=policy)
-            fully_shard(model, offload_policy=policy)
+                fully_shard(block, offload_policy=policy, mp_policy=mp)
+            fully_shard(model, offload_policy=policy, mp_policy=mp)
             model.to_empty(device="cpu")
             with torch.no_grad():
                 for name, param in model.named_parameters():
@@ -151,7 +162,9 @@ def main():
             ids = torch.randint(0, c["vocab_size"], (a.batch, a.seq_len + 1), generator=g).to(dev)
             torch.cuda.synchronize()
             t0 = time.perf_counter()
-            logits = model(ids[:, :-1])
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16 and not fsdp):
+                logits = model(ids[:, :-1])
+            logits = logits.float()
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

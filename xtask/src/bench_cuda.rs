@@ -58,7 +58,8 @@ pub fn run(command: Command) -> Result<()> {
             println!(
                 "packed .device/bin.tar.xz; on the GPU machine (device tool, carry .device/bin.tar.xz):\n  \
                  bash bench/gpu/pipeline.sh parity bench-085b\n  \
-                 bash bench/gpu/pipeline.sh bench-085b-peers bench-3b\n\
+                 bash bench/gpu/pipeline.sh bench-085b-peers bench-3b\n  \
+                 bash bench/gpu/pipeline.sh bench-bf16    (then bench-bf16-peers, bench-3b-bf16)\n\
                  then: cargo xtask bench cuda report --results <unpacked results.tgz> --out bench/results/<run>"
             );
             Ok(())
@@ -267,20 +268,35 @@ const SYSTEMS: [&str; 6] = [
     "torch-fsdp2",
 ];
 
+/// `<base>[-bf16][-old]` → (base, bf16, earlier build).
+fn split_system(system: &str) -> (&str, bool, bool) {
+    let (rest, old) = match system.strip_suffix("-old") {
+        Some(rest) => (rest, true),
+        None => (system, false),
+    };
+    match rest.strip_suffix("-bf16") {
+        Some(base) => (base, true, old),
+        None => (rest, false, old),
+    }
+}
+
+/// fp32 rows first, then bf16, each in [`SYSTEMS`] order.
 fn system_rank(system: &str) -> (usize, String) {
-    let base = system.trim_end_matches("-old");
+    let (base, bf16, _) = split_system(system);
     let rank = SYSTEMS
         .iter()
         .position(|s| *s == base)
         .unwrap_or(SYSTEMS.len());
-    (rank, system.to_string())
+    (
+        rank + usize::from(bf16) * (SYSTEMS.len() + 1),
+        system.to_string(),
+    )
 }
 
 fn label(system: &str) -> String {
-    let (base, old) = match system.strip_suffix("-old") {
-        Some(base) => (base, " (earlier build)"),
-        None => (system, ""),
-    };
+    let (base, bf16, old) = split_system(system);
+    let precision = if bf16 { " bf16" } else { "" };
+    let old = if old { " (earlier build)" } else { "" };
     let name = match base {
         "resident" => "burn resident (Autodiff)",
         "pipelined" => "burn-offload pipelined",
@@ -290,7 +306,7 @@ fn label(system: &str) -> String {
         "torch-fsdp2" => "PyTorch FSDP2 CPU offload",
         other => other,
     };
-    format!("{name}{old}")
+    format!("{name}{precision}{old}")
 }
 
 /// A ratio of two rows' tokens/s at one shape and tokens/step, with its target.
@@ -304,7 +320,7 @@ struct Ratio {
 }
 
 fn ratios(rows: &[Row]) -> Vec<Ratio> {
-    const PAIRS: [(&str, &str, &str, Option<f64>); 6] = [
+    const PAIRS: [(&str, &str, &str, Option<f64>); 12] = [
         (
             "pipelined",
             "resident",
@@ -336,6 +352,43 @@ fn ratios(rows: &[Row]) -> Vec<Ratio> {
             "this build ÷ earlier build (resident)",
             None,
         ),
+        // Issue 7: bf16 compute, fp32 master weights.
+        (
+            "pipelined-bf16",
+            "resident-bf16",
+            "bf16 offload ÷ bf16 resident burn",
+            Some(0.85),
+        ),
+        (
+            "pipelined-bf16",
+            "torch-fsdp2-bf16",
+            "bf16 ours ÷ PyTorch FSDP2 offload bf16",
+            Some(2.0),
+        ),
+        (
+            "pipelined-bf16",
+            "torch-ckpt-bf16",
+            "bf16 ours ÷ PyTorch checkpointed bf16",
+            None,
+        ),
+        (
+            "pipelined-bf16",
+            "serial-bf16",
+            "pipelined ÷ serialised (bf16)",
+            None,
+        ),
+        (
+            "pipelined-bf16",
+            "pipelined",
+            "bf16 ÷ fp32 (pipelined)",
+            None,
+        ),
+        (
+            "resident-bf16",
+            "resident",
+            "bf16 ÷ fp32 (resident burn)",
+            None,
+        ),
     ];
     let tok = |shape: &str, tokens: u64, system: &str| {
         rows.iter()
@@ -363,26 +416,30 @@ fn ratios(rows: &[Row]) -> Vec<Ratio> {
         // Resident burn keeps every activation and stops fitting as tokens
         // per step grow; the offload row is then compared with resident
         // burn's best, at the most tokens per step that fit.
-        if let (Some(x), None) = (
-            tok(&shape, tokens, "pipelined"),
-            tok(&shape, tokens, "resident"),
-        ) {
+        for (ours, resident, what, target) in [
+            ("pipelined", "resident", "offload ÷ resident burn", 0.9),
+            (
+                "pipelined-bf16",
+                "resident-bf16",
+                "bf16 offload ÷ bf16 resident burn",
+                0.85,
+            ),
+        ] {
+            let (Some(x), None) = (tok(&shape, tokens, ours), tok(&shape, tokens, resident)) else {
+                continue;
+            };
             let fits = rows
                 .iter()
-                .filter(|r| {
-                    r.shape == shape && r.system == "resident" && r.tokens_per_step < tokens
-                })
+                .filter(|r| r.shape == shape && r.system == resident && r.tokens_per_step < tokens)
                 .filter_map(|r| Some((r.tokens_per_step, r.tok_s?)))
                 .max_by_key(|(t, _)| *t);
             if let Some((t, y)) = fits {
                 out.push(Ratio {
                     shape: shape.clone(),
                     tokens_per_step: tokens,
-                    what: format!(
-                        "offload ÷ resident burn at {t} tokens/step (the most that fits)"
-                    ),
+                    what: format!("{what} at {t} tokens/step (the most that fits)"),
                     value: x / y,
-                    target: Some(0.9),
+                    target: Some(target),
                 });
             }
         }
@@ -664,9 +721,19 @@ mod tests {
         )
         .unwrap();
         fs::write(results.join("bench-085b-16k-torch-fsdp2.smi"), "16384\n").unwrap();
+        fs::write(
+            results.join("bench-085b-16k-pipelined-bf16.summary.json"),
+            burn(8000.0),
+        )
+        .unwrap();
+        fs::write(
+            results.join("bench-085b-16k-torch-fsdp2-bf16.torch.json"),
+            r#"{"ok": true, "tok_s_median": 3200.0, "model_tflops": 16.0}"#,
+        )
+        .unwrap();
         fs::write(results.join("bench-085b-16k-torch-ckpt.torch.json"), "").unwrap();
         let rows = read_rows(&results).unwrap();
-        assert_eq!(rows.len(), 7);
+        assert_eq!(rows.len(), 9);
         assert_eq!(rows[0].system, "resident");
         assert!(rows[0].ok);
         assert_eq!(rows[1].system, "pipelined");
@@ -685,12 +752,32 @@ mod tests {
         assert_eq!(get("pipelined ÷ serialised"), Some(2.0));
         assert_eq!(get("ours ÷ PyTorch FSDP2 offload"), Some(1.25));
         assert_eq!(get("offload ÷ resident burn"), None);
+        assert_eq!(get("bf16 ours ÷ PyTorch FSDP2 offload bf16"), Some(2.5));
+        assert_eq!(get("bf16 ÷ fp32 (pipelined)"), Some(2.0));
+        let order: Vec<&str> = rows
+            .iter()
+            .filter(|r| r.tokens_per_step == 16384)
+            .map(|r| r.system.as_str())
+            .collect();
+        assert_eq!(
+            order,
+            [
+                "resident",
+                "pipelined",
+                "serial",
+                "torch-ckpt",
+                "torch-fsdp2",
+                "pipelined-bf16",
+                "torch-fsdp2-bf16"
+            ]
+        );
         assert_eq!(
             get("offload ÷ resident burn at 4096 tokens/step (the most that fits)"),
             Some(0.8)
         );
         let md = markdown(&rows, &q, "cmd");
         assert!(md.contains("| 085b | 16384 | burn resident (Autodiff) | out of GPU memory |"));
+        assert!(md.contains("| 085b | 16384 | PyTorch FSDP2 CPU offload bf16 |"));
         assert!(md.contains("| pipelined ÷ serialised | 2.00 | ≥ 1.3 | yes |"));
         assert!(!md.contains("forward_h2d_copy"));
         // The plot needs a font; CI machines may have none, so it is exercised
