@@ -337,17 +337,19 @@ where
         // Uploads read the parameter slabs; page-locked, they run at DMA speed.
         let mut pager = Pager::new(!config.overlap, config.host_checkpoints);
         let bf16 = (config.compute == Compute::Bf16).then(|| Bf16Weights::new(&store));
-        match &bf16 {
+        // What is uploaded: the f32 slabs, or in bf16 mode the bf16 copies
+        // and the stem's f32 slab (the embedding phases bind it in f32).
+        let f32_groups = match &bf16 {
             Some(copies) => {
                 for slab in copies.slabs() {
                     pager.pin::<B>(slab, device);
                 }
+                1
             }
-            None => {
-                for group in &store.groups {
-                    pager.pin::<B>(bytemuck::cast_slice(group.params.as_slice()), device);
-                }
-            }
+            None => store.groups.len(),
+        };
+        for group in &store.groups[..f32_groups] {
+            pager.pin::<B>(bytemuck::cast_slice(group.params.as_slice()), device);
         }
         // The model's weights were drawn on the device; only placeholders remain.
         pager.release_free_memory::<B>(device);
@@ -734,15 +736,28 @@ where
         )
     }
 
-    /// Binds the stem (embeddings, final norm, head) into the whole template.
-    fn bind_stem<X: Backend, T: Module<X>>(&mut self, template: T, require_grad: bool) -> T
+    /// Binds the stem (embeddings, final norm, head) into the whole template,
+    /// in the compute precision or, with `f32`, from the f32 master weights.
+    /// The embedding phases bind it in f32: a bf16 embedding gradient would
+    /// sum every occurrence of a token in bf16 (autocast keeps embeddings f32
+    /// too); its output is cast to the compute precision.
+    fn bind_stem<X: Backend, T: Module<X>>(
+        &mut self,
+        template: T,
+        require_grad: bool,
+        f32: bool,
+    ) -> T
     where
         X::Device: From<B::Device>,
     {
         self.settle(0);
-        self.refresh_bf16(0);
+        let bf16 = if f32 {
+            None
+        } else {
+            self.refresh_bf16(0);
+            self.bf16.as_ref().map(|c| c.values(0))
+        };
         let group = &self.store.groups[0];
-        let bf16 = self.bf16.as_ref().map(|c| c.values(0));
         let device = X::Device::from(self.device.clone());
         self.pager.bind(
             template,
@@ -802,8 +817,11 @@ where
 
         // 2. Head + loss in chunks of positions, each chunk its own small graph.
         let phase = Instant::now();
-        let stem_ad =
-            self.bind_stem::<AD<B>, _>(M::TrainModule::from_inner(self.template.clone()), true);
+        let stem_ad = self.bind_stem::<AD<B>, _>(
+            M::TrainModule::from_inner(self.template.clone()),
+            true,
+            false,
+        );
         self.pager.ready::<B>(&self.device);
         let mut next = (num_blocks > 0).then(|| self.bind_block_ad(&blocks, num_blocks - 1));
         let [batch, seq, _] = x.dims();
@@ -889,15 +907,17 @@ where
         self.block_grads = block_grads;
         self.split.backward_s += phase.elapsed().as_secs_f64();
 
-        // 4. Embedding backward from dx_0.
+        // 4. Embedding backward from dx_0, in f32 (see `bind_stem`).
         let phase = Instant::now();
-        let stem_ad =
-            self.bind_stem::<AD<B>, _>(M::TrainModule::from_inner(self.template.clone()), true);
+        let stem_ad = self.bind_stem::<AD<B>, _>(
+            M::TrainModule::from_inner(self.template.clone()),
+            true,
+            true,
+        );
         self.pager.ready::<B>(&self.device);
         let tokens = Tensor::<AD<B>, 2, Int>::from_inner(inputs.clone());
-        let grads = (stem_ad.embed(tokens) * Tensor::from_inner(dy))
-            .sum()
-            .backward();
+        let embedded = cast_to(stem_ad.embed(tokens), self.config.compute.dtype());
+        let grads = (embedded * Tensor::from_inner(dy)).sum().backward();
         self.stem_grads_to_host(&stem_ad, &grads, &mut stem_grads);
         drop(stem_ad);
         self.pager.evict(0);
@@ -935,9 +955,9 @@ where
         keep_checkpoints: bool,
     ) -> Result<(Tensor<B, 3>, Vec<Stash<B>>), EngineError> {
         let num_blocks = blocks.len();
-        let stem = self.bind_stem::<B, M>(self.template.clone(), false);
+        let stem = self.bind_stem::<B, M>(self.template.clone(), false, true);
         self.pager.ready::<B>(&self.device);
-        let mut x = stem.embed(inputs.clone());
+        let mut x = cast_to(stem.embed(inputs.clone()), self.config.compute.dtype());
         drop(stem);
         self.pager.evict(0);
         let mut checkpoints = Vec::with_capacity(num_blocks);
@@ -987,7 +1007,7 @@ where
         }
         let blocks = self.template.blocks().to_vec();
         let (x, _) = self.stream_forward(&blocks, inputs, false)?;
-        let stem = self.bind_stem::<B, M>(self.template.clone(), false);
+        let stem = self.bind_stem::<B, M>(self.template.clone(), false, false);
         self.pager.ready::<B>(&self.device);
         let logits = stem.head(x.narrow(1, seq - 1, 1));
         drop(stem);
