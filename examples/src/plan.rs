@@ -207,9 +207,10 @@ impl Plan {
                 "download staging (largest tensor)",
                 F32 * s.largest_tensor,
             ));
+            // The embedding phases bind the stem from the f32 weights.
             device.push(Item::held(
                 "weights: stem + two blocks",
-                width * (s.stem_params + 2 * s.block_params),
+                F32 * s.stem_params + width * 2 * s.block_params,
             ));
             let checkpoints = width * (s.layers + 1) * tokens * s.d;
             if job.gpu {
