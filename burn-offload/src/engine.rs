@@ -433,11 +433,9 @@ where
             m: group.adam_m.as_mut_slice(),
             v: group.adam_v.as_mut_slice(),
             grads: grads.as_slice(),
+            bf16: self.bf16.as_mut().map(|c| c.updated(g)),
         };
         self.config.optimizer.update(step, lr, scale, slices);
-        if let Some(copies) = &mut self.bf16 {
-            copies.refresh(g, group.params.as_slice());
-        }
     }
 
     /// Brings group `g`'s bf16 weights up to date (bf16 mode) before a bind.
@@ -1048,11 +1046,9 @@ where
                     m: group.adam_m.as_mut_slice(),
                     v: group.adam_v.as_mut_slice(),
                     grads,
+                    bf16: self.bf16.as_mut().map(|c| c.updated(g)),
                 };
                 self.config.optimizer.update(*step, *lr, *scale, slices);
-                if let Some(copies) = &mut self.bf16 {
-                    copies.refresh(g, group.params.as_slice());
-                }
             }
         }
     }

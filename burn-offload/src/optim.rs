@@ -6,6 +6,7 @@
 //! step over a slab is one pass over memory instead of the ~10 passes of
 //! tensor-op optimizers.
 
+use burn::tensor::bf16;
 use rayon::prelude::*;
 
 /// Elements per rayon task: large enough to amortise scheduling, small enough
@@ -99,12 +100,40 @@ pub fn check_lr(lr: f64) -> Result<(), OptimizerError> {
 }
 
 /// The state a group's update works on: parameters, two moment buffers
-/// (SGD uses the first as its momentum buffer) and the gradient.
+/// (SGD uses the first as its momentum buffer) and the gradient; and, in bf16
+/// compute mode, the bf16 copy of the parameters to write as they change.
 pub struct UpdateSlices<'a> {
     pub params: &'a mut [f32],
     pub m: &'a mut [f32],
     pub v: &'a mut [f32],
     pub grads: &'a [f32],
+    pub bf16: Option<&'a mut [bf16]>,
+}
+
+/// Runs `update` on matching chunks of the slices in parallel. With a bf16
+/// copy, each chunk's new parameters are rounded into it while they are
+/// still in cache (no second pass over the slab).
+fn par_update<F>(s: UpdateSlices<'_>, update: F)
+where
+    F: Fn(&mut [f32], &mut [f32], &mut [f32], &[f32]) + Sync + Send,
+{
+    let chunks = s
+        .params
+        .par_chunks_mut(CHUNK)
+        .zip(s.m.par_chunks_mut(CHUNK))
+        .zip(s.v.par_chunks_mut(CHUNK))
+        .zip(s.grads.par_chunks(CHUNK));
+    match s.bf16 {
+        Some(out) => chunks
+            .zip(out.par_chunks_mut(CHUNK))
+            .for_each(|((((p, m), v), g), o)| {
+                update(p, m, v, g);
+                o.iter_mut()
+                    .zip(p.iter())
+                    .for_each(|(o, p)| *o = bf16::from_f32(*p));
+            }),
+        None => chunks.for_each(|(((p, m), v), g)| update(p, m, v, g)),
+    }
 }
 
 impl OptimizerConfig {
@@ -114,7 +143,10 @@ impl OptimizerConfig {
     pub fn update(&self, step: u64, lr: f64, grad_scale: f32, s: UpdateSlices<'_>) {
         let n = s.params.len();
         assert!(
-            s.m.len() == n && s.v.len() == n && s.grads.len() == n,
+            s.m.len() == n
+                && s.v.len() == n
+                && s.grads.len() == n
+                && s.bf16.as_ref().is_none_or(|b| b.len() == n),
             "slab lengths differ"
         );
         match *self {
@@ -134,40 +166,32 @@ fn adamw(c: &AdamWConfig, step: u64, lr: f64, grad_scale: f32, s: UpdateSlices<'
     let bias_2 = 1.0 - b2.powi(time);
     let decay = (1.0 - lr * c.weight_decay as f64) as f32;
     let lr = lr as f32;
-    s.params
-        .par_chunks_mut(CHUNK)
-        .zip(s.m.par_chunks_mut(CHUNK))
-        .zip(s.v.par_chunks_mut(CHUNK))
-        .zip(s.grads.par_chunks(CHUNK))
-        .for_each(|(((p, m), v), g)| {
-            for i in 0..p.len() {
-                let g = g[i] * grad_scale;
-                let mi = m[i] * b1 + g * f1;
-                let vi = v[i] * b2 + g * g * f2;
-                m[i] = mi;
-                v[i] = vi;
-                let delta = (mi / bias_1) / ((vi / bias_2).sqrt() + eps);
-                p[i] = p[i] * decay - delta * lr;
-            }
-        });
+    par_update(s, |p, m, v, g| {
+        for i in 0..p.len() {
+            let g = g[i] * grad_scale;
+            let mi = m[i] * b1 + g * f1;
+            let vi = v[i] * b2 + g * g * f2;
+            m[i] = mi;
+            v[i] = vi;
+            let delta = (mi / bias_1) / ((vi / bias_2).sqrt() + eps);
+            p[i] = p[i] * decay - delta * lr;
+        }
+    });
 }
 
 fn sgd(c: &SgdConfig, step: u64, lr: f64, grad_scale: f32, s: UpdateSlices<'_>) {
     let (mu, wd, lr) = (c.momentum, c.weight_decay, lr as f32);
     // The first step starts the momentum buffer at the gradient itself.
     let keep = if step <= 1 { 0.0 } else { mu };
-    s.params
-        .par_chunks_mut(CHUNK)
-        .zip(s.m.par_chunks_mut(CHUNK))
-        .zip(s.grads.par_chunks(CHUNK))
-        .for_each(|((p, buf), g)| {
-            for i in 0..p.len() {
-                let g = g[i] * grad_scale + wd * p[i];
-                let b = keep * buf[i] + g;
-                buf[i] = b;
-                p[i] -= lr * b;
-            }
-        });
+    // SGD keeps one buffer; the second moment slab goes unused.
+    par_update(s, |p, buf, _, g| {
+        for i in 0..p.len() {
+            let g = g[i] * grad_scale + wd * p[i];
+            let b = keep * buf[i] + g;
+            buf[i] = b;
+            p[i] -= lr * b;
+        }
+    });
 }
 
 /// Sum of squares of a slice, in f64 (parallel; the global gradient norm is
@@ -241,6 +265,7 @@ mod tests {
                     m: &mut m,
                     v: &mut v,
                     grads: &g,
+                    bf16: None,
                 },
             );
             for i in 0..2 {
@@ -250,5 +275,34 @@ mod tests {
             }
         }
         assert_eq!(p, want_p);
+    }
+
+    /// The bf16 copy written during the update is the rounding of the new
+    /// parameters, across chunk boundaries, and the f32 result is unchanged.
+    #[test]
+    fn the_bf16_copy_is_the_rounded_update() {
+        let n = 3 * CHUNK + 17;
+        let grads: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
+        let start: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos()).collect();
+        let config = OptimizerConfig::AdamW(AdamWConfig::default());
+        let run = |copy: Option<&mut [bf16]>| {
+            let (mut p, mut m, mut v) = (start.clone(), vec![0.0; n], vec![0.0; n]);
+            let slices = UpdateSlices {
+                params: &mut p,
+                m: &mut m,
+                v: &mut v,
+                grads: &grads,
+                bf16: copy,
+            };
+            config.update(1, 1e-2, 1.0, slices);
+            p
+        };
+        let mut copy = vec![bf16::ZERO; n];
+        let with = run(Some(&mut copy));
+        assert_eq!(with, run(None));
+        assert!(copy
+            .iter()
+            .zip(&with)
+            .all(|(c, p)| *c == bf16::from_f32(*p)));
     }
 }

@@ -133,23 +133,29 @@ impl Bf16Weights {
         self.stale.fill(true);
     }
 
+    /// Group `g`'s copy, for the optimizer to write as it updates the group
+    /// (it counts as fresh from then on).
+    pub fn updated(&mut self, g: usize) -> &mut [bf16] {
+        self.stale[g] = false;
+        let len = self.lens[g];
+        &mut bytemuck::cast_slice_mut(self.slabs[g].as_mut_slice())[..len]
+    }
+
     /// Rounds group `g`'s f32 `params` to bf16 (to nearest even) into its copy.
     pub fn refresh(&mut self, g: usize, params: &[f32]) {
-        let len = self.lens[g];
         assert_eq!(
             params.len(),
-            len,
+            self.lens[g],
             "group {g}: parameters and copy differ in length"
         );
-        let out: &mut [bf16] = &mut bytemuck::cast_slice_mut(self.slabs[g].as_mut_slice())[..len];
-        out.par_chunks_mut(1 << 16)
+        self.updated(g)
+            .par_chunks_mut(1 << 16)
             .zip(params.par_chunks(1 << 16))
             .for_each(|(o, p)| {
                 o.iter_mut()
                     .zip(p)
                     .for_each(|(o, p)| *o = bf16::from_f32(*p))
             });
-        self.stale[g] = false;
     }
 
     /// Host bytes of the copies.
