@@ -390,6 +390,11 @@ where
         self.store.num_params()
     }
 
+    /// Host bytes of the compute-precision weight copies (bf16 mode; 0 otherwise).
+    pub fn compute_copy_bytes(&self) -> usize {
+        self.bf16.as_ref().map_or(0, Bf16Weights::bytes)
+    }
+
     /// Parameter groups (stem, then blocks) whose last update is still deferred.
     pub fn pending_groups(&self) -> usize {
         self.pending

@@ -619,6 +619,7 @@ impl Job<'_> {
         drop(rng);
         trace::mark("host store ready");
         if opts.progress {
+            let copies = engine.compute_copy_bytes();
             let store = engine.store();
             eprintln!(
                 "host store ready: {} parameters, {:.2} GiB ({} B/param) in {:.1} s; host peak so far {:.2} GiB",
@@ -628,6 +629,13 @@ impl Job<'_> {
                 self.building.elapsed().as_secs_f64(),
                 peak_rss_bytes().unwrap_or(0) as f64 / GIB,
             );
+            if copies > 0 {
+                eprintln!(
+                    "{} weights for upload: {:.2} GiB beside the fp32 store",
+                    opts.compute,
+                    copies as f64 / GIB
+                );
+            }
         }
         let mut outcome = Outcome::default();
         if let Some(path) = &opts.resume {
