@@ -705,38 +705,13 @@ where
 
     /// Binds block `i` (its weights paged in) for graph-free forward.
     fn bind_block(&mut self, blocks: &[M::Block], i: usize) -> M::Block {
-        self.settle(i + 1);
-        self.refresh_bf16(i + 1);
-        let group = &self.store.groups[i + 1];
-        let bf16 = self.bf16.as_ref().map(|c| c.values(i + 1));
-        let template = blocks[i].clone();
-        self.pager.bind(
-            template,
-            i + 1,
-            group,
-            bf16,
-            &HashSet::new(),
-            false,
-            &self.device,
-        )
+        self.bind_group::<B, _>(blocks[i].clone(), i + 1, false, false)
     }
 
     /// Binds block `i` under `Autodiff`, its parameters requiring gradients.
     fn bind_block_ad(&mut self, blocks: &[M::Block], i: usize) -> BlockAd<B, M> {
-        self.settle(i + 1);
-        self.refresh_bf16(i + 1);
-        let group = &self.store.groups[i + 1];
-        let bf16 = self.bf16.as_ref().map(|c| c.values(i + 1));
         let template = BlockAd::<B, M>::from_inner(blocks[i].clone());
-        self.pager.bind(
-            template,
-            i + 1,
-            group,
-            bf16,
-            &HashSet::new(),
-            true,
-            &self.device,
-        )
+        self.bind_group::<AD<B>, _>(template, i + 1, true, false)
     }
 
     /// Binds the stem (embeddings, final norm, head) into the whole template,
@@ -753,21 +728,36 @@ where
     where
         X::Device: From<B::Device>,
     {
-        self.settle(0);
-        let bf16 = if f32 {
-            None
-        } else {
-            self.refresh_bf16(0);
-            self.bf16.as_ref().map(|c| c.values(0))
-        };
-        let group = &self.store.groups[0];
+        self.bind_group(template, 0, require_grad, f32)
+    }
+
+    /// Binds group `g` into `template` once its deferred update is applied,
+    /// from its bf16 copy in bf16 mode unless `f32`.
+    fn bind_group<X: Backend, T: Module<X>>(
+        &mut self,
+        template: T,
+        g: usize,
+        require_grad: bool,
+        f32: bool,
+    ) -> T
+    where
+        X::Device: From<B::Device>,
+    {
+        self.settle(g);
+        if !f32 {
+            self.refresh_bf16(g);
+        }
+        let bf16 = self.bf16.as_ref().filter(|_| !f32).map(|c| c.values(g));
+        // The stem is bound into the whole model, whose blocks it skips.
+        let no_skip = HashSet::new();
+        let skip = if g == 0 { &self.block_ids } else { &no_skip };
         let device = X::Device::from(self.device.clone());
         self.pager.bind(
             template,
-            0,
-            group,
+            g,
+            &self.store.groups[g],
             bf16,
-            &self.block_ids,
+            skip,
             require_grad,
             &device,
         )

@@ -22,12 +22,14 @@ use models::{cross_entropy, Gpt2Config, LlamaConfig};
 const TOL: f32 = 1e-5;
 #[cfg(feature = "cuda")]
 const TOL: f32 = 1e-4;
-/// Tolerance on parameters and Adam moments after 20 steps. On the GPU,
-/// Adam's `m / √v` amplifies rounding in near-zero gradients from step to
-/// step. The H100 runs of 2026-11-23 measured up to 2.2e-4 on parameters
-/// and 1.05e-3 on Adam's first moment.
+/// Tolerance on parameters and Adam moments after 20 steps. Adam's `m / √v`
+/// amplifies rounding in near-zero gradients from step to step. On the CPU,
+/// 50 runs (random weights each) measured up to 1.45e-5 (so `TOL` failed
+/// about one run in ten); the H100 runs of 2026-11-23 measured up to 2.2e-4
+/// on parameters and 1.05e-3 on Adam's first moment. A wrong update (bias
+/// correction, step count, decay) errs by 1e-3 or more.
 #[cfg(not(feature = "cuda"))]
-const TRAJECTORY_TOL: f32 = TOL;
+const TRAJECTORY_TOL: f32 = 5e-5;
 #[cfg(feature = "cuda")]
 const TRAJECTORY_TOL: f32 = 3e-3;
 

@@ -21,11 +21,14 @@ const GRAD_TOL: f64 = 5e-2;
 /// The bf16 engine must differ from f32 by more than this, or it did not run in bf16.
 const MIN_BF16_ERR: f64 = 1e-4;
 /// Loss curves: relative distance per step between bf16 and f32 training,
-/// and its mean over the 50 steps. Measured on the CPU (random weights, loss
-/// 5.6 → 0.86): worst 1.3e-2 to 1.7e-2 (at the last steps, 0.01 nats), mean
-/// 1.8e-3; the trajectories part slowly as the loss falls.
-const CURVE_TOL: f32 = 3e-2;
-const MEAN_CURVE_TOL: f32 = 6e-3;
+/// and its mean over the 50 steps. Measured on the CPU over 22 runs (random
+/// weights each, loss 5.55 → 3.17 at lr 1e-3): worst 6e-4 to 5.2e-3, mean
+/// 1.5e-4 to 4.5e-4. At lr 3e-3 the loss falls to 0.85 and the curves part
+/// in time where it drops fastest (worst up to 4e-2), which measures the
+/// memorisation's chaos more than the precision.
+const CURVE_TOL: f32 = 1.5e-2;
+const MEAN_CURVE_TOL: f32 = 3e-3;
+const CURVE_LR: f64 = 1e-3;
 
 type Batch = (Tensor<B, 2, Int>, Tensor<B, 2, Int>);
 
@@ -122,7 +125,7 @@ fn bf16_gradients_are_close_to_plain_burn_f32_gpt2() {
 }
 
 /// Trains the same initial weights 50 steps in f32 and in bf16 (a few batches
-/// cycled, so the loss falls well below its start), comparing the losses at
+/// cycled, so the loss falls well below its start: 5.55 → 3.17), comparing the losses at
 /// every step. Master weights must keep f32 precision: a bf16 round trip
 /// would leave the low 16 bits of every weight zero.
 #[test]
@@ -138,8 +141,8 @@ fn bf16_loss_curve_tracks_fp32_for_50_steps() {
     let (mut first, mut last, mut worst, mut sum) = (0.0, 0.0, 0.0f32, 0.0f32);
     for step in 0..50 {
         let data = [batches[step % batches.len()].clone()];
-        let a = fp32.step(&data, 3e-3).unwrap();
-        let b = bf16.step(&data, 3e-3).unwrap();
+        let a = fp32.step(&data, CURVE_LR).unwrap();
+        let b = bf16.step(&data, CURVE_LR).unwrap();
         assert!(!a.skipped && !b.skipped, "step {step} was skipped");
         let err = (b.loss - a.loss).abs() / a.loss;
         worst = worst.max(err);
@@ -155,7 +158,7 @@ fn bf16_loss_curve_tracks_fp32_for_50_steps() {
         }
         last = a.loss;
     }
-    assert!(last < 0.8 * first, "the loss should fall: {first} → {last}");
+    assert!(last < 0.7 * first, "the loss should fall: {first} → {last}");
     let mean = sum / 50.0;
     eprintln!(
         "bf16 vs f32 over 50 steps: relative loss distance worst {worst:.2e}, mean {mean:.2e}"
