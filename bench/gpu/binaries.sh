@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Builds the CUDA release binaries the GPU scripts run (train and the engine
-# parity tests), strips them and packs them into .device/bin.tar.xz (git-ignored)
+# and bf16 parity tests), strips them and packs them into .device/bin.tar.xz (git-ignored)
 # for the device tool's `carry` (64 MiB per call; xz brings ~80 MB to ~20 MB).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 cargo build --release --features cuda -p burn-offload-examples --bin train
-cargo test --release --features cuda -p burn-offload-tests --test engine --test init --no-run
+cargo test --release --features cuda -p burn-offload-tests --test engine --test init --test precision --no-run
 rm -rf .device/bin && mkdir -p .device/bin
 cp target/release/train .device/bin/train
-for t in engine init; do
+for t in engine init precision; do
   exe=$(ls -t target/release/deps/$t-* | grep -v '\.d$' | head -1)
   cp "$exe" .device/bin/$t-tests
 done

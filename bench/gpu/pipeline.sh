@@ -86,12 +86,13 @@ PY
 
 for part in "$@"; do case $part in
 parity)
-# Parity of the engine with plain burn, on CUDA (tolerances in tests/tests/engine.rs).
+# Parity of the engine with plain burn, on CUDA (tolerances in tests/tests/engine.rs;
+# bf16 against fp32 in tests/tests/precision.rs).
 echo "== parity tests on CUDA"
 for t in .device/bin/*-tests; do
-  timeout 200 $t --test-threads 1 >> $OUT/parity.txt 2>&1
+  timeout 200 $t --test-threads 1 --nocapture >> $OUT/parity.txt 2>&1
 done
-grep -E "^test |panicked|relative|test result" $OUT/parity.txt; pack
+grep -E "^test |panicked|relative|bf16|test result" $OUT/parity.txt; pack
 ;;
 pipeline)
 # Resident burn keeps every activation: at 8k tokens it ran out of the 80 GB.
