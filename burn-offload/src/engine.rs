@@ -257,6 +257,11 @@ where
     /// a stateless template of the model.
     pub fn new(model: M, config: EngineConfig, device: &B::Device) -> Result<Self, EngineError> {
         config.optimizer.validate()?;
+        // Before the weights move into the store.
+        config
+            .compute
+            .check::<B>(device)
+            .map_err(EngineError::Config)?;
         if config.loss_chunk_tokens == 0 {
             return Err(EngineError::Config(
                 "loss_chunk_tokens must be at least 1".into(),
@@ -296,6 +301,10 @@ where
         device: &B::Device,
     ) -> Result<Self, EngineError> {
         config.optimizer.validate()?;
+        config
+            .compute
+            .check::<B>(device)
+            .map_err(EngineError::Config)?;
         if store.layout.gradient_buffer == config.fused {
             return Err(EngineError::Config(format!(
                 "store was built {} a gradient buffer but the engine is {}",

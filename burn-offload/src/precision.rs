@@ -10,7 +10,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use burn::module::{Module, ModuleMapper, Param};
-use burn::tensor::backend::Backend;
+use burn::tensor::backend::{Backend, DTypeUsage, DTypeUsageSet};
 use burn::tensor::{bf16, DType, FloatDType, Tensor};
 use rayon::prelude::*;
 
@@ -50,12 +50,29 @@ impl Compute {
         }
     }
 
+    /// Whether backend `B` can compute in this precision on `device`: a
+    /// clear error up front instead of a panic inside the first kernel.
+    pub fn check<B: Backend>(self, device: &B::Device) -> Result<(), String> {
+        check_usage(self, &B::name(device), B::dtype_usage(device, self.dtype()))
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Compute::Fp32 => "fp32",
             Compute::Bf16 => "bf16",
         }
     }
+}
+
+fn check_usage(compute: Compute, backend: &str, usage: DTypeUsageSet) -> Result<(), String> {
+    if usage.is_superset(DTypeUsage::general()) {
+        return Ok(());
+    }
+    Err(format!(
+        "the {backend} backend cannot compute in {compute} on this device (its {} support: {usage:?}); \
+         use fp32 compute",
+        compute.dtype().name()
+    ))
 }
 
 impl fmt::Display for Compute {
@@ -182,6 +199,21 @@ pub fn cast_params<B: Backend, M: Module<B>>(module: M, dtype: DType) -> M {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_backend_without_the_dtype_is_a_clear_error() {
+        let err = check_usage(Compute::Bf16, "ndarray", DTypeUsageSet::empty()).unwrap_err();
+        assert!(
+            err.contains("the ndarray backend cannot compute in bf16"),
+            "{err}"
+        );
+        let storage_only = DTypeUsage::Storage.into();
+        assert!(check_usage(Compute::Bf16, "x", storage_only).is_err());
+        assert!(check_usage(Compute::Bf16, "x", DTypeUsage::general()).is_ok());
+        assert!(Compute::Bf16
+            .check::<burn::backend::Flex>(&Default::default())
+            .is_ok());
+    }
 
     #[test]
     fn names_round_trip_and_bad_names_are_explained() {

@@ -321,6 +321,9 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
     type B = DefaultBackend;
     type AB = Autodiff<DefaultBackend>;
     let device = Default::default();
+    opts.compute
+        .check::<B>(&device)
+        .map_err(|why| anyhow::anyhow!("--compute {}: {why}", opts.compute))?;
     let job = Job {
         opts,
         tokenizer: &tokenizer,
