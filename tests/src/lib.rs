@@ -1,6 +1,10 @@
 //! Shared helpers for the integration tests.
 
+use std::collections::HashMap;
+
+use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::prelude::*;
+use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::TensorData;
 
 /// The backend the tests run on: the CPU one, or CUDA with `--features cuda`
@@ -40,4 +44,67 @@ pub fn max_rel_err<B: Backend, const D: usize>(
         .zip(&b)
         .map(|(x, y)| (x - y).abs() / y.abs().max(floor))
         .fold(0.0, f32::max)
+}
+
+/// All float parameters (or their gradients) of a module, by id.
+struct Values<'a, AB: AutodiffBackend> {
+    grads: Option<&'a AB::Gradients>,
+    out: HashMap<ParamId, Vec<f32>>,
+}
+
+impl<AB: AutodiffBackend> ModuleVisitor<AB> for Values<'_, AB> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<AB, D>>) {
+        let tensor = match self.grads {
+            Some(grads) => param
+                .val()
+                .grad(grads)
+                .expect("every parameter has a gradient"),
+            None => param.val().inner(),
+        };
+        self.out
+            .insert(param.id, tensor.into_data().to_vec::<f32>().unwrap());
+    }
+}
+
+/// All float parameters of `model` (or, with `grads`, their gradients), by id.
+pub fn values<AB: AutodiffBackend, M: Module<AB>>(
+    model: &M,
+    grads: Option<&AB::Gradients>,
+) -> HashMap<ParamId, Vec<f32>> {
+    let mut v = Values::<AB> {
+        grads,
+        out: HashMap::new(),
+    };
+    model.visit(&mut v);
+    v.out
+}
+
+/// Normwise relative error `‖a − b‖₂ / ‖b‖₂`.
+pub fn rel_err(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    let diff = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (*x as f64 - *y as f64).powi(2))
+        .sum::<f64>();
+    let norm = b.iter().map(|y| (*y as f64).powi(2)).sum::<f64>();
+    (diff.sqrt() / norm.sqrt().max(1e-30)) as f32
+}
+
+/// Token ids `(inputs, targets)`, each `[rows, seq]`.
+pub type Batch = (Tensor<TestBackend, 2, Int>, Tensor<TestBackend, 2, Int>);
+
+/// Random token ids and their next tokens (targets), from a seeded stream.
+pub fn batch(rows: usize, seq: usize, vocab: usize, seed: u64) -> Batch {
+    let device = Default::default();
+    let tokens = random_tokens::<TestBackend>(rows, seq + 1, vocab, seed, &device);
+    (tokens.clone().narrow(1, 0, seq), tokens.narrow(1, 1, seq))
+}
+
+/// A batch on the autodiff backend.
+pub fn lift(b: &Batch) -> (Tensor<TestAutodiff, 2, Int>, Tensor<TestAutodiff, 2, Int>) {
+    (
+        Tensor::from_inner(b.0.clone()),
+        Tensor::from_inner(b.1.clone()),
+    )
 }

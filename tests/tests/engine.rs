@@ -3,16 +3,15 @@
 //!
 //! Relative error of a tensor: `‖engine − reference‖₂ / ‖reference‖₂` (normwise).
 
-use std::collections::HashMap;
-
-use burn::module::{AutodiffModule, Module, ModuleMapper, ModuleVisitor, Param, ParamId};
+use burn::module::{AutodiffModule, Module, ModuleMapper, ModuleVisitor, Param};
 use burn::optim::{AdamWConfig as BurnAdamW, GradientsParams, Optimizer};
 use burn::prelude::*;
-use burn::tensor::backend::AutodiffBackend;
 use burn_offload::{
     AdamWConfig, BlockModel, Compute, Engine, EngineConfig, EngineError, OptimizerConfig,
 };
-use burn_offload_tests::{random_tokens, TestAutodiff as AD, TestBackend as B};
+use burn_offload_tests::{
+    batch, lift, rel_err, values, Batch, TestAutodiff as AD, TestBackend as B,
+};
 use models::{cross_entropy, Gpt2Config, LlamaConfig};
 
 /// Normwise relative tolerance of one step (losses, gradients). On the GPU,
@@ -32,64 +31,6 @@ const TOL: f32 = 1e-4;
 const TRAJECTORY_TOL: f32 = 5e-5;
 #[cfg(feature = "cuda")]
 const TRAJECTORY_TOL: f32 = 3e-3;
-
-/// All float parameters (or their gradients) of a module, by id.
-struct Values<'a, AB: AutodiffBackend> {
-    grads: Option<&'a AB::Gradients>,
-    out: HashMap<ParamId, Vec<f32>>,
-}
-
-impl<AB: AutodiffBackend> ModuleVisitor<AB> for Values<'_, AB> {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<AB, D>>) {
-        let tensor = match self.grads {
-            Some(grads) => param
-                .val()
-                .grad(grads)
-                .expect("every parameter has a gradient"),
-            None => param.val().inner(),
-        };
-        self.out
-            .insert(param.id, tensor.into_data().to_vec::<f32>().unwrap());
-    }
-}
-
-fn values<AB: AutodiffBackend, M: Module<AB>>(
-    model: &M,
-    grads: Option<&AB::Gradients>,
-) -> HashMap<ParamId, Vec<f32>> {
-    let mut v = Values::<AB> {
-        grads,
-        out: HashMap::new(),
-    };
-    model.visit(&mut v);
-    v.out
-}
-
-fn rel_err(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    let diff = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (*x as f64 - *y as f64).powi(2))
-        .sum::<f64>();
-    let norm = b.iter().map(|y| (*y as f64).powi(2)).sum::<f64>();
-    (diff.sqrt() / norm.sqrt().max(1e-30)) as f32
-}
-
-type Batch = (Tensor<B, 2, Int>, Tensor<B, 2, Int>);
-
-fn batch(rows: usize, seq: usize, vocab: usize, seed: u64) -> Batch {
-    let device = Default::default();
-    let tokens = random_tokens::<B>(rows, seq + 1, vocab, seed, &device);
-    (tokens.clone().narrow(1, 0, seq), tokens.narrow(1, 1, seq))
-}
-
-fn lift(b: &Batch) -> (Tensor<AD, 2, Int>, Tensor<AD, 2, Int>) {
-    (
-        Tensor::from_inner(b.0.clone()),
-        Tensor::from_inner(b.1.clone()),
-    )
-}
 
 fn engine_config(fused: bool) -> EngineConfig {
     EngineConfig {
