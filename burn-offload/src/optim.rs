@@ -128,9 +128,7 @@ where
             .zip(out.par_chunks_mut(CHUNK))
             .for_each(|((((p, m), v), g), o)| {
                 update(p, m, v, g);
-                o.iter_mut()
-                    .zip(p.iter())
-                    .for_each(|(o, p)| *o = bf16::from_f32(*p));
+                crate::precision::round_into(o, p);
             }),
         None => chunks.for_each(|(((p, m), v), g)| update(p, m, v, g)),
     }

@@ -168,17 +168,20 @@ impl Bf16Weights {
         self.updated(g)
             .par_chunks_mut(1 << 16)
             .zip(params.par_chunks(1 << 16))
-            .for_each(|(o, p)| {
-                o.iter_mut()
-                    .zip(p)
-                    .for_each(|(o, p)| *o = bf16::from_f32(*p))
-            });
+            .for_each(|(o, p)| round_into(o, p));
     }
 
     /// Host bytes of the copies.
     pub fn bytes(&self) -> usize {
         self.slabs.iter().map(Slab::bytes).sum()
     }
+}
+
+/// Rounds `values` to bf16 (to nearest even) into `out` (same length).
+pub(crate) fn round_into(out: &mut [bf16], values: &[f32]) {
+    out.iter_mut()
+        .zip(values)
+        .for_each(|(o, v)| *o = bf16::from_f32(*v));
 }
 
 /// `module` with every float parameter cast to `dtype`, ids kept. Under
