@@ -396,10 +396,10 @@ pub(crate) fn write_into(out: &mut [f32], values: &[f32], accumulate: bool) {
     }
 }
 
-/// [`write_into`] from bf16 values (a bf16 gradient or checkpoint), widened
-/// to f32 as they are written or added.
+/// [`write_into`] from bf16 values (a bf16 gradient), widened to f32 as they
+/// are written or added.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-pub(crate) fn widen_into(out: &mut [f32], values: &[burn::tensor::bf16], accumulate: bool) {
+pub(crate) fn widen_into(out: &mut [f32], values: &[bf16], accumulate: bool) {
     let pairs = chunk_pairs(out, values);
     if accumulate {
         pairs.for_each(|(o, v)| o.iter_mut().zip(v).for_each(|(o, v)| *o += v.to_f32()));
