@@ -16,7 +16,9 @@ B=.device/bin/train
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 # Everything lands in $W; a tarball of it is refreshed in $OUT after each run
 # (few files come back from the device machine, and a timed-out call keeps it).
-FINAL=$OUT; W=/tmp/bench-work; rm -rf $W; mkdir -p $W; OUT=$W
+# Several invocations in one device call add to the same $W (the machine
+# starts bare each call, so nothing older is there to mix in).
+FINAL=$OUT; W=/tmp/bench-work; mkdir -p $W; OUT=$W
 pack() { tar czf $FINAL/results.tgz -C $W . ; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee $OUT/gpu.txt
 free -g | tee -a $OUT/gpu.txt

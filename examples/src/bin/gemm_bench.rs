@@ -1,0 +1,256 @@
+//! Matmul throughput of burn's CUDA backend per cubek strategy, on the
+//! shapes of the 0.85B bench block at 16k tokens (bench/gpu/gemm.sh).
+//!
+//! The engine's GPU time is ~70% matmul (Nsight Compute, bench/gpu/profile.sh),
+//! and burn 0.21 without autotune launches every matmul with cubek's `Auto`
+//! strategy. This binary times each strategy that burn's autotuner would try,
+//! for the forward and both backward layouts (an operand transposed by
+//! `swap_dims`, as autodiff produces it), in fp32 and bf16, so the choice of a
+//! fixed strategy (or of another GEMM) rests on numbers from the H100.
+//!
+//! Output: one JSON object per line (shape, dtype, strategy, TFLOPS or the
+//! error), on stdout.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::Instant;
+
+use burn::tensor::{DType, Distribution, Tensor};
+use burn_cubecl::cubecl::cuda::{CudaDevice, CudaRuntime};
+use burn_cubecl::cubecl::future::block_on;
+use burn_cubecl::tensor::CubeTensor;
+use burn_offload::cuda::CudaBackend;
+use clap::Parser;
+use cubek::matmul::components::tile::TileMatmulKind;
+use cubek::matmul::definition::{MatmulElems, MatmulGlobalElems};
+use cubek::matmul::launch::{launch_ref, Strategy};
+use cubek::matmul::routines::{
+    double_buffering::DoubleBufferingArgs, double_unit::DoubleUnitSelectionArgs,
+    ordered_double_buffering::OrderedSelectionArgs, simple::SimpleArgs,
+    simple_unit::SimpleUnitSelectionArgs, BlueprintStrategy, TileSizeSelection,
+};
+use cubek::std::InputBinding;
+
+#[derive(Parser)]
+#[command(about = "Times cubek matmul strategies on the bench block's shapes")]
+struct Cli {
+    /// Tokens per step (rows of the activations).
+    #[arg(long, default_value_t = 16384)]
+    tokens: usize,
+    /// Timed launches per strategy (after one untimed launch that compiles).
+    #[arg(long, default_value_t = 10)]
+    reps: usize,
+    /// Stop starting new cases after this many seconds.
+    #[arg(long, default_value_t = 200.0)]
+    budget_s: f64,
+    /// Data types to time.
+    #[arg(long, value_delimiter = ',', default_value = "bf16,f32")]
+    dtypes: Vec<String>,
+}
+
+/// One matmul of the block: `[m, k] @ [k, n]`, with the operand that autodiff
+/// hands over transposed built as a `swap_dims` view.
+struct Case {
+    name: &'static str,
+    m: usize,
+    k: usize,
+    n: usize,
+    lhs_transposed: bool,
+    rhs_transposed: bool,
+}
+
+fn strategies() -> Vec<Strategy> {
+    let simple = |multi_rows, tile_matmul| SimpleArgs {
+        multi_rows,
+        tile_matmul,
+    };
+    let ordered = |row_count, tile_matmul| OrderedSelectionArgs {
+        partition_k: Some(2),
+        row_count: Some(row_count),
+        rows_per_plane: Some(2),
+        tile_matmul,
+    };
+    let double = |specialized, tile_matmul| DoubleBufferingArgs {
+        specialized,
+        tile_matmul,
+    };
+    use BlueprintStrategy::Inferred;
+    use TileMatmulKind::{Cmma, Mma};
+    vec![
+        Strategy::Auto,
+        Strategy::SimpleUnit(Inferred(SimpleUnitSelectionArgs {
+            tile_size: TileSizeSelection::MaxTileSize,
+        })),
+        Strategy::DoubleUnit(Inferred(DoubleUnitSelectionArgs {
+            tile_size: TileSizeSelection::MaxTileSize,
+        })),
+        Strategy::SimpleCyclicCmma(Inferred(simple(false, Cmma))),
+        Strategy::SimpleCyclicMma(Inferred(simple(false, Mma))),
+        Strategy::SimpleCyclicCmma(Inferred(simple(true, Cmma))),
+        Strategy::SimpleCyclicMma(Inferred(simple(true, Mma))),
+        Strategy::OrderedDoubleCmma(Inferred(ordered(4, Cmma))),
+        Strategy::OrderedDoubleMma(Inferred(ordered(4, Mma))),
+        Strategy::OrderedDoubleCmma(Inferred(ordered(8, Cmma))),
+        Strategy::OrderedDoubleMma(Inferred(ordered(8, Mma))),
+        Strategy::DoubleCyclicCmma(Inferred(double(false, Cmma))),
+        Strategy::DoubleCyclicMma(Inferred(double(false, Mma))),
+        Strategy::DoubleCyclicCmma(Inferred(double(true, Cmma))),
+        Strategy::DoubleCyclicMma(Inferred(double(true, Mma))),
+        Strategy::SpecializedCyclicCmma(Inferred(().into())),
+        Strategy::SpecializedCyclicMma(Inferred(().into())),
+        Strategy::SimpleTmaCmma(Inferred(simple(false, Cmma))),
+        Strategy::SimpleTmaMma(Inferred(simple(false, Mma))),
+        Strategy::SimpleTmaCmma(Inferred(simple(true, Cmma))),
+        Strategy::SimpleTmaMma(Inferred(simple(true, Mma))),
+        Strategy::SpecializedTmaCmma(Inferred(().into())),
+        Strategy::SpecializedTmaMma(Inferred(().into())),
+    ]
+}
+
+fn operand(rows: usize, cols: usize, transposed: bool, dtype: DType) -> CubeTensor<CudaRuntime> {
+    let device = CudaDevice { index: 0 };
+    let shape = if transposed {
+        [cols, rows]
+    } else {
+        [rows, cols]
+    };
+    let t = Tensor::<CudaBackend, 2>::random(shape, Distribution::Default, &device).cast(dtype);
+    let t = if transposed { t.swap_dims(0, 1) } else { t };
+    t.into_primitive().tensor()
+}
+
+/// Launches `strategy` once (compiling it), then `reps` times; TFLOPS of the
+/// timed launches, or why the strategy does not run on this case.
+fn time(
+    strategy: &Strategy,
+    lhs: &CubeTensor<CudaRuntime>,
+    rhs: &CubeTensor<CudaRuntime>,
+    out: &CubeTensor<CudaRuntime>,
+    flops: f64,
+    reps: usize,
+) -> Result<f64, String> {
+    let client = &out.client;
+    let launch = || -> Result<(), String> {
+        let mut dtypes = MatmulElems::from_globals(&MatmulGlobalElems {
+            lhs: lhs.dtype.into(),
+            rhs: rhs.dtype.into(),
+            out: out.dtype.into(),
+        });
+        let run = catch_unwind(AssertUnwindSafe(|| {
+            launch_ref(
+                strategy,
+                client,
+                InputBinding::new(lhs.clone().binding(), lhs.dtype.into()),
+                InputBinding::new(rhs.clone().binding(), lhs.dtype.into()),
+                out.clone().binding(),
+                &mut dtypes,
+            )
+        }));
+        match run {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(format!("{e:?}")),
+            Err(_) => Err("panicked".into()),
+        }
+    };
+    launch()?;
+    block_on(client.sync()).map_err(|e| format!("{e:?}"))?;
+    let start = Instant::now();
+    for _ in 0..reps {
+        launch()?;
+    }
+    block_on(client.sync()).map_err(|e| format!("{e:?}"))?;
+    Ok(flops * reps as f64 / start.elapsed().as_secs_f64() / 1e12)
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let t = cli.tokens;
+    let (d, ff, vocab) = (2048, 5632, 32000);
+    let cases = [
+        Case {
+            name: "mlp_up",
+            m: t,
+            k: d,
+            n: ff,
+            lhs_transposed: false,
+            rhs_transposed: false,
+        },
+        Case {
+            name: "mlp_up_wgrad",
+            m: d,
+            k: t,
+            n: ff,
+            lhs_transposed: true,
+            rhs_transposed: false,
+        },
+        Case {
+            name: "mlp_up_igrad",
+            m: t,
+            k: ff,
+            n: d,
+            lhs_transposed: false,
+            rhs_transposed: true,
+        },
+        Case {
+            name: "head_chunk",
+            m: 4096,
+            k: d,
+            n: vocab,
+            lhs_transposed: false,
+            rhs_transposed: false,
+        },
+        Case {
+            name: "attn_proj",
+            m: t,
+            k: d,
+            n: d,
+            lhs_transposed: false,
+            rhs_transposed: false,
+        },
+        Case {
+            name: "mlp_down",
+            m: t,
+            k: ff,
+            n: d,
+            lhs_transposed: false,
+            rhs_transposed: false,
+        },
+    ];
+    // Let a failing strategy's panic message stay out of the JSON lines.
+    std::panic::set_hook(Box::new(|_| {}));
+    let start = Instant::now();
+    let device = CudaDevice { index: 0 };
+    for dtype_name in &cli.dtypes {
+        let dtype = match dtype_name.as_str() {
+            "bf16" => DType::BF16,
+            "f32" => DType::F32,
+            other => {
+                eprintln!("error: unknown dtype `{other}` (bf16, f32)");
+                std::process::exit(2);
+            }
+        };
+        for case in &cases {
+            let lhs = operand(case.m, case.k, case.lhs_transposed, dtype);
+            let rhs = operand(case.k, case.n, case.rhs_transposed, dtype);
+            let out = Tensor::<CudaBackend, 2>::zeros([case.m, case.n], &device)
+                .cast(dtype)
+                .into_primitive()
+                .tensor();
+            let flops = 2.0 * (case.m * case.k * case.n) as f64;
+            for strategy in strategies() {
+                if start.elapsed().as_secs_f64() > cli.budget_s {
+                    eprintln!("budget of {} s spent; stopping", cli.budget_s);
+                    return;
+                }
+                let result = time(&strategy, &lhs, &rhs, &out, flops, cli.reps);
+                let line = match result {
+                    Ok(tflops) => serde_json::json!({"case": case.name, "m": case.m, "k": case.k,
+                        "n": case.n, "dtype": dtype_name, "strategy": strategy.to_string(),
+                        "tflops": tflops}),
+                    Err(e) => serde_json::json!({"case": case.name, "dtype": dtype_name,
+                        "strategy": strategy.to_string(), "error": e.chars().take(160).collect::<String>()}),
+                };
+                println!("{line}");
+            }
+        }
+    }
+}
