@@ -33,16 +33,70 @@ use burn_cubecl::cubecl::cuda::{CudaDevice, CudaRuntime};
 use burn_cubecl::cubecl::Runtime;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeBackend;
+
+use crate::backend::gemm::Gemm;
 use cudarc::driver::sys::{self, CUevent, CUresult, CUstream};
 use cudarc::driver::CudaContext;
 
 /// `burn::backend::Cuda` in this workspace (fusion is off).
 pub type CudaBackend = CubeBackend<CudaRuntime, f32, i32, u8>;
 
-/// Whether `X` is the CUDA backend or `Autodiff` over it.
+/// Whether `X` is the CUDA backend, `Gemm` over it (same tensors, its own
+/// matmul), or `Autodiff` over either.
 pub fn is_cuda<X: Backend>() -> bool {
     let x = TypeId::of::<X>();
-    x == TypeId::of::<CudaBackend>() || x == TypeId::of::<Autodiff<CudaBackend>>()
+    x == TypeId::of::<CudaBackend>()
+        || x == TypeId::of::<Autodiff<CudaBackend>>()
+        || x == TypeId::of::<Gemm<CudaBackend>>()
+        || x == TypeId::of::<Autodiff<Gemm<CudaBackend>>>()
+}
+
+/// A CUDA tensor as one of backend `X`, when `X` [`is_cuda`].
+fn cuda_as<X: Backend, const D: usize>(tensor: Tensor<CudaBackend, D>) -> Option<Tensor<X, D>> {
+    let x = TypeId::of::<X>();
+    let boxed: Box<dyn Any> = if x == TypeId::of::<CudaBackend>() {
+        Box::new(tensor)
+    } else if x == TypeId::of::<Autodiff<CudaBackend>>() {
+        Box::new(Tensor::<Autodiff<CudaBackend>, D>::from_inner(tensor))
+    } else if x == TypeId::of::<Gemm<CudaBackend>>() {
+        Box::new(as_gemm(tensor))
+    } else if x == TypeId::of::<Autodiff<Gemm<CudaBackend>>>() {
+        Box::new(Tensor::<Autodiff<Gemm<CudaBackend>>, D>::from_inner(
+            as_gemm(tensor),
+        ))
+    } else {
+        return None;
+    };
+    boxed.downcast::<Tensor<X, D>>().ok().map(|t| *t)
+}
+
+/// The same tensor under `Gemm` (whose primitive is `CudaBackend`'s).
+fn as_gemm<const D: usize>(tensor: Tensor<CudaBackend, D>) -> Tensor<Gemm<CudaBackend>, D> {
+    let TensorPrimitive::Float(t) = tensor.into_primitive() else {
+        unreachable!("float tensors of the CUDA backend are not quantized here")
+    };
+    Tensor::from_primitive(TensorPrimitive::Float(t))
+}
+
+/// A tensor of backend `X` as a CUDA one, when `X` is the CUDA backend or
+/// `Gemm` over it (not `Autodiff`: read-backs take plain tensors).
+fn as_cuda<X: Backend, const D: usize>(
+    tensor: Tensor<X, D>,
+) -> Result<Tensor<CudaBackend, D>, Tensor<X, D>> {
+    let x = TypeId::of::<X>();
+    if x == TypeId::of::<CudaBackend>() {
+        let boxed: Box<dyn Any> = Box::new(tensor);
+        return Ok(*boxed.downcast().expect("checked type"));
+    }
+    if x == TypeId::of::<Gemm<CudaBackend>>() {
+        let boxed: Box<dyn Any> = Box::new(tensor);
+        let tensor: Tensor<Gemm<CudaBackend>, D> = *boxed.downcast().expect("checked type");
+        let TensorPrimitive::Float(t) = tensor.into_primitive() else {
+            unreachable!("float tensors of the CUDA backend are not quantized here")
+        };
+        return Ok(Tensor::from_primitive(TensorPrimitive::Float(t)));
+    }
+    Err(tensor)
 }
 
 fn check(result: CUresult, what: &str) {
@@ -226,20 +280,12 @@ pub(crate) fn try_upload<X: Backend, const D: usize>(
     device: &X::Device,
 ) -> Option<Tensor<X, D>> {
     let device = (device as &dyn Any).downcast_ref::<CudaDevice>()?;
-    let inner = || {
-        Tensor::<CudaBackend, D>::from_primitive(TensorPrimitive::Float(upload_cube(
-            bytes, dtype, shape, device,
-        )))
-    };
-    let x = TypeId::of::<X>();
-    let tensor: Box<dyn Any> = if x == TypeId::of::<CudaBackend>() {
-        Box::new(inner())
-    } else if x == TypeId::of::<Autodiff<CudaBackend>>() {
-        Box::new(Tensor::<Autodiff<CudaBackend>, D>::from_inner(inner()))
-    } else {
+    if !is_cuda::<X>() {
         return None;
-    };
-    tensor.downcast::<Tensor<X, D>>().ok().map(|t| *t)
+    }
+    cuda_as(Tensor::<CudaBackend, D>::from_primitive(
+        TensorPrimitive::Float(upload_cube(bytes, dtype, shape, device)),
+    ))
 }
 
 /// What a wait for uploads saw: how long the host waited, and the uploads it
@@ -363,15 +409,10 @@ fn read_with<X: Backend, const D: usize, R>(
     consume: impl FnOnce(&[u8], DType) -> R,
 ) -> Result<(R, Download), Tensor<X, D>> {
     let dtype = tensor.dtype();
-    if TypeId::of::<X>() != TypeId::of::<CudaBackend>()
-        || !matches!(dtype, DType::F32 | DType::BF16)
-    {
+    if !matches!(dtype, DType::F32 | DType::BF16) {
         return Err(tensor);
     }
-    let boxed: Box<dyn Any> = Box::new(tensor);
-    let tensor = *boxed
-        .downcast::<Tensor<CudaBackend, D>>()
-        .expect("checked type");
+    let tensor = as_cuda(tensor)?;
     let cube = burn_cubecl::kernel::into_contiguous(tensor.into_primitive().tensor());
     let bytes = cube.meta.shape().num_elements() * dtype.size();
     let device = cube.device.clone();

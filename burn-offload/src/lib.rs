@@ -12,6 +12,8 @@ pub mod checkpoint;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod engine;
+#[cfg(feature = "cuda")]
+pub mod matmul_cuda;
 pub mod model;
 pub mod optim;
 pub mod pager;
@@ -19,6 +21,7 @@ pub mod precision;
 pub mod store;
 pub mod trace;
 
+pub use backend::gemm::{matmul_names, set_matmul, Gemm};
 pub use backend::{HostParams, Offload, OffloadTensor, ParkParams};
 pub use engine::{Engine, EngineConfig, EngineError, MicroBatch, StepReport, StepSplit};
 pub use model::{BlockModel, DecoderBlock};

@@ -16,12 +16,14 @@
 //! Op forwarding: `forwarded.rs` (generated from burn-backend's trait sources by
 //! `codegen/forward_ops.py`) lists ~350 methods; the `forward_fns!` macro turns
 //! each into a call of `B`'s method with operands paged in and float results
-//! wrapped. `ops.rs` holds the handful written by hand.
+//! wrapped. `ops.rs` holds the handful written by hand. `gemm.rs` reuses the
+//! lists for `Gemm<B>`, which forwards everything but the matmul as is.
 
 #[macro_use]
 mod forward;
 #[macro_use]
 mod forwarded;
+pub mod gemm;
 mod ops;
 pub mod residency;
 pub use residency::reset_peak;

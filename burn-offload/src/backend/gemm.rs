@@ -1,0 +1,323 @@
+//! `Gemm<B>`: backend `B` with its matmuls launched by a chosen kernel.
+//!
+//! Two thirds of the engine's GPU time is matmul (Nsight Compute,
+//! bench/results/cuda-bench/run13), and burn 0.21 without autotune launches
+//! every matmul of its CUDA backend with cubek's `Auto` strategy: 82–94 TFLOPS
+//! in bf16 on the H100 where other cubek strategies reach 206–217 on the same
+//! shapes. burn offers no hook to choose, so this decorator sits under
+//! `Autodiff`: every operation goes straight to `B` (the tensor types *are*
+//! `B`'s, so nothing is wrapped or copied), except `float_matmul`, which on
+//! burn's CUDA backend launches the strategy chosen with [`set_matmul`]. The
+//! default, `auto`, is burn's own path: `Gemm<B>` then computes exactly what `B`
+//! computes.
+
+use std::future::Future;
+use std::marker::PhantomData;
+
+use burn::tensor::backend::{Backend, BackendTypes, DTypeUsageSet, ExecutionError};
+use burn::tensor::ops::*;
+use burn::tensor::quantization::{QuantScheme, QuantizationParametersPrimitive};
+use burn::tensor::{
+    BoolDType, DType, Device, Distribution, FloatDType, IndexingUpdateOp, IntDType, Scalar, Shape,
+    Slice, TensorData,
+};
+use std::ops::Range;
+
+/// The decorator: `Offload<Gemm<Cuda>>`, or `Gemm<Cuda>` under the engine.
+pub struct Gemm<B>(PhantomData<B>);
+
+impl<B> Clone for Gemm<B> {
+    fn clone(&self) -> Self {
+        Self(PhantomData)
+    }
+}
+impl<B> Default for Gemm<B> {
+    fn default() -> Self {
+        Self(PhantomData)
+    }
+}
+impl<B: Backend> std::fmt::Debug for Gemm<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Gemm<{}>", std::any::type_name::<B>())
+    }
+}
+
+/// Chooses the matmul kernel of every `Gemm<B>` in the process: `auto` (burn's
+/// own choice) or, with the `cuda` feature, one of [`matmul_names`]. A name
+/// that is not there is an error that lists them.
+pub fn set_matmul(name: &str) -> Result<(), String> {
+    if name == "auto" {
+        #[cfg(feature = "cuda")]
+        crate::matmul_cuda::select_matmul(None)?;
+        return Ok(());
+    }
+    #[cfg(feature = "cuda")]
+    {
+        crate::matmul_cuda::select_matmul(Some(name))
+    }
+    #[cfg(not(feature = "cuda"))]
+    Err(format!(
+        "matmul kernel `{name}` needs a build with `--features cuda`; this build has only `auto`"
+    ))
+}
+
+/// The matmul kernels [`set_matmul`] accepts.
+pub fn matmul_names() -> Vec<String> {
+    #[allow(unused_mut)]
+    let mut names = vec!["auto".to_string()];
+    #[cfg(feature = "cuda")]
+    names.extend(
+        crate::matmul_cuda::matmul_strategies()
+            .iter()
+            .map(|s| s.to_string()),
+    );
+    names
+}
+
+fn matmul<B: Backend>(
+    lhs: B::FloatTensorPrimitive,
+    rhs: B::FloatTensorPrimitive,
+) -> B::FloatTensorPrimitive {
+    #[cfg(feature = "cuda")]
+    let (lhs, rhs) = match crate::matmul_cuda::matmul_selected::<B>(lhs, rhs) {
+        Ok(out) => return out,
+        Err(operands) => operands,
+    };
+    B::float_matmul(lhs, rhs)
+}
+
+// The op lists of `forwarded.rs`, each method a plain call of `B`'s: the
+// operand tags only matter to `Offload`, since here the types are `B`'s.
+macro_rules! forward_fns {
+    ($(fn $name:ident($($k:ident $arg:ident : $ty:ty),* $(,)?) -> $rk:ident $ret:ty;)*) => {
+        $(
+            fn $name($($arg: $ty),*) -> $ret {
+                gemm_call!($name, $($arg),*)
+            }
+        )*
+    };
+}
+
+macro_rules! gemm_call {
+    (float_matmul, $lhs:ident, $rhs:ident) => {
+        matmul::<B>($lhs, $rhs)
+    };
+    ($name:ident, $($arg:ident),*) => {
+        B::$name($($arg),*)
+    };
+}
+
+impl<B: Backend> BackendTypes for Gemm<B> {
+    type Device = B::Device;
+    type FloatTensorPrimitive = B::FloatTensorPrimitive;
+    type FloatElem = B::FloatElem;
+    type IntTensorPrimitive = B::IntTensorPrimitive;
+    type IntElem = B::IntElem;
+    type BoolTensorPrimitive = B::BoolTensorPrimitive;
+    type BoolElem = B::BoolElem;
+    type QuantizedTensorPrimitive = B::QuantizedTensorPrimitive;
+}
+
+impl<B: Backend> Backend for Gemm<B> {
+    fn name(device: &Self::Device) -> String {
+        format!("gemm<{}>", B::name(device))
+    }
+
+    fn seed(device: &Self::Device, seed: u64) {
+        B::seed(device, seed);
+    }
+
+    fn sync(device: &Self::Device) -> Result<(), ExecutionError> {
+        B::sync(device)
+    }
+
+    fn memory_cleanup(device: &Self::Device) {
+        B::memory_cleanup(device)
+    }
+
+    fn dtype_usage(device: &Self::Device, dtype: DType) -> DTypeUsageSet {
+        B::dtype_usage(device, dtype)
+    }
+
+    fn device_count(type_id: u16) -> usize {
+        B::device_count(type_id)
+    }
+}
+
+impl<B: Backend> FloatTensorOps<Self> for Gemm<B> {
+    forwarded_float_tensor_ops!();
+
+    fn float_from_data(data: TensorData, device: &Device<Self>) -> FloatTensor<Self> {
+        B::float_from_data(data, device)
+    }
+
+    fn float_random(
+        shape: Shape,
+        distribution: Distribution,
+        device: &Device<Self>,
+        dtype: FloatDType,
+    ) -> FloatTensor<Self> {
+        B::float_random(shape, distribution, device, dtype)
+    }
+
+    fn float_zeros(shape: Shape, device: &Device<Self>, dtype: FloatDType) -> FloatTensor<Self> {
+        B::float_zeros(shape, device, dtype)
+    }
+
+    fn float_ones(shape: Shape, device: &Device<Self>, dtype: FloatDType) -> FloatTensor<Self> {
+        B::float_ones(shape, device, dtype)
+    }
+
+    fn float_full(
+        shape: Shape,
+        fill_value: Scalar,
+        device: &Device<Self>,
+        dtype: FloatDType,
+    ) -> FloatTensor<Self> {
+        B::float_full(shape, fill_value, device, dtype)
+    }
+
+    fn float_empty(shape: Shape, device: &Device<Self>, dtype: FloatDType) -> FloatTensor<Self> {
+        B::float_empty(shape, device, dtype)
+    }
+
+    fn float_into_data(
+        tensor: FloatTensor<Self>,
+    ) -> impl Future<Output = Result<TensorData, ExecutionError>> + Send {
+        B::float_into_data(tensor)
+    }
+
+    fn float_device(tensor: &FloatTensor<Self>) -> Device<Self> {
+        B::float_device(tensor)
+    }
+
+    fn float_to_device(tensor: FloatTensor<Self>, device: &Device<Self>) -> FloatTensor<Self> {
+        B::float_to_device(tensor, device)
+    }
+
+    fn float_detach(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
+        B::float_detach(tensor)
+    }
+
+    fn float_set_require_grad(tensor: FloatTensor<Self>, require_grad: bool) -> FloatTensor<Self> {
+        B::float_set_require_grad(tensor, require_grad)
+    }
+
+    fn float_is_require_grad(tensor: &FloatTensor<Self>) -> bool {
+        B::float_is_require_grad(tensor)
+    }
+}
+
+impl<B: Backend> IntTensorOps<Self> for Gemm<B> {
+    forwarded_int_tensor_ops!();
+
+    fn int_into_data(
+        tensor: IntTensor<Self>,
+    ) -> impl Future<Output = Result<TensorData, ExecutionError>> + Send {
+        B::int_into_data(tensor)
+    }
+}
+
+impl<B: Backend> BoolTensorOps<Self> for Gemm<B> {
+    forwarded_bool_tensor_ops!();
+
+    fn bool_into_data(
+        tensor: BoolTensor<Self>,
+    ) -> impl Future<Output = Result<TensorData, ExecutionError>> + Send {
+        B::bool_into_data(tensor)
+    }
+}
+
+impl<B: Backend> ModuleOps<Self> for Gemm<B> {
+    forwarded_module_ops!();
+
+    fn deform_conv2d_backward(
+        x: FloatTensor<Self>,
+        offset: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        mask: Option<FloatTensor<Self>>,
+        bias: Option<FloatTensor<Self>>,
+        output_grad: FloatTensor<Self>,
+        options: DeformConvOptions<2>,
+    ) -> DeformConv2dBackward<Self> {
+        let g = B::deform_conv2d_backward(x, offset, weight, mask, bias, output_grad, options);
+        DeformConv2dBackward::new(
+            g.x_grad,
+            g.offset_grad,
+            g.weight_grad,
+            g.mask_grad,
+            g.bias_grad,
+        )
+    }
+
+    fn max_pool2d_with_indices(
+        x: FloatTensor<Self>,
+        kernel_size: [usize; 2],
+        stride: [usize; 2],
+        padding: [usize; 2],
+        dilation: [usize; 2],
+        ceil_mode: bool,
+    ) -> MaxPool2dWithIndices<Self> {
+        let r = B::max_pool2d_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode);
+        MaxPool2dWithIndices::new(r.output, r.indices)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn max_pool2d_with_indices_backward(
+        x: FloatTensor<Self>,
+        kernel_size: [usize; 2],
+        stride: [usize; 2],
+        padding: [usize; 2],
+        dilation: [usize; 2],
+        ceil_mode: bool,
+        output_grad: FloatTensor<Self>,
+        indices: IntTensor<Self>,
+    ) -> MaxPool2dBackward<Self> {
+        let r = B::max_pool2d_with_indices_backward(
+            x,
+            kernel_size,
+            stride,
+            padding,
+            dilation,
+            ceil_mode,
+            output_grad,
+            indices,
+        );
+        MaxPool2dBackward::new(r.x_grad)
+    }
+
+    fn rfft(
+        signal: FloatTensor<Self>,
+        dim: usize,
+        n: Option<usize>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        B::rfft(signal, dim, n)
+    }
+}
+
+impl<B: Backend> ActivationOps<Self> for Gemm<B> {
+    forwarded_activation_ops!();
+}
+
+impl<B: Backend> QTensorOps<Self> for Gemm<B> {
+    forwarded_q_tensor_ops!();
+
+    fn quantize(
+        tensor: FloatTensor<Self>,
+        scheme: &QuantScheme,
+        qparams: QuantizationParametersPrimitive<Self>,
+    ) -> QuantizedTensor<Self> {
+        let qparams = QuantizationParametersPrimitive {
+            scales: qparams.scales,
+        };
+        B::quantize(tensor, scheme, qparams)
+    }
+
+    fn q_into_data(
+        tensor: QuantizedTensor<Self>,
+    ) -> impl Future<Output = Result<TensorData, ExecutionError>> + Send {
+        B::q_into_data(tensor)
+    }
+}
+
+impl<B: Backend> TransactionOps<Self> for Gemm<B> {}

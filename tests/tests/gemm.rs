@@ -1,0 +1,152 @@
+//! `Gemm<B>`: with `auto` it computes exactly what `B` computes (the engine
+//! and plain burn, bit for bit); a kernel name it does not know is an error;
+//! on CUDA, a chosen cubek strategy matches burn's own matmul within the
+//! tolerance of a different summation order.
+
+use std::sync::Mutex;
+
+use burn::backend::Autodiff;
+use burn::module::AutodiffModule;
+use burn::prelude::*;
+use burn_offload::{
+    matmul_names, set_matmul, AdamWConfig, Compute, Engine, EngineConfig, Gemm, HostStore,
+    OptimizerConfig,
+};
+#[cfg(feature = "cuda")]
+use burn_offload_tests::rel_err;
+use burn_offload_tests::{batch, Batch, TestBackend as B};
+use examples::train::{run, TrainOptions};
+use models::LlamaConfig;
+
+type G = Gemm<B>;
+
+/// The matmul kernel is chosen process-wide: tests that set or rely on it run
+/// one at a time.
+static KERNEL: Mutex<()> = Mutex::new(());
+
+fn engine_config() -> EngineConfig {
+    EngineConfig {
+        optimizer: OptimizerConfig::AdamW(AdamWConfig::default()),
+        grad_clip: Some(1.0),
+        fused: false,
+        loss_chunk_tokens: 8,
+        skip_non_finite: true,
+        overlap: true,
+        host_checkpoints: true,
+        compute: Compute::Fp32,
+    }
+}
+
+/// The same batch as tensors of `Gemm<B>` (whose int tensors are `B`'s).
+fn as_gemm((x, y): &Batch) -> (Tensor<G, 2, Int>, Tensor<G, 2, Int>) {
+    (
+        Tensor::from_primitive(x.clone().into_primitive()),
+        Tensor::from_primitive(y.clone().into_primitive()),
+    )
+}
+
+/// Three engine steps on `B` and on `Gemm<B>` from the same seed: losses,
+/// gradient norms and final parameters, as `(losses, norms, params)`.
+#[allow(clippy::type_complexity)]
+fn train_both(
+    steps: u64,
+) -> (
+    (Vec<f32>, Vec<f32>),
+    (Vec<f32>, Vec<f32>),
+    (Vec<f32>, Vec<f32>),
+) {
+    let device = Default::default();
+    let config = LlamaConfig::tiny();
+    // Parameters are drawn lazily, when the engine first reads them: seed
+    // right before each engine is built.
+    B::seed(&device, 7);
+    let plain = config.init::<Autodiff<B>>(&device).valid();
+    let mut plain = Engine::new(plain, engine_config(), &device).unwrap();
+    G::seed(&device, 7);
+    let gemm = config.init::<Autodiff<G>>(&device).valid();
+    let mut gemm = Engine::new(gemm, engine_config(), &device).unwrap();
+    assert!(
+        flat(plain.store()) == flat(gemm.store()),
+        "the same seed gives the same initial weights"
+    );
+    let (mut losses, mut norms) = ((vec![], vec![]), (vec![], vec![]));
+    for step in 0..steps {
+        let data = batch(2, 8, config.vocab_size, 10 + step);
+        let a = plain.step(std::slice::from_ref(&data), 1e-2).unwrap();
+        let b = gemm.step(&[as_gemm(&data)], 1e-2).unwrap();
+        losses.0.push(a.loss);
+        losses.1.push(b.loss);
+        norms.0.push(a.grad_norm as f32);
+        norms.1.push(b.grad_norm as f32);
+    }
+    let (a, b) = (plain.into_store(), gemm.into_store());
+    (losses, norms, (flat(&a), flat(&b)))
+}
+
+fn flat(store: &HostStore) -> Vec<f32> {
+    store
+        .groups
+        .iter()
+        .flat_map(|g| g.params.as_slice().to_vec())
+        .collect()
+}
+
+#[test]
+fn gemm_with_burns_matmul_trains_bit_for_bit_like_its_backend() {
+    let _one = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
+    set_matmul("auto").unwrap();
+    let (losses, norms, params) = train_both(3);
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&losses.0), bits(&losses.1), "losses");
+    assert_eq!(bits(&norms.0), bits(&norms.1), "gradient norms");
+    assert!(params.0 == params.1, "parameters after 3 steps");
+    assert!(losses.0[2] < losses.0[0], "the steps train: {:?}", losses.0);
+}
+
+#[test]
+fn an_unknown_matmul_kernel_is_a_clear_error() {
+    let _one = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
+    let err = set_matmul("matmul_fastest_please").unwrap_err();
+    assert!(err.contains("matmul_fastest_please"), "{err}");
+    assert!(matmul_names().contains(&"auto".to_string()));
+    // The selection is unchanged by a refused name, and `auto` is always there.
+    set_matmul("auto").unwrap();
+    let err = run(&TrainOptions {
+        matmul: "matmul_fastest_please".into(),
+        steps: 1,
+        ..Default::default()
+    })
+    .unwrap_err();
+    assert!(format!("{err:#}").contains("--matmul"), "{err:#}");
+}
+
+/// On the GPU, each cubek strategy that `gemm_bench` found fastest on the bench
+/// block's shapes computes the engine's steps like burn's own matmul, within
+/// the tolerance of another summation order (and of TF32 tensor cores, which
+/// cubek's f32 strategies use).
+#[cfg(feature = "cuda")]
+#[test]
+fn chosen_cuda_matmul_kernels_match_burns() {
+    let _one = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
+    set_matmul("auto").unwrap();
+    let (reference, _, reference_params) = train_both(2);
+    for name in [
+        "matmul_simple_tma_mma",
+        "matmul_specialized_tma_mma",
+        "matmul_simple_cyclic_mma_multi_rows",
+    ] {
+        set_matmul(name).unwrap();
+        let (losses, _, params) = train_both(2);
+        set_matmul("auto").unwrap();
+        let loss_err = rel_err(&losses.1, &reference.0);
+        let param_err = rel_err(&params.1, &reference_params.0);
+        println!("{name}: losses rel. err {loss_err:.2e}, params rel. err {param_err:.2e}");
+        assert!(
+            loss_err < 1e-2,
+            "{name}: losses {:?} vs {:?}",
+            losses.1,
+            reference.0
+        );
+        assert!(param_err < 1e-2, "{name}: params rel. err {param_err}");
+    }
+}
