@@ -7,11 +7,12 @@ pub mod schedule;
 pub mod train;
 
 /// The backend the examples run on: burn-flex on the CPU by default, burn's
-/// CUDA backend with `--features cuda`.
+/// CUDA backend with `--features cuda`, under `Gemm` so that `--matmul` can
+/// choose its matmul kernel (with `auto`, `Gemm<Cuda>` computes as `Cuda`).
 #[cfg(not(feature = "cuda"))]
 pub type DefaultBackend = burn::backend::Flex;
 #[cfg(feature = "cuda")]
-pub type DefaultBackend = burn::backend::Cuda;
+pub type DefaultBackend = burn_offload::Gemm<burn::backend::Cuda>;
 
 /// Resident set size of this process (`VmRSS`, Linux); `None` elsewhere.
 pub fn process_rss_bytes() -> Option<u64> {

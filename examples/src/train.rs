@@ -66,6 +66,9 @@ pub struct TrainOptions {
     pub accum: usize,
     /// Precision of the device's compute (host state stays f32).
     pub compute: Compute,
+    /// The matmul kernel of the CUDA backend: `auto` (burn's) or one of
+    /// [`burn_offload::matmul_names`].
+    pub matmul: String,
     /// Engine: tokens per chunk of the LM head and loss.
     pub loss_chunk_tokens: usize,
     /// Write checkpoints into this folder (every `checkpoint_every` steps, at
@@ -121,6 +124,7 @@ impl Default for TrainOptions {
             no_guard: false,
             accum: 1,
             compute: Compute::Fp32,
+            matmul: "auto".into(),
             loss_chunk_tokens: 4096,
             checkpoint_dir: None,
             checkpoint_every: 0,
@@ -320,6 +324,7 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
 
     type B = DefaultBackend;
     type AB = Autodiff<DefaultBackend>;
+    burn_offload::set_matmul(&opts.matmul).map_err(|why| anyhow::anyhow!("--matmul: {why}"))?;
     let device = Default::default();
     opts.compute
         .check::<B>(&device)

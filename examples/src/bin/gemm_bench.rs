@@ -20,14 +20,8 @@ use burn_cubecl::cubecl::future::block_on;
 use burn_cubecl::tensor::CubeTensor;
 use burn_offload::cuda::CudaBackend;
 use clap::Parser;
-use cubek::matmul::components::tile::TileMatmulKind;
 use cubek::matmul::definition::{MatmulElems, MatmulGlobalElems};
 use cubek::matmul::launch::{launch_ref, Strategy};
-use cubek::matmul::routines::{
-    double_buffering::DoubleBufferingArgs, double_unit::DoubleUnitSelectionArgs,
-    ordered_double_buffering::OrderedSelectionArgs, simple::SimpleArgs,
-    simple_unit::SimpleUnitSelectionArgs, BlueprintStrategy, TileSizeSelection,
-};
 use cubek::std::InputBinding;
 
 #[derive(Parser)]
@@ -58,52 +52,11 @@ struct Case {
     rhs_transposed: bool,
 }
 
+/// burn's default (`Auto`) first, then every strategy `--matmul` accepts.
 fn strategies() -> Vec<Strategy> {
-    let simple = |multi_rows, tile_matmul| SimpleArgs {
-        multi_rows,
-        tile_matmul,
-    };
-    let ordered = |row_count, tile_matmul| OrderedSelectionArgs {
-        partition_k: Some(2),
-        row_count: Some(row_count),
-        rows_per_plane: Some(2),
-        tile_matmul,
-    };
-    let double = |specialized, tile_matmul| DoubleBufferingArgs {
-        specialized,
-        tile_matmul,
-    };
-    use BlueprintStrategy::Inferred;
-    use TileMatmulKind::{Cmma, Mma};
-    vec![
-        Strategy::Auto,
-        Strategy::SimpleUnit(Inferred(SimpleUnitSelectionArgs {
-            tile_size: TileSizeSelection::MaxTileSize,
-        })),
-        Strategy::DoubleUnit(Inferred(DoubleUnitSelectionArgs {
-            tile_size: TileSizeSelection::MaxTileSize,
-        })),
-        Strategy::SimpleCyclicCmma(Inferred(simple(false, Cmma))),
-        Strategy::SimpleCyclicMma(Inferred(simple(false, Mma))),
-        Strategy::SimpleCyclicCmma(Inferred(simple(true, Cmma))),
-        Strategy::SimpleCyclicMma(Inferred(simple(true, Mma))),
-        Strategy::OrderedDoubleCmma(Inferred(ordered(4, Cmma))),
-        Strategy::OrderedDoubleMma(Inferred(ordered(4, Mma))),
-        Strategy::OrderedDoubleCmma(Inferred(ordered(8, Cmma))),
-        Strategy::OrderedDoubleMma(Inferred(ordered(8, Mma))),
-        Strategy::DoubleCyclicCmma(Inferred(double(false, Cmma))),
-        Strategy::DoubleCyclicMma(Inferred(double(false, Mma))),
-        Strategy::DoubleCyclicCmma(Inferred(double(true, Cmma))),
-        Strategy::DoubleCyclicMma(Inferred(double(true, Mma))),
-        Strategy::SpecializedCyclicCmma(Inferred(().into())),
-        Strategy::SpecializedCyclicMma(Inferred(().into())),
-        Strategy::SimpleTmaCmma(Inferred(simple(false, Cmma))),
-        Strategy::SimpleTmaMma(Inferred(simple(false, Mma))),
-        Strategy::SimpleTmaCmma(Inferred(simple(true, Cmma))),
-        Strategy::SimpleTmaMma(Inferred(simple(true, Mma))),
-        Strategy::SpecializedTmaCmma(Inferred(().into())),
-        Strategy::SpecializedTmaMma(Inferred(().into())),
-    ]
+    std::iter::once(Strategy::Auto)
+        .chain(burn_offload::matmul_cuda::matmul_strategies())
+        .collect()
 }
 
 fn operand(rows: usize, cols: usize, transposed: bool, dtype: DType) -> CubeTensor<CudaRuntime> {

@@ -93,6 +93,11 @@ struct Cli {
     /// --resident, bf16 casts the f32 parameters for each forward (autocast-like).
     #[arg(long, default_value = "fp32")]
     compute: Compute,
+    /// The matmul kernel on CUDA: `auto` (burn's own choice) or one of cubek's
+    /// strategies by name, e.g. `matmul_specialized_tma_mma` (a case the kernel
+    /// cannot run falls back to burn's). An unknown name lists the others.
+    #[arg(long, default_value = "auto")]
+    matmul: String,
     /// Engine: tokens per chunk of the LM head and loss.
     #[arg(long, default_value_t = 4096)]
     loss_chunk_tokens: usize,
@@ -160,6 +165,7 @@ fn main() -> ExitCode {
         no_guard: cli.no_guard,
         accum: cli.accum,
         compute: cli.compute,
+        matmul: cli.matmul,
         loss_chunk_tokens: cli.loss_chunk_tokens,
         checkpoint_dir: cli.checkpoint_dir,
         checkpoint_every: cli.checkpoint_every,
