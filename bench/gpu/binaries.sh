@@ -5,13 +5,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 cargo build --release --features cuda -p burn-offload-examples --bin train
-cargo test --release --features cuda -p burn-offload-tests --test engine --test init --test precision --no-run
+cargo build --release --features cuda -p burn-offload-examples --bin gemm_bench
+cargo test --release --features cuda -p burn-offload-tests --test engine --test init --test precision --test gemm --no-run
 rm -rf .device/bin && mkdir -p .device/bin
 cp target/release/train .device/bin/train
-for t in engine init precision; do
+for t in engine init precision gemm; do
   exe=$(ls -t target/release/deps/$t-* | grep -v '\.d$' | head -1)
   cp "$exe" .device/bin/$t-tests
 done
 strip .device/bin/*
 tar cJf .device/bin.tar.xz -C .device bin
-ls -la .device/bin .device/bin.tar.xz
+# gemm_bench travels on its own (bench/gpu/gemm.sh).
+mkdir -p .device/gemm && cp target/release/gemm_bench .device/gemm/ && strip .device/gemm/gemm_bench
+xz -f .device/gemm/gemm_bench
+ls -la .device/bin .device/bin.tar.xz .device/gemm

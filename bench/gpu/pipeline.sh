@@ -7,6 +7,7 @@
 # PyTorch on the same shape. Run from the repository root with the stripped
 # binaries in .device/bin (train, *-tests) or .device/bin.tar.xz; results in
 # $OUT/results.tgz. bench/gpu/binaries.sh builds and packs the binaries.
+# MATMUL=<kernel> passes `--matmul <kernel>` to every burn row (see RESULTS).
 set -u
 # The binaries travel xz-compressed (the device tool carries 64 MiB per call).
 if [ -f .device/bin.tar.xz ]; then rm -rf .device/bin; tar xJf .device/bin.tar.xz -C .device; fi
@@ -17,9 +18,12 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 # Everything lands in $W; a tarball of it is refreshed in $OUT after each run
 # (few files come back from the device machine, and a timed-out call keeps it).
 # Several invocations in one device call add to the same $W (the machine
-# starts bare each call, so nothing older is there to mix in).
-FINAL=$OUT; W=/tmp/bench-work; mkdir -p $W; OUT=$W
-pack() { tar czf $FINAL/results.tgz -C $W . ; }
+# starts bare each call, so nothing older is there to mix in). RESULTS names
+# another work folder and tarball, e.g. for the same parts with another
+# MATMUL (the kernel `train --matmul` launches; unset: burn's own).
+R=${RESULTS:-results}
+FINAL=$OUT; W=/tmp/bench-work-$R; mkdir -p $W; OUT=$W
+pack() { tar czf $FINAL/$R.tgz -C $W . ; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee $OUT/gpu.txt
 free -g | tee -a $OUT/gpu.txt
 # Llama shape of ~0.85B (16 layers, hidden 2048, GQA 32/8), the issue's calibration shape.
@@ -31,6 +35,7 @@ echo '{"arch":"llama","vocab_size":32000,"d_model":2048,"n_layer":16,"n_head":32
 run() {
   local name=$1; shift
   echo "== $name: $*"
+  if [ -n "${MATMUL:-}" ] && [ "$B" = .device/bin/train ]; then set -- "$@" --matmul "$MATMUL"; fi
   $B --plan "$@" > $OUT/$name.plan 2>&1
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 > $OUT/$name.gpumem &
   local poll=$!
