@@ -7,7 +7,10 @@
 # PyTorch on the same shape. Run from the repository root with the stripped
 # binaries in .device/bin (train, *-tests) or .device/bin.tar.xz; results in
 # $OUT/results.tgz. bench/gpu/binaries.sh builds and packs the binaries.
-# MATMUL=<kernel> passes `--matmul <kernel>` to every burn row (see RESULTS).
+# MATMUL=<kernel> passes `--matmul <kernel>` to every burn row; the bench-*
+# parts then name their burn rows ...-<system>@<kernel> and skip PyTorch's, so
+#   bash bench/gpu/pipeline.sh bench-bf16; MATMUL=matmul_simple_tma_mma bash bench/gpu/pipeline.sh bench-bf16
+# puts both into one results.tgz.
 set -u
 # The binaries travel xz-compressed (the device tool carries 64 MiB per call).
 if [ -f .device/bin.tar.xz ]; then rm -rf .device/bin; tar xJf .device/bin.tar.xz -C .device; fi
@@ -19,8 +22,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 # (few files come back from the device machine, and a timed-out call keeps it).
 # Several invocations in one device call add to the same $W (the machine
 # starts bare each call, so nothing older is there to mix in). RESULTS names
-# another work folder and tarball, e.g. for the same parts with another
-# MATMUL (the kernel `train --matmul` launches; unset: burn's own).
+# another work folder and tarball.
 R=${RESULTS:-results}
 FINAL=$OUT; W=/tmp/bench-work-$R; mkdir -p $W; OUT=$W
 pack() { tar czf $FINAL/$R.tgz -C $W . ; }
@@ -197,6 +199,13 @@ esac
 if [ $shape = 085b ]; then cfg=/tmp/llama-0.85b.json; else cfg=/tmp/llama-3b.json; fi
 for b in ${BENCH_TOKENS:-$tokens}; do for sys in $systems; do
   name=bench-$shape-${b}k-$sys
+  # With MATMUL, the burn rows again under `--matmul $MATMUL`, named
+  # ...-<system>@<kernel> (the report sets them against burn's matmul);
+  # PyTorch rows and BENCH_OLD do not depend on it and are skipped.
+  if [ -n "${MATMUL:-}" ]; then
+    case $sys in torch-*) continue ;; esac
+    name=$name@$MATMUL
+  fi
   S="--model $cfg --steps ${BENCH_STEPS:-7} --warmup 1 --lr 3e-4 --seq-len 1024 --batch $b"
   base=${sys%-bf16}; dtype=fp32; [ "$base" != "$sys" ] && dtype=bf16
   S="$S --compute $dtype"
@@ -214,7 +223,7 @@ for b in ${BENCH_TOKENS:-$tokens}; do for sys in $systems; do
     sort -n $OUT/$name.gpumem | tail -1 > $OUT/$name.smi; rm -f $OUT/$name.gpumem
     cat $OUT/$name.torch.json; tail -2 $OUT/$name.err; pack ;;
   esac
-  if [[ " ${BENCH_OLD:-} " == *" $sys-${b}k "* ]] && [ -x .device/bin-old/train ]; then
+  if [ -z "${MATMUL:-}" ] && [[ " ${BENCH_OLD:-} " == *" $sys-${b}k "* ]] && [ -x .device/bin-old/train ]; then
     # Builds before issue 7 have no --compute: fp32 rows only.
     S=${S% --compute fp32}
     B=.device/bin-old/train LIMIT=${LIMIT_ROW:-150} run $name-old $S $( [ $sys = resident ] && echo --resident ) $( [ $sys = serial ] && echo --serial-copies )

@@ -269,7 +269,17 @@ const SYSTEMS: [&str; 6] = [
 ];
 
 /// `<base>[-bf16][-old]` → (base, bf16, earlier build).
+/// `system[@kernel]`: a burn row run with `train --matmul <kernel>`
+/// (`MATMUL=<kernel>` in pipeline.sh) names the kernel after an `@`.
+fn split_kernel(system: &str) -> (&str, Option<&str>) {
+    match system.split_once('@') {
+        Some((system, kernel)) => (system, Some(kernel)),
+        None => (system, None),
+    }
+}
+
 fn split_system(system: &str) -> (&str, bool, bool) {
+    let (system, _) = split_kernel(system);
     let (rest, old) = match system.strip_suffix("-old") {
         Some(rest) => (rest, true),
         None => (system, false),
@@ -306,7 +316,11 @@ fn label(system: &str) -> String {
         "torch-fsdp2" => "PyTorch FSDP2 CPU offload",
         other => other,
     };
-    format!("{name}{precision}{old}")
+    let kernel = match split_kernel(system).1 {
+        Some(kernel) => format!(", matmul {kernel}"),
+        None => String::new(),
+    };
+    format!("{name}{precision}{old}{kernel}")
 }
 
 /// A ratio of two rows' tokens/s at one shape and tokens/step, with its target.
@@ -410,6 +424,24 @@ fn ratios(rows: &[Row]) -> Vec<Ratio> {
                     what: what.into(),
                     value: x / y,
                     target,
+                });
+            }
+        }
+        // A chosen matmul kernel against burn's own, same system otherwise.
+        for row in rows
+            .iter()
+            .filter(|r| r.shape == shape && r.tokens_per_step == tokens)
+        {
+            let (system, Some(kernel)) = split_kernel(&row.system) else {
+                continue;
+            };
+            if let (Some(x), Some(y)) = (row.tok_s, tok(&shape, tokens, system)) {
+                out.push(Ratio {
+                    shape: shape.clone(),
+                    tokens_per_step: tokens,
+                    what: format!("matmul {kernel} ÷ burn's matmul ({})", label(system)),
+                    value: x / y,
+                    target: None,
                 });
             }
         }
@@ -665,6 +697,22 @@ mod tests {
             parse_name("bench-3b-4k-pipelined-old"),
             Some(("3b".into(), 4096, "pipelined-old".into()))
         );
+        assert_eq!(
+            parse_name("bench-085b-16k-pipelined-bf16@matmul_simple_tma_mma"),
+            Some((
+                "085b".into(),
+                16384,
+                "pipelined-bf16@matmul_simple_tma_mma".into()
+            ))
+        );
+        assert_eq!(
+            split_system("pipelined-bf16@matmul_simple_tma_mma"),
+            ("pipelined", true, false)
+        );
+        assert_eq!(
+            label("pipelined-bf16@matmul_simple_tma_mma"),
+            "burn-offload pipelined bf16, matmul matmul_simple_tma_mma"
+        );
         assert_eq!(parse_name("bench-3b-four-pipelined"), None);
         assert_eq!(parse_name("085b-16k-serial"), None);
     }
@@ -732,8 +780,13 @@ mod tests {
         )
         .unwrap();
         fs::write(results.join("bench-085b-16k-torch-ckpt.torch.json"), "").unwrap();
+        fs::write(
+            results.join("bench-085b-16k-pipelined-bf16@matmul_simple_tma_mma.summary.json"),
+            burn(12000.0),
+        )
+        .unwrap();
         let rows = read_rows(&results).unwrap();
-        assert_eq!(rows.len(), 9);
+        assert_eq!(rows.len(), 10);
         assert_eq!(rows[0].system, "resident");
         assert!(rows[0].ok);
         assert_eq!(rows[1].system, "pipelined");
@@ -768,8 +821,13 @@ mod tests {
                 "torch-ckpt",
                 "torch-fsdp2",
                 "pipelined-bf16",
+                "pipelined-bf16@matmul_simple_tma_mma",
                 "torch-fsdp2-bf16"
             ]
+        );
+        assert_eq!(
+            get("matmul matmul_simple_tma_mma ÷ burn's matmul (burn-offload pipelined bf16)"),
+            Some(1.5)
         );
         assert_eq!(
             get("offload ÷ resident burn at 4096 tokens/step (the most that fits)"),
