@@ -18,6 +18,8 @@ if [ -f .device/bin.tar.xz ]; then rm -rf .device/bin; tar xJf .device/bin.tar.x
 if [ -f .device/bin-old.tar.xz ]; then rm -rf .device/bin-old; mkdir -p .device/bin-old; tar xJf .device/bin-old.tar.xz -C .device/bin-old --strip-components 1; fi
 B=.device/bin/train
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+# libcublas for MATMUL=cublas and the gemm tests' cuBLAS case.
+. bench/gpu/cublas_env.sh
 # Everything lands in $W; a tarball of it is refreshed in $OUT after each run
 # (few files come back from the device machine, and a timed-out call keeps it).
 # Several invocations in one device call add to the same $W (the machine

@@ -206,7 +206,23 @@ fn with_copier<R>(device: &CudaDevice, f: impl FnOnce(&mut Copier) -> R) -> R {
     })
 }
 
-fn block_on_sync(device: &CudaDevice) {
+/// Makes the primary context (cubecl's) current on this thread.
+pub(crate) fn bind_context(device: &CudaDevice) {
+    with_copier(device, |_| ());
+}
+
+/// The device address where `tensor`'s data starts (its buffer stays alive
+/// while `tensor` does).
+pub(crate) fn device_ptr(tensor: &CubeTensor<CudaRuntime>) -> u64 {
+    tensor
+        .client
+        .get_resource(tensor.handle.clone())
+        .unwrap_or_else(|e| panic!("no device pointer for a tensor: {e:?}"))
+        .resource()
+        .ptr
+}
+
+pub(crate) fn block_on_sync(device: &CudaDevice) {
     let client = CudaRuntime::client(device);
     burn::tensor::try_read_sync(client.sync())
         .expect("blocking reads are supported on this platform")

@@ -1,12 +1,18 @@
 //! The matmul kernels `Gemm<Cuda>` can launch: cubek's strategies, the ones
-//! burn's autotuner tries (burn-cubecl 0.21, `kernel/matmul/tune/base.rs`).
+//! burn's autotuner tries (burn-cubecl 0.21, `kernel/matmul/tune/base.rs`),
+//! and cuBLAS (`cublas`, through cudarc; libcublas is loaded at run time).
 //!
 //! A strategy that cannot run a case (unsupported layout or dtype, or a launch
 //! error) falls back to burn's own matmul for that call, so a choice can make
 //! a matmul slower but never wrong. Which one is fastest depends on shape and
 //! dtype: `bench/gpu/gemm.sh` times them all (run13: on the 0.85B block's
 //! bf16 shapes `auto` ran 82–94 TFLOPS, `simple_tma_mma` and
-//! `specialized_tma_mma` 188–217).
+//! `specialized_tma_mma` 188–217, cuBLAS through PyTorch 735–803).
+//!
+//! cuBLAS cannot join cubecl's stream (cubecl keeps it private), so a cuBLAS
+//! matmul is fenced on the host: it waits for the work queued before it, runs
+//! on a stream of its own, and is waited for before any later kernel is
+//! submitted. The GPU idles for those round trips; large matmuls amortise them.
 
 use std::any::{Any, TypeId};
 use std::collections::HashSet;
@@ -79,8 +85,17 @@ pub fn matmul_strategies() -> Vec<Strategy> {
     ]
 }
 
-/// The strategy `Gemm<Cuda>` launches; `None`: burn's own matmul.
-static SELECTED: RwLock<Option<Strategy>> = RwLock::new(None);
+/// A matmul kernel other than burn's own.
+enum Kernel {
+    Cubek(Strategy),
+    Cublas,
+}
+
+/// The kernel `Gemm<Cuda>` launches; `None`: burn's own matmul.
+static SELECTED: RwLock<Option<Kernel>> = RwLock::new(None);
+
+/// The name `set_matmul` takes for cuBLAS.
+pub const CUBLAS: &str = "cublas";
 
 /// Cases the selected strategy could not run, so that each is tried (and its
 /// setup error paid) once: shapes, strides and dtype of both operands.
@@ -100,21 +115,35 @@ fn case_key(lhs: &CubeTensor<CudaRuntime>, rhs: &CubeTensor<CudaRuntime>) -> Cas
 
 /// Selects a strategy by name (`None`: burn's own).
 pub(crate) fn select_matmul(name: Option<&str>) -> Result<(), String> {
-    let strategy = match name {
+    let kernel = match name {
         None => None,
+        Some(CUBLAS) => {
+            // SAFETY: only tries to dlopen the library by its usual names.
+            if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+                return Err(
+                    "matmul kernel `cublas`: libcublas was not found; put the directory \
+                     holding libcublas.so (CUDA 13; PyTorch's wheel ships one under \
+                     site-packages/nvidia/cu13/lib) on LD_LIBRARY_PATH"
+                        .into(),
+                );
+            }
+            Some(Kernel::Cublas)
+        }
         Some(name) => {
             let all = matmul_strategies();
             let names: Vec<String> = all.iter().map(|s| s.to_string()).collect();
             let Some(i) = names.iter().position(|n| n == name) else {
                 return Err(format!(
-                    "unknown matmul kernel `{name}`; one of: auto, {}",
+                    "unknown matmul kernel `{name}`; one of: auto, {CUBLAS}, {}",
                     names.join(", ")
                 ));
             };
-            Some(all.into_iter().nth(i).expect("index from the same list"))
+            Some(Kernel::Cubek(
+                all.into_iter().nth(i).expect("index from the same list"),
+            ))
         }
     };
-    *SELECTED.write().expect("matmul selection lock") = strategy;
+    *SELECTED.write().expect("matmul selection lock") = kernel;
     *DECLINED.lock().expect("declined cases lock") = None;
     Ok(())
 }
@@ -129,7 +158,7 @@ pub(crate) fn matmul_selected<B: Backend>(
         return Err((lhs, rhs));
     }
     let selected = SELECTED.read().expect("matmul selection lock");
-    let Some(strategy) = selected.as_ref() else {
+    let Some(kernel) = selected.as_ref() else {
         return Err((lhs, rhs));
     };
     let (Some(l), Some(r)) = (
@@ -143,7 +172,11 @@ pub(crate) fn matmul_selected<B: Backend>(
     if declined.as_ref().is_some_and(|d| d.contains(&key)) {
         return Err((lhs, rhs));
     }
-    match launch(strategy, l, r) {
+    let out = match kernel {
+        Kernel::Cubek(strategy) => launch(strategy, l, r),
+        Kernel::Cublas => cublas::matmul(l, r),
+    };
+    match out {
         None => {
             declined.get_or_insert_with(HashSet::new).insert(key);
             Err((lhs, rhs))
@@ -191,4 +224,246 @@ fn launch(
         )
     }));
     matches!(launched, Ok(Ok(()))).then_some(out)
+}
+
+/// `lhs @ rhs` through cuBLAS, fenced as the module comment says; `None`
+/// when cuBLAS cannot take the operands' dtype or layout, or fails. For
+/// `gemm_bench`, which times it beside cubek's strategies.
+pub fn cublas_matmul(
+    lhs: &CubeTensor<CudaRuntime>,
+    rhs: &CubeTensor<CudaRuntime>,
+) -> Option<CubeTensor<CudaRuntime>> {
+    cublas::matmul(lhs, rhs)
+}
+
+/// `lhs @ rhs` through cuBLAS (`cublasGemmStridedBatchedEx`, fp32 accumulation).
+mod cublas {
+    use std::cell::RefCell;
+    use std::ffi::{c_int, c_longlong, c_void};
+
+    use burn::tensor::DType;
+    use burn_cubecl::cubecl::cuda::{CudaDevice, CudaRuntime};
+    use burn_cubecl::kernel::matmul::init_matmul_output;
+    use burn_cubecl::tensor::CubeTensor;
+    use cudarc::cublas::{result, sys};
+    use cudarc::driver::sys as driver;
+
+    use crate::cuda::{bind_context, block_on_sync, device_ptr, flush};
+
+    /// One operand as cuBLAS reads it: its matrices' layout and the stride
+    /// between the matrices of the batch (0: one matrix, broadcast).
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    pub(super) struct Operand {
+        /// Stored transposed relative to row-major (a `swap_dims` view).
+        pub transposed: bool,
+        /// Leading dimension: the stride between rows (or, transposed, columns).
+        pub ld: usize,
+        pub batch_stride: usize,
+    }
+
+    /// How a `[.., rows, cols]` tensor with `strides` is laid out for cuBLAS,
+    /// given the output's batch shape; `None` when it is not one matrix, or a
+    /// batch of equally spaced ones, with unit stride along rows or columns.
+    pub(super) fn operand(shape: &[usize], strides: &[usize], batch: &[usize]) -> Option<Operand> {
+        let r = shape.len();
+        if r < 2 || strides.len() != r || batch.len() != r - 2 {
+            return None;
+        }
+        let (rows, cols) = (shape[r - 2], shape[r - 1]);
+        let (sr, sc) = (strides[r - 2], strides[r - 1]);
+        let (transposed, ld) = if sc == 1 && sr >= cols.max(1) {
+            (false, sr)
+        } else if sr == 1 && sc >= rows.max(1) {
+            (true, sc)
+        } else if rows == 1 && sc == 1 {
+            (false, cols.max(1))
+        } else if cols == 1 && sr == 1 {
+            (true, rows.max(1))
+        } else {
+            return None;
+        };
+        // The batch dims: all of size 1 (broadcast), or the output's, spaced
+        // evenly so that one stride walks them.
+        let dims = &shape[..r - 2];
+        let batch_stride = if dims.iter().all(|&d| d == 1) {
+            0
+        } else if dims == batch {
+            let mut expect = None;
+            for i in (0..r - 2).rev() {
+                if shape[i] == 1 {
+                    continue;
+                }
+                if let Some(e) = expect {
+                    if strides[i] != e {
+                        return None;
+                    }
+                }
+                expect = Some(strides[i] * shape[i]);
+            }
+            let innermost = (0..r - 2).rev().find(|&i| shape[i] != 1)?;
+            strides[innermost]
+        } else {
+            return None;
+        };
+        Some(Operand {
+            transposed,
+            ld,
+            batch_stride,
+        })
+    }
+
+    /// A cuBLAS handle on a stream of its own, per thread.
+    struct Blas {
+        handle: sys::cublasHandle_t,
+        stream: driver::CUstream,
+    }
+
+    thread_local! {
+        static BLAS: RefCell<Option<Blas>> = const { RefCell::new(None) };
+    }
+
+    fn with_blas<R>(device: &CudaDevice, f: impl FnOnce(&Blas) -> R) -> R {
+        bind_context(device);
+        BLAS.with(|cell| {
+            let mut slot = cell.borrow_mut();
+            let blas = slot.get_or_insert_with(|| {
+                let mut stream: driver::CUstream = std::ptr::null_mut();
+                // SAFETY: valid out-pointers; the primary context is current.
+                unsafe {
+                    let r = driver::cuStreamCreate(
+                        &mut stream,
+                        driver::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
+                    );
+                    assert!(
+                        r == driver::CUresult::CUDA_SUCCESS,
+                        "cuStreamCreate failed: {r:?}"
+                    );
+                    let handle = result::create_handle()
+                        .unwrap_or_else(|e| panic!("cublasCreate failed: {e:?}"));
+                    result::set_stream(handle, stream.cast())
+                        .unwrap_or_else(|e| panic!("cublasSetStream failed: {e:?}"));
+                    Blas { handle, stream }
+                }
+            });
+            f(blas)
+        })
+    }
+
+    pub(super) fn matmul(
+        lhs: &CubeTensor<CudaRuntime>,
+        rhs: &CubeTensor<CudaRuntime>,
+    ) -> Option<CubeTensor<CudaRuntime>> {
+        let dtype = lhs.dtype;
+        let data_type = match dtype {
+            DType::F32 => sys::cudaDataType::CUDA_R_32F,
+            DType::BF16 => sys::cudaDataType::CUDA_R_16BF,
+            DType::F16 => sys::cudaDataType::CUDA_R_16F,
+            _ => return None,
+        };
+        if rhs.dtype != dtype || lhs.qparams.is_some() || rhs.qparams.is_some() {
+            return None;
+        }
+        let out = init_matmul_output(lhs, rhs, dtype);
+        let out_shape = out.meta.shape().to_vec();
+        let r = out_shape.len();
+        let batch_dims = &out_shape[..r - 2];
+        let a = operand(lhs.meta.shape(), lhs.meta.strides(), batch_dims)?;
+        let b = operand(rhs.meta.shape(), rhs.meta.strides(), batch_dims)?;
+        let (m, n) = (out_shape[r - 2], out_shape[r - 1]);
+        let k = lhs.meta.shape()[r - 1];
+        let batch: usize = batch_dims.iter().product();
+        let int = |x: usize| c_int::try_from(x).ok();
+        let (mi, ni, ki, bi) = (int(m)?, int(n)?, int(k)?, int(batch)?);
+        let (lda, ldb) = (int(a.ld)?, int(b.ld)?);
+        if m == 0 || n == 0 {
+            return Some(out);
+        }
+        let device = lhs.device.clone();
+        // Everything queued before this matmul (its operands included) must
+        // have run: cuBLAS cannot wait on cubecl's stream.
+        flush(&device);
+        block_on_sync(&device);
+        let (pa, pb, pc) = (device_ptr(lhs), device_ptr(rhs), device_ptr(&out));
+        let op = |t: bool| {
+            if t {
+                sys::cublasOperation_t::CUBLAS_OP_T
+            } else {
+                sys::cublasOperation_t::CUBLAS_OP_N
+            }
+        };
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let ok = with_blas(&device, |blas| {
+            // Row-major C[m,n] = A[m,k]·B[k,n] is column-major Cᵀ[n,m] = Bᵀ·Aᵀ,
+            // and a row-major matrix read column-major is its transpose: so
+            // cuBLAS gets B first, each operand transposed iff it is stored
+            // transposed.
+            // SAFETY: the pointers address live buffers of the layouts just
+            // checked (the tensors are held by the caller, `out` by us); the
+            // stream is synchronised before they can be freed or read.
+            unsafe {
+                let status = result::gemm_strided_batched_ex(
+                    blas.handle,
+                    op(b.transposed),
+                    op(a.transposed),
+                    ni,
+                    mi,
+                    ki,
+                    (&alpha as *const f32).cast::<c_void>(),
+                    pb as *const c_void,
+                    data_type,
+                    ldb,
+                    b.batch_stride as c_longlong,
+                    pa as *const c_void,
+                    data_type,
+                    lda,
+                    a.batch_stride as c_longlong,
+                    (&beta as *const f32).cast::<c_void>(),
+                    pc as *mut c_void,
+                    data_type,
+                    ni,
+                    (m * n) as c_longlong,
+                    bi,
+                    sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    sys::cublasGemmAlgo_t::CUBLAS_GEMM_DFALT,
+                );
+                let synced = driver::cuStreamSynchronize(blas.stream);
+                status.is_ok() && synced == driver::CUresult::CUDA_SUCCESS
+            }
+        });
+        ok.then_some(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cublas::{operand, Operand};
+
+    #[test]
+    fn operand_layouts_for_cublas() {
+        let op = |transposed, ld, batch_stride| {
+            Some(Operand {
+                transposed,
+                ld,
+                batch_stride,
+            })
+        };
+        // Row-major [4, 3], and its swap_dims view of a [3, 4] buffer.
+        assert_eq!(operand(&[4, 3], &[3, 1], &[]), op(false, 3, 0));
+        assert_eq!(operand(&[4, 3], &[1, 4], &[]), op(true, 4, 0));
+        // A batch [2, 5] of [4, 3] matrices, contiguous; and broadcast.
+        assert_eq!(
+            operand(&[2, 5, 4, 3], &[60, 12, 3, 1], &[2, 5]),
+            op(false, 3, 12)
+        );
+        assert_eq!(
+            operand(&[1, 1, 4, 3], &[12, 12, 3, 1], &[2, 5]),
+            op(false, 3, 0)
+        );
+        // Batch dims that one stride cannot walk, or that only partly
+        // broadcast, go to burn's matmul.
+        assert_eq!(operand(&[2, 5, 4, 3], &[100, 12, 3, 1], &[2, 5]), None);
+        assert_eq!(operand(&[1, 5, 4, 3], &[60, 12, 3, 1], &[2, 5]), None);
+        // Neither rows nor columns contiguous.
+        assert_eq!(operand(&[4, 3], &[6, 2], &[]), None);
+    }
 }

@@ -131,6 +131,7 @@ fn chosen_cuda_matmul_kernels_match_burns() {
     set_matmul("auto").unwrap();
     let (reference, _, reference_params) = train_both(2);
     for name in [
+        "cublas",
         "matmul_simple_tma_mma",
         "matmul_specialized_tma_mma",
         "matmul_simple_cyclic_mma_multi_rows",

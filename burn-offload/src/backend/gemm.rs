@@ -66,6 +66,8 @@ pub fn matmul_names() -> Vec<String> {
     #[allow(unused_mut)]
     let mut names = vec!["auto".to_string()];
     #[cfg(feature = "cuda")]
+    names.push(crate::matmul_cuda::CUBLAS.to_string());
+    #[cfg(feature = "cuda")]
     names.extend(
         crate::matmul_cuda::matmul_strategies()
             .iter()

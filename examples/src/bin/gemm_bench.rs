@@ -39,6 +39,14 @@ struct Cli {
     /// Data types to time.
     #[arg(long, value_delimiter = ',', default_value = "bf16,f32")]
     dtypes: Vec<String>,
+    /// Time only these cubek strategies (names as `--matmul` takes them;
+    /// `auto` is burn's default); all of them when empty.
+    #[arg(long, value_delimiter = ',')]
+    strategies: Vec<String>,
+    /// Also time cuBLAS as `--matmul cublas` launches it (needs libcublas on
+    /// LD_LIBRARY_PATH).
+    #[arg(long)]
+    cublas: bool,
 }
 
 /// One matmul of the block: `[m, k] @ [k, n]`, with the operand that autodiff
@@ -111,6 +119,28 @@ fn time(
         launch()?;
     }
     block_on(client.sync()).map_err(|e| format!("{e:?}"))?;
+    Ok(flops * reps as f64 / start.elapsed().as_secs_f64() / 1e12)
+}
+
+/// As [`time`], for cuBLAS as `Gemm<Cuda>` launches it: each call fenced on
+/// the host (queue drained before, cuBLAS stream waited for after), so the
+/// figure includes the round trips the engine pays.
+fn time_cublas(
+    lhs: &CubeTensor<CudaRuntime>,
+    rhs: &CubeTensor<CudaRuntime>,
+    flops: f64,
+    reps: usize,
+) -> Result<f64, String> {
+    let launch = || {
+        burn_offload::matmul_cuda::cublas_matmul(lhs, rhs)
+            .map(drop)
+            .ok_or_else(|| "cuBLAS declined the case (layout, dtype or a failed call)".to_string())
+    };
+    launch()?;
+    let start = Instant::now();
+    for _ in 0..reps {
+        launch()?;
+    }
     Ok(flops * reps as f64 / start.elapsed().as_secs_f64() / 1e12)
 }
 
@@ -189,7 +219,12 @@ fn main() {
                 .into_primitive()
                 .tensor();
             let flops = 2.0 * (case.m * case.k * case.n) as f64;
-            for strategy in strategies() {
+            let chosen = strategies().into_iter().filter(|s| {
+                let name = s.to_string();
+                cli.strategies.is_empty()
+                    || cli.strategies.iter().any(|c| *c == name || (c == "auto" && matches!(s, Strategy::Auto)))
+            });
+            for strategy in chosen {
                 if start.elapsed().as_secs_f64() > cli.budget_s {
                     eprintln!("budget of {} s spent; stopping", cli.budget_s);
                     return;
@@ -201,6 +236,15 @@ fn main() {
                         "tflops": tflops}),
                     Err(e) => serde_json::json!({"case": case.name, "dtype": dtype_name,
                         "strategy": strategy.to_string(), "error": e.chars().take(160).collect::<String>()}),
+                };
+                println!("{line}");
+            }
+            if cli.cublas {
+                let line = match time_cublas(&lhs, &rhs, flops, cli.reps) {
+                    Ok(tflops) => serde_json::json!({"case": case.name, "m": case.m, "k": case.k,
+                        "n": case.n, "dtype": dtype_name, "strategy": "cublas", "tflops": tflops}),
+                    Err(e) => serde_json::json!({"case": case.name, "dtype": dtype_name,
+                        "strategy": "cublas", "error": e}),
                 };
                 println!("{line}");
             }

@@ -93,9 +93,10 @@ struct Cli {
     /// --resident, bf16 casts the f32 parameters for each forward (autocast-like).
     #[arg(long, default_value = "fp32")]
     compute: Compute,
-    /// The matmul kernel on CUDA: `auto` (burn's own choice) or one of cubek's
-    /// strategies by name, e.g. `matmul_specialized_tma_mma` (a case the kernel
-    /// cannot run falls back to burn's). An unknown name lists the others.
+    /// The matmul kernel on CUDA: `auto` (burn's own choice), `cublas` (needs
+    /// libcublas on LD_LIBRARY_PATH) or one of cubek's strategies by name, e.g.
+    /// `matmul_specialized_tma_mma` (a case the kernel cannot run falls back
+    /// to burn's). An unknown name lists the others.
     #[arg(long, default_value = "auto")]
     matmul: String,
     /// Engine: tokens per chunk of the LM head and loss.
