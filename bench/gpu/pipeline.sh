@@ -54,6 +54,7 @@ run() {
   local ready=$(grep 'host store ready' $OUT/$name.err | head -1)
   if [ "${TRACE:-0}" != 0 ]; then grep '^\[trace\]' $OUT/$name.err > $OUT/$name.trace; fi
   grep -v '^\s' $OUT/$name.err | grep -v '^\[trace\]' | tail -4 > $OUT/$name.tail
+  grep -E '^matmul |^  declined' $OUT/$name.err > $OUT/$name.matmul  # --matmul's own counters
   cp $OUT/$name.log $OUT/$name.stdout 2>/dev/null
   rm -f $OUT/$name.gpumem $OUT/$name.log $OUT/$name.err
   touch $OUT/$name.jsonl
@@ -198,6 +199,7 @@ bench-bf16) shape=085b; tokens="16 64"; systems="resident-bf16 pipelined-bf16 se
 bench-bf16-peers) shape=085b; tokens="16 64"; systems="torch-resident-bf16 torch-ckpt-bf16 torch-fsdp2-bf16" ;;
 bench-3b-bf16) shape=3b; tokens="16"; systems="pipelined-bf16 serial-bf16 torch-ckpt-bf16 torch-fsdp2-bf16" ;;
 esac
+systems=${SYSTEMS:-$systems}  # SYSTEMS="pipelined-bf16" runs only those rows
 if [ $shape = 085b ]; then cfg=/tmp/llama-0.85b.json; else cfg=/tmp/llama-3b.json; fi
 for b in ${BENCH_TOKENS:-$tokens}; do for sys in $systems; do
   name=bench-$shape-${b}k-$sys

@@ -17,7 +17,9 @@
 use std::any::{Any, TypeId};
 use std::collections::HashSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock};
+use std::time::Instant;
 
 use burn::tensor::backend::Backend;
 use burn::tensor::DType;
@@ -113,6 +115,45 @@ fn case_key(lhs: &CubeTensor<CudaRuntime>, rhs: &CubeTensor<CudaRuntime>) -> Cas
     )
 }
 
+/// Matmuls the selected kernel ran, matmuls it left to burn's, and the host
+/// time spent in its calls (for cuBLAS the fences included), since the
+/// kernel was selected.
+static LAUNCHED: AtomicU64 = AtomicU64::new(0);
+static FELL_BACK: AtomicU64 = AtomicU64::new(0);
+static CALL_NANOS: AtomicU64 = AtomicU64::new(0);
+
+/// What the selected kernel did since [`crate::set_matmul`]: how many
+/// matmuls it ran, how many went to burn's matmul and why (the cases it
+/// declined: operand shapes, strides and dtype).
+#[derive(Debug, Clone, Default)]
+pub struct MatmulStats {
+    pub launched: u64,
+    pub fell_back: u64,
+    /// Host seconds inside the selected kernel's calls (cuBLAS: with the
+    /// waits before and after it; cubek: the launch only).
+    pub call_s: f64,
+    pub declined: Vec<String>,
+}
+
+/// The counters of the selected matmul kernel (zero under `auto`).
+pub fn matmul_stats() -> MatmulStats {
+    let declined = DECLINED.lock().expect("declined cases lock");
+    let mut cases: Vec<String> = declined
+        .iter()
+        .flatten()
+        .map(|(ls, lst, rs, rst, dtype)| {
+            format!("lhs {ls:?} strides {lst:?}, rhs {rs:?} strides {rst:?}, {dtype:?}")
+        })
+        .collect();
+    cases.sort();
+    MatmulStats {
+        launched: LAUNCHED.load(Ordering::Relaxed),
+        fell_back: FELL_BACK.load(Ordering::Relaxed),
+        call_s: CALL_NANOS.load(Ordering::Relaxed) as f64 * 1e-9,
+        declined: cases,
+    }
+}
+
 /// Selects a strategy by name (`None`: burn's own).
 pub(crate) fn select_matmul(name: Option<&str>) -> Result<(), String> {
     let kernel = match name {
@@ -145,7 +186,17 @@ pub(crate) fn select_matmul(name: Option<&str>) -> Result<(), String> {
     };
     *SELECTED.write().expect("matmul selection lock") = kernel;
     *DECLINED.lock().expect("declined cases lock") = None;
+    for counter in [&LAUNCHED, &FELL_BACK, &CALL_NANOS] {
+        counter.store(0, Ordering::Relaxed);
+    }
     Ok(())
+}
+
+/// Whether `B`'s matmuls go to a chosen kernel: `B` is burn's CUDA backend
+/// and a kernel other than `auto` is selected.
+pub(crate) fn selected_for<B: Backend>() -> bool {
+    TypeId::of::<B>() == TypeId::of::<CudaBackend>()
+        && SELECTED.read().expect("matmul selection lock").is_some()
 }
 
 /// `lhs @ rhs` with the selected strategy when `B` is burn's CUDA backend, a
@@ -170,18 +221,23 @@ pub(crate) fn matmul_selected<B: Backend>(
     let key = case_key(l, r);
     let mut declined = DECLINED.lock().expect("declined cases lock");
     if declined.as_ref().is_some_and(|d| d.contains(&key)) {
+        FELL_BACK.fetch_add(1, Ordering::Relaxed);
         return Err((lhs, rhs));
     }
+    let start = Instant::now();
     let out = match kernel {
         Kernel::Cubek(strategy) => launch(strategy, l, r),
         Kernel::Cublas => cublas::matmul(l, r),
     };
+    CALL_NANOS.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
     match out {
         None => {
+            FELL_BACK.fetch_add(1, Ordering::Relaxed);
             declined.get_or_insert_with(HashSet::new).insert(key);
             Err((lhs, rhs))
         }
         Some(out) => {
+            LAUNCHED.fetch_add(1, Ordering::Relaxed);
             let boxed: Box<dyn Any> = Box::new(out);
             Ok(*boxed
                 .downcast::<B::FloatTensorPrimitive>()
@@ -250,20 +306,21 @@ mod cublas {
 
     use crate::cuda::{bind_context, block_on_sync, device_ptr, flush};
 
-    /// One operand as cuBLAS reads it: its matrices' layout and the stride
-    /// between the matrices of the batch (0: one matrix, broadcast).
-    #[derive(Debug, Clone, Copy, PartialEq)]
+    /// One operand as cuBLAS reads it: its matrices' layout and, per batch
+    /// dim of the output, the stride between its matrices (0: broadcast).
+    #[derive(Debug, Clone, PartialEq)]
     pub(super) struct Operand {
         /// Stored transposed relative to row-major (a `swap_dims` view).
         pub transposed: bool,
         /// Leading dimension: the stride between rows (or, transposed, columns).
         pub ld: usize,
-        pub batch_stride: usize,
+        pub batch_strides: Vec<usize>,
     }
 
     /// How a `[.., rows, cols]` tensor with `strides` is laid out for cuBLAS,
-    /// given the output's batch shape; `None` when it is not one matrix, or a
-    /// batch of equally spaced ones, with unit stride along rows or columns.
+    /// given the output's batch shape; `None` when its matrices do not have
+    /// unit stride along rows or columns, or a batch dim neither matches the
+    /// output's nor broadcasts.
     pub(super) fn operand(shape: &[usize], strides: &[usize], batch: &[usize]) -> Option<Operand> {
         let r = shape.len();
         if r < 2 || strides.len() != r || batch.len() != r - 2 {
@@ -282,34 +339,74 @@ mod cublas {
         } else {
             return None;
         };
-        // The batch dims: all of size 1 (broadcast), or the output's, spaced
-        // evenly so that one stride walks them.
-        let dims = &shape[..r - 2];
-        let batch_stride = if dims.iter().all(|&d| d == 1) {
-            0
-        } else if dims == batch {
-            let mut expect = None;
-            for i in (0..r - 2).rev() {
-                if shape[i] == 1 {
-                    continue;
-                }
-                if let Some(e) = expect {
-                    if strides[i] != e {
-                        return None;
-                    }
-                }
-                expect = Some(strides[i] * shape[i]);
-            }
-            let innermost = (0..r - 2).rev().find(|&i| shape[i] != 1)?;
-            strides[innermost]
-        } else {
-            return None;
-        };
+        let batch_strides = (0..r - 2)
+            .map(|i| match (shape[i], batch[i]) {
+                (1, _) => Some(0),
+                (d, b) if d == b => Some(strides[i]),
+                _ => None,
+            })
+            .collect::<Option<Vec<_>>>()?;
         Some(Operand {
             transposed,
             ld,
-            batch_stride,
+            batch_strides,
         })
+    }
+
+    /// A batch of matmuls as cuBLAS calls: each call covers `count` matrices
+    /// spaced by `strides` (A, B, C, in elements), starting at one entry of
+    /// `offsets`. Batch dims that one stride walks share a call; the others
+    /// (e.g. heads of a `[b, s, h, d]` buffer viewed as `[b, h, s, d]`)
+    /// become a loop of calls.
+    #[derive(Debug, PartialEq)]
+    pub(super) struct BatchPlan {
+        pub count: usize,
+        pub strides: [usize; 3],
+        pub offsets: Vec<[usize; 3]>,
+    }
+
+    /// `batch`: the output's batch shape; `dims[k][i]`: operand k's stride
+    /// along batch dim i (A, B, then C).
+    pub(super) fn batch_plan(batch: &[usize], dims: [&[usize]; 3]) -> BatchPlan {
+        let live: Vec<usize> = (0..batch.len()).filter(|&i| batch[i] != 1).collect();
+        let Some((&inner, outer)) = live.split_last() else {
+            return BatchPlan {
+                count: 1,
+                strides: [0; 3],
+                offsets: vec![[0; 3]],
+            };
+        };
+        let strides = dims.map(|d| d[inner]);
+        let mut count = batch[inner];
+        let mut rest = outer;
+        while let Some((&i, more)) = rest.split_last() {
+            if (0..3).all(|k| dims[k][i] == strides[k] * count) {
+                count *= batch[i];
+                rest = more;
+            } else {
+                break;
+            }
+        }
+        let mut offsets = vec![[0usize; 3]];
+        for &i in rest {
+            offsets = offsets
+                .iter()
+                .flat_map(|o| {
+                    (0..batch[i]).map(move |j| {
+                        [
+                            o[0] + j * dims[0][i],
+                            o[1] + j * dims[1][i],
+                            o[2] + j * dims[2][i],
+                        ]
+                    })
+                })
+                .collect();
+        }
+        BatchPlan {
+            count,
+            strides,
+            offsets,
+        }
     }
 
     /// A cuBLAS handle on a stream of its own, per thread.
@@ -371,13 +468,21 @@ mod cublas {
         let b = operand(rhs.meta.shape(), rhs.meta.strides(), batch_dims)?;
         let (m, n) = (out_shape[r - 2], out_shape[r - 1]);
         let k = lhs.meta.shape()[r - 1];
-        let batch: usize = batch_dims.iter().product();
+        // The output is contiguous: its batch strides follow from its shape.
+        let mut c_strides = vec![0; batch_dims.len()];
+        let mut walk = m * n;
+        for i in (0..batch_dims.len()).rev() {
+            c_strides[i] = walk;
+            walk *= batch_dims[i];
+        }
+        let plan = batch_plan(batch_dims, [&a.batch_strides, &b.batch_strides, &c_strides]);
         let int = |x: usize| c_int::try_from(x).ok();
-        let (mi, ni, ki, bi) = (int(m)?, int(n)?, int(k)?, int(batch)?);
+        let (mi, ni, ki, bi) = (int(m)?, int(n)?, int(k)?, int(plan.count)?);
         let (lda, ldb) = (int(a.ld)?, int(b.ld)?);
-        if m == 0 || n == 0 {
+        if m == 0 || n == 0 || plan.offsets.is_empty() {
             return Some(out);
         }
+        let elem = dtype.size() as u64;
         let device = lhs.device.clone();
         // Everything queued before this matmul (its operands included) must
         // have run: cuBLAS cannot wait on cubecl's stream.
@@ -398,36 +503,44 @@ mod cublas {
             // cuBLAS gets B first, each operand transposed iff it is stored
             // transposed.
             // SAFETY: the pointers address live buffers of the layouts just
-            // checked (the tensors are held by the caller, `out` by us); the
-            // stream is synchronised before they can be freed or read.
+            // checked (the tensors are held by the caller, `out` by us), at
+            // offsets within their batch; the stream is synchronised before
+            // they can be freed or read.
             unsafe {
-                let status = result::gemm_strided_batched_ex(
-                    blas.handle,
-                    op(b.transposed),
-                    op(a.transposed),
-                    ni,
-                    mi,
-                    ki,
-                    (&alpha as *const f32).cast::<c_void>(),
-                    pb as *const c_void,
-                    data_type,
-                    ldb,
-                    b.batch_stride as c_longlong,
-                    pa as *const c_void,
-                    data_type,
-                    lda,
-                    a.batch_stride as c_longlong,
-                    (&beta as *const f32).cast::<c_void>(),
-                    pc as *mut c_void,
-                    data_type,
-                    ni,
-                    (m * n) as c_longlong,
-                    bi,
-                    sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                    sys::cublasGemmAlgo_t::CUBLAS_GEMM_DFALT,
-                );
+                let mut status_ok = true;
+                for [oa, ob, oc] in &plan.offsets {
+                    let status = result::gemm_strided_batched_ex(
+                        blas.handle,
+                        op(b.transposed),
+                        op(a.transposed),
+                        ni,
+                        mi,
+                        ki,
+                        (&alpha as *const f32).cast::<c_void>(),
+                        (pb + *ob as u64 * elem) as *const c_void,
+                        data_type,
+                        ldb,
+                        plan.strides[1] as c_longlong,
+                        (pa + *oa as u64 * elem) as *const c_void,
+                        data_type,
+                        lda,
+                        plan.strides[0] as c_longlong,
+                        (&beta as *const f32).cast::<c_void>(),
+                        (pc + *oc as u64 * elem) as *mut c_void,
+                        data_type,
+                        ni,
+                        plan.strides[2] as c_longlong,
+                        bi,
+                        sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                        sys::cublasGemmAlgo_t::CUBLAS_GEMM_DFALT,
+                    );
+                    if status.is_err() {
+                        status_ok = false;
+                        break;
+                    }
+                }
                 let synced = driver::cuStreamSynchronize(blas.stream);
-                status.is_ok() && synced == driver::CUresult::CUDA_SUCCESS
+                status_ok && synced == driver::CUresult::CUDA_SUCCESS
             }
         });
         ok.then_some(out)
@@ -436,34 +549,67 @@ mod cublas {
 
 #[cfg(test)]
 mod tests {
-    use super::cublas::{operand, Operand};
+    use super::cublas::{batch_plan, operand, BatchPlan, Operand};
 
     #[test]
     fn operand_layouts_for_cublas() {
-        let op = |transposed, ld, batch_stride| {
+        let op = |transposed, ld, batch_strides: &[usize]| {
             Some(Operand {
                 transposed,
                 ld,
-                batch_stride,
+                batch_strides: batch_strides.to_vec(),
             })
         };
         // Row-major [4, 3], and its swap_dims view of a [3, 4] buffer.
-        assert_eq!(operand(&[4, 3], &[3, 1], &[]), op(false, 3, 0));
-        assert_eq!(operand(&[4, 3], &[1, 4], &[]), op(true, 4, 0));
+        assert_eq!(operand(&[4, 3], &[3, 1], &[]), op(false, 3, &[]));
+        assert_eq!(operand(&[4, 3], &[1, 4], &[]), op(true, 4, &[]));
         // A batch [2, 5] of [4, 3] matrices, contiguous; and broadcast.
         assert_eq!(
             operand(&[2, 5, 4, 3], &[60, 12, 3, 1], &[2, 5]),
-            op(false, 3, 12)
+            op(false, 3, &[60, 12])
         );
         assert_eq!(
             operand(&[1, 1, 4, 3], &[12, 12, 3, 1], &[2, 5]),
-            op(false, 3, 0)
+            op(false, 3, &[0, 0])
         );
-        // Batch dims that one stride cannot walk, or that only partly
-        // broadcast, go to burn's matmul.
-        assert_eq!(operand(&[2, 5, 4, 3], &[100, 12, 3, 1], &[2, 5]), None);
-        assert_eq!(operand(&[1, 5, 4, 3], &[60, 12, 3, 1], &[2, 5]), None);
-        // Neither rows nor columns contiguous.
+        // Heads of a [b, s, h, d] buffer viewed as [b, h, s, d].
+        assert_eq!(
+            operand(&[2, 4, 8, 16], &[512, 16, 64, 1], &[2, 4]),
+            op(false, 64, &[512, 16])
+        );
+        // A batch dim that neither matches nor broadcasts; neither rows nor
+        // columns contiguous.
+        assert_eq!(operand(&[3, 5, 4, 3], &[60, 12, 3, 1], &[2, 5]), None);
         assert_eq!(operand(&[4, 3], &[6, 2], &[]), None);
+    }
+
+    #[test]
+    fn batch_plans_merge_what_one_stride_walks() {
+        // No batch, or only size-1 dims: one call of one matrix.
+        let single = BatchPlan {
+            count: 1,
+            strides: [0; 3],
+            offsets: vec![[0; 3]],
+        };
+        assert_eq!(batch_plan(&[], [&[], &[], &[]]), single);
+        assert_eq!(batch_plan(&[1, 1], [&[9, 9], &[0, 0], &[6, 6]]), single);
+        // Contiguous [2, 5] batch, B broadcast: one call of 10.
+        assert_eq!(
+            batch_plan(&[2, 5], [&[60, 12], &[0, 0], &[30, 6]]),
+            BatchPlan {
+                count: 10,
+                strides: [12, 0, 6],
+                offsets: vec![[0; 3]],
+            }
+        );
+        // A's heads interleaved ([b, s, h, d] as [b, h, s, d]): a call per b.
+        assert_eq!(
+            batch_plan(&[2, 4], [&[512, 16], &[128, 32], &[96, 24]]),
+            BatchPlan {
+                count: 4,
+                strides: [16, 32, 24],
+                offsets: vec![[0, 0, 0], [512, 128, 96]],
+            }
+        );
     }
 }

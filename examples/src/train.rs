@@ -356,6 +356,19 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
             &device,
         )?,
     };
+    #[cfg(feature = "cuda")]
+    if opts.progress && opts.matmul != "auto" {
+        // How much of the work the chosen kernel took, and what it left to
+        // burn's matmul: a kernel that declines the common cases buys nothing.
+        let stats = burn_offload::matmul_cuda::matmul_stats();
+        eprintln!(
+            "matmul {}: ran {} matmuls ({:.2} s in its calls), left {} to burn's matmul",
+            opts.matmul, stats.launched, stats.call_s, stats.fell_back
+        );
+        for case in &stats.declined {
+            eprintln!("  declined: {case}");
+        }
+    }
     Ok(TrainReport {
         config,
         losses: outcome.losses,

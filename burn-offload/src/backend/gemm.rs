@@ -6,8 +6,9 @@
 //! in bf16 on the H100 where other cubek strategies reach 206–217 on the same
 //! shapes. burn offers no hook to choose, so this decorator sits under
 //! `Autodiff`: every operation goes straight to `B` (the tensor types *are*
-//! `B`'s, so nothing is wrapped or copied), except `float_matmul`, which on
-//! burn's CUDA backend launches the strategy chosen with [`set_matmul`]. The
+//! `B`'s, so nothing is wrapped or copied), except `float_matmul` and the
+//! `linear` ops, which on burn's CUDA backend launch the kernel chosen with
+//! [`set_matmul`]. The
 //! default, `auto`, is burn's own path: `Gemm<B>` then computes exactly what `B`
 //! computes.
 
@@ -19,7 +20,7 @@ use burn::tensor::ops::*;
 use burn::tensor::quantization::{QuantScheme, QuantizationParametersPrimitive};
 use burn::tensor::{
     BoolDType, DType, Device, Distribution, FloatDType, IndexingUpdateOp, IntDType, Scalar, Shape,
-    Slice, TensorData,
+    Slice, TensorData, TensorMetadata,
 };
 use std::ops::Range;
 
@@ -88,6 +89,79 @@ fn matmul<B: Backend>(
     B::float_matmul(lhs, rhs)
 }
 
+/// Whether `Gemm<B>`'s matmuls go to a chosen kernel rather than `B`'s.
+fn kernel_chosen<B: Backend>() -> bool {
+    #[cfg(feature = "cuda")]
+    return crate::matmul_cuda::selected_for::<B>();
+    #[cfg(not(feature = "cuda"))]
+    false
+}
+
+/// `[.., d]` as `[rows, d]`.
+fn rows<B: Backend>(tensor: FloatTensor<B>) -> FloatTensor<B> {
+    let shape = tensor.shape();
+    let d = shape[shape.num_dims() - 1];
+    let rows = shape.num_elements() / d.max(1);
+    B::float_reshape(tensor, Shape::new([rows, d]))
+}
+
+/// `shape` with its last dim replaced by `last`.
+fn with_last(shape: &Shape, last: usize) -> Shape {
+    let mut dims = shape.to_vec();
+    *dims.last_mut().expect("a linear input has a feature dim") = last;
+    Shape::from(dims)
+}
+
+// burn's `Linear` does not call `float_matmul` of the backend under
+// `Autodiff`: its forward and backward are module ops that `B` runs with its
+// own matmul. With a kernel chosen they run here, as one matmul over all
+// rows (`[b·s, d]`): that also spares the weight gradient burn's `[b, d_in,
+// d_out]` batch of partial products and the sum over it. Under `auto` they
+// are `B`'s, so that `Gemm<B>` computes exactly what `B` computes.
+fn linear<B: Backend>(
+    x: FloatTensor<B>,
+    weight: FloatTensor<B>,
+    bias: Option<FloatTensor<B>>,
+) -> FloatTensor<B> {
+    if !kernel_chosen::<B>() {
+        return B::linear(x, weight, bias);
+    }
+    let shape = x.shape();
+    let out = with_last(&shape, weight.shape()[1]);
+    let y = B::float_reshape(matmul::<B>(rows::<B>(x), weight), out);
+    match bias {
+        Some(bias) => {
+            let mut dims = vec![1; shape.num_dims() - 1];
+            dims.push(bias.shape().num_elements());
+            B::float_add(y, B::float_reshape(bias, Shape::from(dims)))
+        }
+        None => y,
+    }
+}
+
+fn linear_x_backward<B: Backend>(
+    weight: FloatTensor<B>,
+    output_grad: FloatTensor<B>,
+) -> FloatTensor<B> {
+    if !kernel_chosen::<B>() {
+        return B::linear_x_backward(weight, output_grad);
+    }
+    let input = with_last(&output_grad.shape(), weight.shape()[0]);
+    let grad = matmul::<B>(rows::<B>(output_grad), B::float_swap_dims(weight, 0, 1));
+    B::float_reshape(grad, input)
+}
+
+fn linear_weight_backward<B: Backend>(
+    x: FloatTensor<B>,
+    output_grad: FloatTensor<B>,
+) -> FloatTensor<B> {
+    if !kernel_chosen::<B>() {
+        return B::linear_weight_backward(x, output_grad);
+    }
+    let x = B::float_swap_dims(rows::<B>(x), 0, 1);
+    matmul::<B>(x, rows::<B>(output_grad))
+}
+
 // The op lists of `forwarded.rs`, each method a plain call of `B`'s: the
 // operand tags only matter to `Offload`, since here the types are `B`'s.
 macro_rules! forward_fns {
@@ -103,6 +177,15 @@ macro_rules! forward_fns {
 macro_rules! gemm_call {
     (float_matmul, $lhs:ident, $rhs:ident) => {
         matmul::<B>($lhs, $rhs)
+    };
+    (linear, $x:ident, $weight:ident, $bias:ident) => {
+        linear::<B>($x, $weight, $bias)
+    };
+    (linear_x_backward, $weight:ident, $grad:ident) => {
+        linear_x_backward::<B>($weight, $grad)
+    };
+    (linear_weight_backward, $x:ident, $grad:ident) => {
+        linear_weight_backward::<B>($x, $grad)
     };
     ($name:ident, $($arg:ident),*) => {
         B::$name($($arg),*)

@@ -222,7 +222,10 @@ fn main() {
             let chosen = strategies().into_iter().filter(|s| {
                 let name = s.to_string();
                 cli.strategies.is_empty()
-                    || cli.strategies.iter().any(|c| *c == name || (c == "auto" && matches!(s, Strategy::Auto)))
+                    || cli
+                        .strategies
+                        .iter()
+                        .any(|c| *c == name || (c == "auto" && matches!(s, Strategy::Auto)))
             });
             for strategy in chosen {
                 if start.elapsed().as_secs_f64() > cli.budget_s {
