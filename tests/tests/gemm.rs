@@ -121,16 +121,21 @@ fn an_unknown_matmul_kernel_is_a_clear_error() {
     assert!(format!("{err:#}").contains("--matmul"), "{err:#}");
 }
 
-/// On the GPU, each cubek strategy that `gemm_bench` found fastest on the bench
-/// block's shapes computes the engine's steps like burn's own matmul, within
-/// the tolerance of another summation order (and of TF32 tensor cores, which
-/// cubek's f32 strategies use).
+/// On the GPU, each chosen kernel computes the engine's steps like burn's own
+/// matmul, within the tolerance of another summation order and of TF32:
+/// burn's f32 matmul may stage its inputs as TF32 (cubek's tensor-core
+/// kernels do), cuBLAS here computes in full f32, and the two differ by ~1e-3
+/// on the tiny model's first loss (run14, call 4). Parameters after AdamW
+/// steps are not compared: AdamW scales each update to about `lr` whatever
+/// the gradient's size, so where a gradient is near zero another rounding
+/// flips the update's sign; the first step's loss (same weights, forward
+/// only) and gradient norm are compared, then the loss curve.
 #[cfg(feature = "cuda")]
 #[test]
 fn chosen_cuda_matmul_kernels_match_burns() {
     let _one = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
     set_matmul("auto").unwrap();
-    let (reference, _, reference_params) = train_both(2);
+    let (reference, reference_norms, _) = train_both(2);
     for name in [
         "cublas",
         "matmul_simple_tma_mma",
@@ -138,17 +143,30 @@ fn chosen_cuda_matmul_kernels_match_burns() {
         "matmul_simple_cyclic_mma_multi_rows",
     ] {
         set_matmul(name).unwrap();
-        let (losses, _, params) = train_both(2);
+        let (losses, norms, _) = train_both(2);
         set_matmul("auto").unwrap();
-        let loss_err = rel_err(&losses.1, &reference.0);
-        let param_err = rel_err(&params.1, &reference_params.0);
-        println!("{name}: losses rel. err {loss_err:.2e}, params rel. err {param_err:.2e}");
+        let first_loss = rel_err(&losses.1[..1], &reference.0[..1]);
+        let first_norm = rel_err(&norms.1[..1], &reference_norms.0[..1]);
+        let curve = rel_err(&losses.1, &reference.0);
+        println!(
+            "{name}: first loss rel. err {first_loss:.2e}, first gradient norm {first_norm:.2e}, \
+             losses {curve:.2e}"
+        );
         assert!(
-            loss_err < 1e-2,
+            first_loss < 5e-3,
+            "{name}: first loss {} vs {}",
+            losses.1[0],
+            reference.0[0]
+        );
+        assert!(
+            first_norm < 5e-2,
+            "{name}: first gradient norm {first_norm}"
+        );
+        assert!(
+            curve < 5e-2,
             "{name}: losses {:?} vs {:?}",
             losses.1,
             reference.0
         );
-        assert!(param_err < 1e-2, "{name}: params rel. err {param_err}");
     }
 }

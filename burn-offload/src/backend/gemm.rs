@@ -89,7 +89,9 @@ fn matmul<B: Backend>(
     B::float_matmul(lhs, rhs)
 }
 
-/// Whether `Gemm<B>`'s matmuls go to a chosen kernel rather than `B`'s.
+/// Whether `Gemm<B>`'s matmuls go to a chosen kernel rather than `B`'s
+/// (never without the `cuda` feature, where only `auto` exists).
+#[cfg_attr(not(feature = "cuda"), allow(clippy::extra_unused_type_parameters))]
 fn kernel_chosen<B: Backend>() -> bool {
     #[cfg(feature = "cuda")]
     return crate::matmul_cuda::selected_for::<B>();
