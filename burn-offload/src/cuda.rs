@@ -29,7 +29,9 @@ use std::time::{Duration, Instant};
 use burn::backend::Autodiff;
 use burn::tensor::backend::Backend;
 use burn::tensor::{bf16, DType, Shape, Tensor, TensorPrimitive};
+use burn_cubecl::cubecl::client::ComputeClient;
 use burn_cubecl::cubecl::cuda::{CudaDevice, CudaRuntime};
+use burn_cubecl::cubecl::server::Handle;
 use burn_cubecl::cubecl::Runtime;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeBackend;
@@ -214,10 +216,14 @@ pub(crate) fn bind_context(device: &CudaDevice) {
 /// The device address where `tensor`'s data starts (its buffer stays alive
 /// while `tensor` does).
 pub(crate) fn device_ptr(tensor: &CubeTensor<CudaRuntime>) -> u64 {
-    tensor
-        .client
-        .get_resource(tensor.handle.clone())
-        .unwrap_or_else(|e| panic!("no device pointer for a tensor: {e:?}"))
+    buffer_ptr(&tensor.client, &tensor.handle)
+}
+
+/// The device address of the buffer `handle` names (with its offset).
+fn buffer_ptr(client: &ComputeClient<CudaRuntime>, handle: &Handle) -> u64 {
+    client
+        .get_resource(handle.clone())
+        .unwrap_or_else(|e| panic!("no device pointer for a CUDA buffer: {e:?}"))
         .resource()
         .ptr
 }
@@ -242,11 +248,7 @@ fn upload_cube(
     let handle = client.empty(len);
     // Earlier kernels may still read the memory the pool just handed out.
     block_on_sync(device);
-    let ptr = client
-        .get_resource(handle.clone())
-        .unwrap_or_else(|e| panic!("no device pointer for a fresh CUDA buffer: {e:?}"))
-        .resource()
-        .ptr;
+    let ptr = buffer_ptr(&client, &handle);
     with_copier(device, |copier| {
         // SAFETY: `ptr` is a live device allocation of `len` bytes (the
         // handle is held by the tensor we return); `bytes` is a host slice of
@@ -434,12 +436,7 @@ fn read_with<X: Backend, const D: usize, R>(
     let device = cube.device.clone();
     // The kernels that produce the tensor must have finished before the copy reads it.
     block_on_sync(&device);
-    let ptr = cube
-        .client
-        .get_resource(cube.handle.clone())
-        .unwrap_or_else(|e| panic!("no device pointer for a tensor: {e:?}"))
-        .resource()
-        .ptr;
+    let ptr = device_ptr(&cube);
     let (out, time) = with_copier(&device, |copier| {
         let down = copier.down;
         let staging = copier.staging(bytes);
