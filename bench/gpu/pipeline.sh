@@ -39,7 +39,8 @@ echo '{"arch":"llama","vocab_size":32000,"d_model":2048,"n_layer":16,"n_head":32
 run() {
   local name=$1; shift
   echo "== $name: $*"
-  if [ -n "${MATMUL:-}" ] && [ "$B" = .device/bin/train ]; then set -- "$@" --matmul "$MATMUL"; fi
+  if [ -n "${MATMUL:-}" ]; then set -- "$@" --matmul "$MATMUL"; fi
+  set -- "$@" ${ARGS:-}
   $B --plan "$@" > $OUT/$name.plan 2>&1
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 > $OUT/$name.gpumem &
   local poll=$!
@@ -206,9 +207,10 @@ for b in ${BENCH_TOKENS:-$tokens}; do for sys in $systems; do
   # With MATMUL, the burn rows again under `--matmul $MATMUL`, named
   # ...-<system>@<kernel> (the report sets them against burn's matmul);
   # PyTorch rows and BENCH_OLD do not depend on it and are skipped.
-  if [ -n "${MATMUL:-}" ]; then
+  # TAG=<label> ARGS="<train flags>" likewise names rows ...-<system>@<label>.
+  if [ -n "${MATMUL:-}${TAG:-}" ]; then
     case $sys in torch-*) continue ;; esac
-    name=$name@$MATMUL
+    name=$name@${TAG:-$MATMUL}
   fi
   S="--model $cfg --steps ${BENCH_STEPS:-7} --warmup 1 --lr 3e-4 --seq-len 1024 --batch $b"
   base=${sys%-bf16}; dtype=fp32; [ "$base" != "$sys" ] && dtype=bf16
@@ -227,10 +229,12 @@ for b in ${BENCH_TOKENS:-$tokens}; do for sys in $systems; do
     sort -n $OUT/$name.gpumem | tail -1 > $OUT/$name.smi; rm -f $OUT/$name.gpumem
     cat $OUT/$name.torch.json; tail -2 $OUT/$name.err; pack ;;
   esac
-  if [ -z "${MATMUL:-}" ] && [[ " ${BENCH_OLD:-} " == *" $sys-${b}k "* ]] && [ -x .device/bin-old/train ]; then
-    # Builds before issue 7 have no --compute: fp32 rows only.
+  if [[ " ${BENCH_OLD:-} " == *" $sys-${b}k "* ]] && [ -x .device/bin-old/train ]; then
+    # Builds before issue 7 have no --compute: fp32 rows only. The earlier
+    # build's row is ...-<system>-old[@<label>], under the same MATMUL/ARGS.
     S=${S% --compute fp32}
-    B=.device/bin-old/train LIMIT=${LIMIT_ROW:-150} run $name-old $S $( [ $sys = resident ] && echo --resident ) $( [ $sys = serial ] && echo --serial-copies )
+    old=bench-$shape-${b}k-$sys-old; [ "$name" != "${name%@*}" ] && old=$old@${name#*@}
+    B=.device/bin-old/train LIMIT=${LIMIT_ROW:-150} run $old $S $( [ $sys = resident ] && echo --resident ) $( [ $sys = serial ] && echo --serial-copies )
   fi
 done; done
 ;;

@@ -21,7 +21,7 @@ pub mod precision;
 pub mod store;
 pub mod trace;
 
-pub use backend::gemm::{matmul_names, set_matmul, Gemm};
+pub use backend::gemm::{matmul_names, set_matmul, Gemm, DEFAULT_MATMUL};
 pub use backend::{HostParams, Offload, OffloadTensor, ParkParams};
 pub use engine::{Engine, EngineConfig, EngineError, MicroBatch, StepReport, StepSplit};
 pub use model::{BlockModel, DecoderBlock};

@@ -124,7 +124,7 @@ impl Default for TrainOptions {
             no_guard: false,
             accum: 1,
             compute: Compute::Fp32,
-            matmul: "auto".into(),
+            matmul: burn_offload::DEFAULT_MATMUL.into(),
             loss_chunk_tokens: 4096,
             checkpoint_dir: None,
             checkpoint_every: 0,

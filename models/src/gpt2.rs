@@ -4,12 +4,11 @@
 use burn::module::{Initializer, Module};
 use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig};
 use burn::tensor::activation::gelu_approximate;
-use burn::tensor::module::attention;
-use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{backend::Backend, Int, Tensor};
 use burn_offload::{BlockModel, DecoderBlock};
 use serde::{Deserialize, Serialize};
 
+use crate::attention::causal_attention;
 use crate::config::{check_heads, check_positive, ConfigError};
 use crate::tokens::{forward_tokens, linear_tokens};
 
@@ -157,11 +156,7 @@ impl<B: Backend> Gpt2Attention<B> {
         };
         let qkv = forward_tokens(&self.c_attn, x).chunk(3, 2);
         let [q, k, v]: [Tensor<B, 3>; 3] = qkv.try_into().expect("chunk(3) gives three tensors");
-        let options = AttentionModuleOptions {
-            is_causal: true,
-            ..Default::default()
-        };
-        let y = attention(heads(q), heads(k), heads(v), None, None, options);
+        let y = causal_attention(heads(q), heads(k), heads(v));
         forward_tokens(&self.c_proj, y.swap_dims(1, 2).reshape([batch, seq, d]))
     }
 }

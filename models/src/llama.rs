@@ -4,12 +4,11 @@
 use burn::module::{Initializer, Module};
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNormConfig};
 use burn::tensor::activation::silu;
-use burn::tensor::module::attention;
-use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
 use burn_offload::{BlockModel, DecoderBlock};
 use serde::{Deserialize, Serialize};
 
+use crate::attention::causal_attention;
 use crate::config::{check_heads, check_positive, ConfigError};
 use crate::tokens::forward_tokens;
 
@@ -261,11 +260,7 @@ impl<B: Backend> LlamaAttention<B> {
         let (q, k) = (apply_rope(q, &cos, &sin), apply_rope(k, &cos, &sin));
         let (k, v) = (self.repeat_kv(k), self.repeat_kv(v));
 
-        let options = AttentionModuleOptions {
-            is_causal: true,
-            ..Default::default()
-        };
-        let y = attention(q, k, v, None, None, options);
+        let y = causal_attention(q, k, v);
         forward_tokens(
             &self.o_proj,
             y.swap_dims(1, 2)

@@ -137,6 +137,7 @@ fn chosen_cuda_matmul_kernels_match_burns() {
     set_matmul("auto").unwrap();
     let (reference, reference_norms, _) = train_both(2);
     for name in [
+        "fast",
         "cublas",
         "matmul_simple_tma_mma",
         "matmul_specialized_tma_mma",

@@ -317,7 +317,7 @@ fn label(system: &str) -> String {
         other => other,
     };
     let kernel = match split_kernel(system).1 {
-        Some(kernel) => format!(", matmul {kernel}"),
+        Some(kernel) => format!(" @{kernel}"),
         None => String::new(),
     };
     format!("{name}{precision}{old}{kernel}")
@@ -427,7 +427,8 @@ fn ratios(rows: &[Row]) -> Vec<Ratio> {
                 });
             }
         }
-        // A chosen matmul kernel against burn's own, same system otherwise.
+        // A variant (`@<label>`: `--matmul <kernel>`, or the flags of
+        // pipeline.sh's TAG/ARGS) against the same system's default row.
         for row in rows
             .iter()
             .filter(|r| r.shape == shape && r.tokens_per_step == tokens)
@@ -439,7 +440,7 @@ fn ratios(rows: &[Row]) -> Vec<Ratio> {
                 out.push(Ratio {
                     shape: shape.clone(),
                     tokens_per_step: tokens,
-                    what: format!("matmul {kernel} ÷ burn's matmul ({})", label(system)),
+                    what: format!("@{kernel} ÷ default ({})", label(system)),
                     value: x / y,
                     target: None,
                 });
@@ -711,7 +712,11 @@ mod tests {
         );
         assert_eq!(
             label("pipelined-bf16@matmul_simple_tma_mma"),
-            "burn-offload pipelined bf16, matmul matmul_simple_tma_mma"
+            "burn-offload pipelined bf16 @matmul_simple_tma_mma"
+        );
+        assert_eq!(
+            split_system("pipelined-old@chunk16k"),
+            ("pipelined", false, true)
         );
         assert_eq!(parse_name("bench-3b-four-pipelined"), None);
         assert_eq!(parse_name("085b-16k-serial"), None);
@@ -826,7 +831,7 @@ mod tests {
             ]
         );
         assert_eq!(
-            get("matmul matmul_simple_tma_mma ÷ burn's matmul (burn-offload pipelined bf16)"),
+            get("@matmul_simple_tma_mma ÷ default (burn-offload pipelined bf16)"),
             Some(1.5)
         );
         assert_eq!(

@@ -62,10 +62,23 @@ pub fn set_matmul(name: &str) -> Result<(), String> {
     ))
 }
 
+/// The kernel programs choose unless told otherwise: `fast` in CUDA builds
+/// (the fastest measured kernel per dtype; in f32 the same tf32 staging as
+/// burn's own matmul), `auto` elsewhere, where only burn's matmul exists.
+#[cfg(feature = "cuda")]
+pub const DEFAULT_MATMUL: &str = "fast";
+/// The kernel programs choose unless told otherwise: `fast` in CUDA builds
+/// (the fastest measured kernel per dtype; in f32 the same tf32 staging as
+/// burn's own matmul), `auto` elsewhere, where only burn's matmul exists.
+#[cfg(not(feature = "cuda"))]
+pub const DEFAULT_MATMUL: &str = "auto";
+
 /// The matmul kernels [`set_matmul`] accepts.
 pub fn matmul_names() -> Vec<String> {
     #[allow(unused_mut)]
     let mut names = vec!["auto".to_string()];
+    #[cfg(feature = "cuda")]
+    names.push(crate::matmul_cuda::FAST.to_string());
     #[cfg(feature = "cuda")]
     names.push(crate::matmul_cuda::CUBLAS.to_string());
     #[cfg(feature = "cuda")]
