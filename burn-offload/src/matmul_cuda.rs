@@ -92,7 +92,7 @@ enum Kernel {
     Cubek(Strategy),
     Cublas,
     /// `fast`: the kernel that measured fastest for each dtype on the H100.
-    Fast(FastKernels),
+    Fast(Box<FastKernels>),
 }
 
 /// What `fast` launches. f32: cubek's tensor-core strategies, which stage f32
@@ -186,13 +186,13 @@ pub fn matmul_stats() -> MatmulStats {
 pub(crate) fn select_matmul(name: Option<&str>) -> Result<(), String> {
     let kernel = match name {
         None => None,
-        Some(FAST) => Some(Kernel::Fast(FastKernels {
+        Some(FAST) => Some(Kernel::Fast(Box::new(FastKernels {
             f32: [
                 strategy_named("matmul_specialized_tma_mma"),
                 strategy_named("matmul_simple_cyclic_mma_multi_rows"),
             ],
             half: (!cublas_present()).then(|| strategy_named("matmul_simple_tma_mma")),
-        })),
+        }))),
         Some(CUBLAS) => {
             if !cublas_present() {
                 return Err(
