@@ -157,6 +157,14 @@ pub struct StepSplit {
     pub backward_s: f64,
     /// Waiting for a block's backward to finish on the device.
     pub backward_wait_s: f64,
+    /// Host time handing blocks over in the backward: the checkpoint back,
+    /// waiting for the block's weights, binding the next block (its copy).
+    #[serde(default)]
+    pub backward_bind_s: f64,
+    /// Host time recording and submitting each block's recompute and
+    /// backward (burn's autodiff graph and kernel launches), up to the flush.
+    #[serde(default)]
+    pub backward_launch_s: f64,
     /// Copying gradients to the host and adding them up.
     pub download_s: f64,
     /// CPU optimizer (AdamW over the host slabs) and gradient accumulation.
@@ -859,6 +867,7 @@ where
         let mut arrived: Option<(usize, Vec<f32>)> = None;
         for i in (0..num_blocks).rev() {
             let block = next.take().expect("block bound ahead");
+            let bind = Instant::now();
             let checkpoint = checkpoints.pop().expect("one checkpoint per block");
             let checkpoint = self.pager.unstash(checkpoint, &self.device);
             // Block i's weights and checkpoint have landed; block i-1's weights
@@ -867,11 +876,14 @@ where
             if i > 0 {
                 next = Some(self.bind_block_ad(&blocks, i - 1));
             }
+            let launch = Instant::now();
+            self.split.backward_bind_s += (launch - bind).as_secs_f64();
             let x_in = Tensor::<AD<B>, 3>::from_inner(checkpoint).require_grad();
             let y = block.forward(x_in.clone());
             let grads = (y * Tensor::from_inner(dy)).sum().backward();
             dy = x_in.grad(&grads).expect("a block depends on its input");
             self.pager.flush::<B>(&self.device);
+            self.split.backward_launch_s += launch.elapsed().as_secs_f64();
             if !self.config.overlap {
                 // The serialised baseline: no CPU work while the device computes.
                 self.pager.sync::<B>(&self.device);
