@@ -205,7 +205,7 @@ if [ $shape = 085b ]; then cfg=/tmp/llama-0.85b.json; else cfg=/tmp/llama-3b.jso
 for b in ${BENCH_TOKENS:-$tokens}; do for sys in $systems; do
   name=bench-$shape-${b}k-$sys
   # With MATMUL, the burn rows again under `--matmul $MATMUL`, named
-  # ...-<system>@<kernel> (the report sets them against burn's matmul);
+  # ...-<system>@<kernel> (the report sets them against the default row);
   # PyTorch rows and BENCH_OLD do not depend on it and are skipped.
   # TAG=<label> ARGS="<train flags>" likewise names rows ...-<system>@<label>.
   if [ -n "${MATMUL:-}${TAG:-}" ]; then

@@ -109,11 +109,11 @@ struct FastKernels {
 /// The name `set_matmul` takes for the per-dtype choice.
 pub const FAST: &str = "fast";
 
-fn strategy_named(name: &str) -> Strategy {
+/// The strategy of [`matmul_strategies`] that `Display`s as `name`.
+fn strategy_named(name: &str) -> Option<Strategy> {
     matmul_strategies()
         .into_iter()
         .find(|s| s.to_string() == name)
-        .unwrap_or_else(|| panic!("`{name}` is in matmul_strategies()"))
 }
 
 fn cublas_present() -> bool {
@@ -186,13 +186,16 @@ pub fn matmul_stats() -> MatmulStats {
 pub(crate) fn select_matmul(name: Option<&str>) -> Result<(), String> {
     let kernel = match name {
         None => None,
-        Some(FAST) => Some(Kernel::Fast(Box::new(FastKernels {
-            f32: [
-                strategy_named("matmul_specialized_tma_mma"),
-                strategy_named("matmul_simple_cyclic_mma_multi_rows"),
-            ],
-            half: (!cublas_present()).then(|| strategy_named("matmul_simple_tma_mma")),
-        }))),
+        Some(FAST) => {
+            let named = |name| strategy_named(name).expect("a name from matmul_strategies()");
+            Some(Kernel::Fast(Box::new(FastKernels {
+                f32: [
+                    named("matmul_specialized_tma_mma"),
+                    named("matmul_simple_cyclic_mma_multi_rows"),
+                ],
+                half: (!cublas_present()).then(|| named("matmul_simple_tma_mma")),
+            })))
+        }
         Some(CUBLAS) => {
             if !cublas_present() {
                 return Err(
@@ -204,19 +207,17 @@ pub(crate) fn select_matmul(name: Option<&str>) -> Result<(), String> {
             }
             Some(Kernel::Cublas)
         }
-        Some(name) => {
-            let all = matmul_strategies();
-            let names: Vec<String> = all.iter().map(|s| s.to_string()).collect();
-            let Some(i) = names.iter().position(|n| n == name) else {
+        Some(name) => match strategy_named(name) {
+            Some(strategy) => Some(Kernel::Cubek(strategy)),
+            None => {
+                let names: Vec<String> =
+                    matmul_strategies().iter().map(|s| s.to_string()).collect();
                 return Err(format!(
                     "unknown matmul kernel `{name}`; one of: auto, {FAST}, {CUBLAS}, {}",
                     names.join(", ")
                 ));
-            };
-            Some(Kernel::Cubek(
-                all.into_iter().nth(i).expect("index from the same list"),
-            ))
-        }
+            }
+        },
     };
     *SELECTED.write().expect("matmul selection lock") = kernel;
     *DECLINED.lock().expect("declined cases lock") = None;

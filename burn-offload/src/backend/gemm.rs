@@ -65,13 +65,11 @@ pub fn set_matmul(name: &str) -> Result<(), String> {
 /// The kernel programs choose unless told otherwise: `fast` in CUDA builds
 /// (the fastest measured kernel per dtype; in f32 the same tf32 staging as
 /// burn's own matmul), `auto` elsewhere, where only burn's matmul exists.
-#[cfg(feature = "cuda")]
-pub const DEFAULT_MATMUL: &str = "fast";
-/// The kernel programs choose unless told otherwise: `fast` in CUDA builds
-/// (the fastest measured kernel per dtype; in f32 the same tf32 staging as
-/// burn's own matmul), `auto` elsewhere, where only burn's matmul exists.
-#[cfg(not(feature = "cuda"))]
-pub const DEFAULT_MATMUL: &str = "auto";
+pub const DEFAULT_MATMUL: &str = if cfg!(feature = "cuda") {
+    "fast"
+} else {
+    "auto"
+};
 
 /// The matmul kernels [`set_matmul`] accepts.
 pub fn matmul_names() -> Vec<String> {
