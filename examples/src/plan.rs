@@ -37,6 +37,69 @@ pub struct Job {
     pub loss_chunk_tokens: usize,
     /// Whether the device is a GPU (its context and pools cost memory).
     pub gpu: bool,
+    /// Where the engine keeps the block-input checkpoints on a GPU.
+    pub block_inputs: BlockInputs,
+}
+
+/// Where the offload engine keeps the block inputs it recomputes from (one
+/// `tokens × d_model` tensor per block) on a GPU. On the device they cost no
+/// copies and no host round trip; in host memory the device stays flat in
+/// depth. On CPU backends the device is the host and this has no effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockInputs {
+    /// On the device when the plan fits the GPU with them there, else in host memory.
+    Auto,
+    Host,
+    Device,
+}
+
+impl BlockInputs {
+    pub const ALL: [BlockInputs; 3] = [BlockInputs::Auto, BlockInputs::Host, BlockInputs::Device];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            BlockInputs::Auto => "auto",
+            BlockInputs::Host => "host",
+            BlockInputs::Device => "device",
+        }
+    }
+}
+
+impl std::fmt::Display for BlockInputs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for BlockInputs {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        BlockInputs::ALL
+            .into_iter()
+            .find(|b| b.name().eq_ignore_ascii_case(s))
+            .ok_or_else(|| {
+                format!(
+                    "unknown block-input placement `{s}`; expected one of: {}",
+                    BlockInputs::ALL.map(BlockInputs::name).join(", ")
+                )
+            })
+    }
+}
+
+impl Job {
+    /// The job with [`BlockInputs::Auto`] decided for `machine`: on a GPU the
+    /// block inputs go to the device when the whole plan still fits it, else
+    /// to host memory; on CPU backends the device is the host.
+    pub fn place_block_inputs(mut self, machine: &Machine) -> Self {
+        if self.block_inputs == BlockInputs::Auto {
+            self.block_inputs = BlockInputs::Device;
+            if self.gpu && Plan::new(&self).check(&self, machine).is_err() {
+                self.block_inputs = BlockInputs::Host;
+            }
+        }
+        self
+    }
 }
 
 /// What the machine has, and where each figure came from.
@@ -213,8 +276,8 @@ impl Plan {
                 F32 * s.stem_params + width * 2 * s.block_params,
             ));
             let checkpoints = width * (s.layers + 1) * tokens * s.d;
-            if job.gpu {
-                // The engine keeps them in host memory on a GPU (flat in depth).
+            if job.gpu && job.block_inputs == BlockInputs::Host {
+                // In host memory the device stays flat in depth.
                 host.push(Item::held("block-input checkpoints", checkpoints));
                 device.push(Item::held(
                     "block input and output in flight",

@@ -27,7 +27,7 @@ use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use crate::data::{default_corpus, read_corpus, Batcher, Tokenizer};
-use crate::plan::{Job as PlanJob, Machine, Plan};
+use crate::plan::{BlockInputs, Job as PlanJob, Machine, Plan};
 use crate::schedule::WarmupCosine;
 use crate::{peak_rss_bytes, process_rss_bytes, DefaultBackend};
 use burn_offload::trace;
@@ -71,6 +71,8 @@ pub struct TrainOptions {
     pub matmul: String,
     /// Engine: tokens per chunk of the LM head and loss.
     pub loss_chunk_tokens: usize,
+    /// Engine on a GPU: where the block inputs it recomputes from are kept.
+    pub block_inputs: BlockInputs,
     /// Write checkpoints into this folder (every `checkpoint_every` steps, at
     /// the end, and on Ctrl-C).
     pub checkpoint_dir: Option<PathBuf>,
@@ -126,6 +128,7 @@ impl Default for TrainOptions {
             compute: Compute::Fp32,
             matmul: burn_offload::DEFAULT_MATMUL.into(),
             loss_chunk_tokens: 4096,
+            block_inputs: BlockInputs::Auto,
             checkpoint_dir: None,
             checkpoint_every: 0,
             keep: 3,
@@ -311,7 +314,7 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
         Some(path) => read_corpus(path)?,
         None => default_corpus(),
     };
-    check_memory(opts)?;
+    let block_inputs = check_memory(opts)?;
     let tokens = tokenizer.encode(&text);
     let corpus = (tokens.len(), corpus_crc32(&tokens));
     let batcher = Batcher::new(tokens, opts.seq_len, opts.seed)?;
@@ -336,6 +339,7 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
         metrics,
         config: config.clone(),
         corpus,
+        block_inputs,
         building: Instant::now(),
     };
     let outcome = match (&config, opts.resident) {
@@ -510,7 +514,9 @@ pub fn plan(opts: &TrainOptions) -> Result<(Plan, PlanJob)> {
         compute: opts.compute,
         loss_chunk_tokens: opts.loss_chunk_tokens,
         gpu: cfg!(feature = "cuda"),
-    };
+        block_inputs: opts.block_inputs,
+    }
+    .place_block_inputs(&machine(opts)?);
     Ok((Plan::new(&job), job))
 }
 
@@ -526,11 +532,13 @@ pub fn plan_table(opts: &TrainOptions) -> Result<String> {
     Ok(table)
 }
 
-/// Refuses, before anything is allocated, a job that does not fit the machine.
-fn check_memory(opts: &TrainOptions) -> Result<()> {
+/// Refuses, before anything is allocated, a job that does not fit the
+/// machine; otherwise where its block inputs go.
+fn check_memory(opts: &TrainOptions) -> Result<BlockInputs> {
     let (plan, job) = plan(opts)?;
     let machine = machine(opts)?;
-    plan.check(&job, &machine).map_err(anyhow::Error::msg)
+    plan.check(&job, &machine).map_err(anyhow::Error::msg)?;
+    Ok(job.block_inputs)
 }
 
 struct Job<'a> {
@@ -541,6 +549,8 @@ struct Job<'a> {
     config: ModelConfig,
     /// (tokens, crc32) of the training token stream.
     corpus: (usize, u32),
+    /// Where the engine keeps block inputs (decided by the memory plan).
+    block_inputs: BlockInputs,
     /// When the model began to be built (initialisation time is reported).
     building: Instant,
 }
@@ -633,7 +643,7 @@ impl Job<'_> {
             loss_chunk_tokens: opts.loss_chunk_tokens,
             skip_non_finite: !opts.no_guard,
             overlap: !opts.serial_copies,
-            host_checkpoints: true,
+            host_checkpoints: self.block_inputs == BlockInputs::Host,
             compute: opts.compute,
         };
         let mut engine = Engine::new(model, config, device)?;

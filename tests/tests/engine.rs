@@ -63,20 +63,31 @@ where
     let grads = cross_entropy(model.forward(x), y).backward();
     let want = values::<AD, _>(&model, Some(&grads));
 
-    let mut engine = Engine::new(model.valid(), engine_config(false), &Default::default()).unwrap();
-    engine.accumulate_gradients(&[data]).unwrap();
-    assert_eq!(
-        want.len(),
-        engine
-            .store()
-            .groups
-            .iter()
-            .map(|g| g.slots.len())
-            .sum::<usize>()
-    );
-    for (id, reference) in &want {
-        let err = rel_err(engine.grad(id).unwrap(), reference);
-        assert!(err <= TOL, "gradient of {id}: relative error {err}");
+    // Block inputs in host memory and on the device (on a CPU backend both
+    // are the same memory; the GPU run of this test covers both paths).
+    for host_checkpoints in [true, false] {
+        let config = EngineConfig {
+            host_checkpoints,
+            ..engine_config(false)
+        };
+        let mut engine = Engine::new(model.valid(), config, &Default::default()).unwrap();
+        engine.accumulate_gradients(&[data.clone()]).unwrap();
+        assert_eq!(
+            want.len(),
+            engine
+                .store()
+                .groups
+                .iter()
+                .map(|g| g.slots.len())
+                .sum::<usize>()
+        );
+        for (id, reference) in &want {
+            let err = rel_err(engine.grad(id).unwrap(), reference);
+            assert!(
+                err <= TOL,
+                "gradient of {id} (host checkpoints: {host_checkpoints}): relative error {err}"
+            );
+        }
     }
 }
 

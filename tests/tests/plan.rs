@@ -4,7 +4,7 @@
 use burn_offload::Compute;
 use burn_offload::{Engine, EngineConfig};
 use burn_offload_tests::TestBackend as B;
-use examples::plan::{Job, Machine, Plan};
+use examples::plan::{BlockInputs, Job, Machine, Plan};
 use examples::train::{run, TrainOptions};
 use models::{Gpt2Config, LlamaConfig, ModelConfig};
 
@@ -19,6 +19,8 @@ fn job(config: ModelConfig, fused: bool) -> Job {
         compute: Compute::Fp32,
         loss_chunk_tokens: 4096,
         gpu: false,
+        // The H100 figures below were measured with block inputs in host memory.
+        block_inputs: BlockInputs::Host,
     }
 }
 
@@ -186,6 +188,64 @@ fn a_job_that_does_not_fit_the_gpu_is_refused_before_anything_is_created() {
 /// pipelined row at 4k tokens (bench/results/cuda-bench/run12), each within
 /// 10% of the prediction. The head phase and the block backward do not add
 /// up, and small jobs sit on cubecl's page floor.
+/// `auto` keeps block inputs on the GPU when the plan fits it with them
+/// there, and moves them to host memory (flat device memory in depth) when not.
+#[test]
+fn auto_places_block_inputs_on_the_gpu_only_when_they_fit() {
+    let base = Job {
+        batch: 8,
+        seq_len: 256,
+        gpu: true,
+        block_inputs: BlockInputs::Auto,
+        ..job(ModelConfig::Llama(medium_llama()), false)
+    };
+    let holds = |items: &[examples::plan::Item]| {
+        items.iter().any(|i| i.what == "block-input checkpoints")
+    };
+    let device_plan = Plan::new(&Job {
+        block_inputs: BlockInputs::Device,
+        ..base.clone()
+    });
+    let host_plan = Plan::new(&Job {
+        block_inputs: BlockInputs::Host,
+        ..base.clone()
+    });
+    assert!(holds(&device_plan.device) && !holds(&device_plan.host));
+    assert!(holds(&host_plan.host) && !holds(&host_plan.device));
+    assert!(device_plan.device_total() > host_plan.device_total());
+    assert!(device_plan.host_total() < host_plan.host_total());
+
+    let roomy = machine(64 << 30, Some(80 << 30));
+    assert_eq!(
+        base.clone().place_block_inputs(&roomy).block_inputs,
+        BlockInputs::Device
+    );
+    // A GPU between the two device totals: only the host placement fits.
+    let between = (device_plan.device_total() + host_plan.device_total()) / 2;
+    let tight = machine(64 << 30, Some(between));
+    assert!(device_plan.check(&base, &tight).is_err());
+    assert_eq!(
+        base.clone().place_block_inputs(&tight).block_inputs,
+        BlockInputs::Host
+    );
+    // Explicit choices are kept; on a CPU backend the device is the host.
+    let host = Job {
+        block_inputs: BlockInputs::Host,
+        ..base.clone()
+    };
+    assert_eq!(host.place_block_inputs(&roomy).block_inputs, BlockInputs::Host);
+    let cpu = Job {
+        gpu: false,
+        ..base.clone()
+    };
+    assert_eq!(
+        cpu.place_block_inputs(&machine(64 << 30, None)).block_inputs,
+        BlockInputs::Device
+    );
+    assert_eq!("DEVICE".parse::<BlockInputs>(), Ok(BlockInputs::Device));
+    assert!("gpu".parse::<BlockInputs>().unwrap_err().contains("auto, host, device"));
+}
+
 #[test]
 fn gpu_prediction_matches_the_h100_runs() {
     let gpu = Machine {

@@ -103,6 +103,12 @@ struct Cli {
     /// Engine: tokens per chunk of the LM head and loss.
     #[arg(long, default_value_t = 4096)]
     loss_chunk_tokens: usize,
+    /// Engine on a GPU: where the block inputs it recomputes from are kept.
+    /// `device` saves a copy each way per block and step; `host` keeps GPU
+    /// memory flat in depth; `auto` takes `device` when the memory plan
+    /// still fits the GPU with them there (`--plan` shows the choice).
+    #[arg(long, default_value = "auto")]
+    block_inputs: examples::plan::BlockInputs,
     /// Write checkpoints (safetensors + manifest) into this folder: every
     /// --checkpoint-every steps, at the end, and on Ctrl-C.
     #[arg(long)]
@@ -169,6 +175,7 @@ fn main() -> ExitCode {
         compute: cli.compute,
         matmul: cli.matmul,
         loss_chunk_tokens: cli.loss_chunk_tokens,
+        block_inputs: cli.block_inputs,
         checkpoint_dir: cli.checkpoint_dir,
         checkpoint_every: cli.checkpoint_every,
         keep: cli.keep,
