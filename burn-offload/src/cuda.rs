@@ -466,6 +466,105 @@ fn read_with<X: Backend, const D: usize, R>(
     ))
 }
 
+/// A device→host copy of an f32 or bf16 tensor queued on cubecl's own
+/// stream, behind the kernels that produce the tensor, into cubecl's
+/// page-locked staging; the host has not waited for it. Unlike
+/// [`try_read_into`] nothing waits for the device when it is queued, so the
+/// engine can queue a block's gradients and submit the next block's backward
+/// at once: the copy then runs between the two on the device, with no host
+/// round trip in between. Its time on the device is not measured (cubecl
+/// records no event the engine can read).
+pub(crate) struct PendingRead {
+    bytes: std::pin::Pin<
+        Box<
+            dyn std::future::Future<
+                    Output = Result<
+                        burn_cubecl::cubecl::bytes::Bytes,
+                        burn_cubecl::cubecl::server::ServerError,
+                    >,
+                > + Send,
+        >,
+    >,
+    dtype: DType,
+    len: usize,
+}
+
+impl PendingRead {
+    /// Bytes that cross the bus.
+    pub(crate) fn bytes(&self) -> u64 {
+        (self.len * self.dtype.size()) as u64
+    }
+
+    /// Waits for the copy and writes (or, with `accumulate`, adds) the values
+    /// into `out` (same length, f32).
+    pub(crate) fn finish(self, out: &mut [f32], accumulate: bool) {
+        assert_eq!(out.len(), self.len, "gradient length");
+        let bytes = burn_cubecl::cubecl::future::block_on(self.bytes)
+            .unwrap_or_else(|e| panic!("CUDA device-to-host copy failed: {e:?}"));
+        let raw = &bytes[..self.len * self.dtype.size()];
+        // cubecl's staging is page-aligned; its fallback (a plain Vec<u8>) may not be.
+        if self.dtype == DType::BF16 {
+            match bytemuck::try_cast_slice::<u8, bf16>(raw) {
+                Ok(values) => crate::pager::widen_into(out, values, accumulate),
+                Err(_) => {
+                    let values: Vec<bf16> = bytemuck::pod_collect_to_vec(raw);
+                    crate::pager::widen_into(out, &values, accumulate)
+                }
+            }
+        } else {
+            match bytemuck::try_cast_slice::<u8, f32>(raw) {
+                Ok(values) => crate::pager::write_into(out, values, accumulate),
+                Err(_) => {
+                    let values: Vec<f32> = bytemuck::pod_collect_to_vec(raw);
+                    crate::pager::write_into(out, &values, accumulate)
+                }
+            }
+        }
+    }
+}
+
+/// The device's compute client for the life of the process: a pending read's
+/// future borrows the client it was queued through (cubecl keeps its own
+/// clients alive in a global registry too), one per device.
+fn device_client(device: &CudaDevice) -> &'static ComputeClient<CudaRuntime> {
+    static CLIENTS: std::sync::Mutex<Vec<(CudaDevice, &'static ComputeClient<CudaRuntime>)>> =
+        std::sync::Mutex::new(Vec::new());
+    let mut clients = CLIENTS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some((_, client)) = clients.iter().find(|(d, _)| d == device) {
+        return client;
+    }
+    let client: &'static ComputeClient<CudaRuntime> =
+        Box::leak(Box::new(CudaRuntime::client(device)));
+    clients.push((device.clone(), client));
+    client
+}
+
+/// Queues the copy of an f32 or bf16 tensor of the CUDA backend to the host
+/// (see [`PendingRead`]), or gives the tensor back.
+pub(crate) fn try_start_read<X: Backend, const D: usize>(
+    tensor: Tensor<X, D>,
+) -> Result<PendingRead, Tensor<X, D>> {
+    let dtype = tensor.dtype();
+    if !matches!(dtype, DType::F32 | DType::BF16) {
+        return Err(tensor);
+    }
+    let tensor = as_cuda(tensor)?;
+    let cube = burn_cubecl::kernel::into_contiguous(tensor.into_primitive().tensor());
+    let len = cube.meta.shape().num_elements();
+    let descriptor = burn_cubecl::cubecl::server::CopyDescriptor::new(
+        cube.handle.clone().binding(),
+        cube.meta.shape().clone(),
+        cube.meta.strides().clone(),
+        dtype.size(),
+    );
+    // `read_one_tensor_async` queues the copy now; the future only waits for
+    // it. It holds the buffer until the copy is done.
+    let bytes = Box::pin(device_client(&cube.device).read_one_tensor_async(descriptor));
+    Ok(PendingRead { bytes, dtype, len })
+}
+
 /// Page-locks a host range for the lifetime of the guard, so copies from it
 /// run at DMA speed. `None` when `X` is not CUDA or the driver refuses (the
 /// copies then still work, pageable and slower).

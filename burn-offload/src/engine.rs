@@ -36,7 +36,7 @@ use burn::tensor::{DType, ElementConversion, Int, Tensor, TensorData};
 
 use crate::checkpoint::{self, CheckpointError};
 use crate::optim::{check_lr, sum_of_squares, OptimizerConfig, OptimizerError, UpdateSlices};
-use crate::pager::{Pager, PagerStats, Stash, ToPlaceholders};
+use crate::pager::{Pager, PagerStats, PendingGradients, Stash, ToPlaceholders};
 use crate::precision::{cast_to, Bf16Weights, Compute};
 use crate::store::{Collect, HostStore, StoreError, StoreLayout};
 use crate::trace;
@@ -146,7 +146,9 @@ impl StepReport {
 /// The `*_bytes`/`*_copy_s` pairs are the copies timed on CUDA (zero
 /// elsewhere): their ratio is the achieved rate. Uploads are timed on the copy
 /// stream from a batch's first copy to its last, so gaps between copies count
-/// against the rate; downloads from the copy's start to its end.
+/// against the rate; downloads from the copy's start to its end. A block's
+/// gradients ride behind its backward on cubecl's stream, where no event
+/// times them: the timed downloads are the stem's and the checkpoints'.
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct StepSplit {
     /// Streamed forward without a graph (uploads, block compute, checkpoints).
@@ -155,7 +157,9 @@ pub struct StepSplit {
     pub head_s: f64,
     /// Recompute and backward of every block, gradients to the host.
     pub backward_s: f64,
-    /// Waiting for a block's backward to finish on the device.
+    /// Waiting for a block's backward to finish on the device (the
+    /// serialised baseline; in the pipeline the host never waits for it on
+    /// its own: the wait falls into the next bind or `download_s`).
     pub backward_wait_s: f64,
     /// Host time handing blocks over in the backward: the checkpoint back,
     /// waiting for the block's weights, binding the next block (its copy).
@@ -165,7 +169,8 @@ pub struct StepSplit {
     /// backward (burn's autodiff graph and kernel launches), up to the flush.
     #[serde(default)]
     pub backward_launch_s: f64,
-    /// Copying gradients to the host and adding them up.
+    /// Waiting for a block's gradient copies and writing them into the
+    /// host buffer.
     pub download_s: f64,
     /// CPU optimizer (AdamW over the host slabs) and gradient accumulation.
     /// In the default (deferred) mode this is mostly the previous step's
@@ -177,7 +182,7 @@ pub struct StepSplit {
     /// Host→device copies after the forward (head, weights again, checkpoints).
     pub backward_h2d_bytes: u64,
     pub backward_h2d_copy_s: f64,
-    /// Device→host copies (gradients, checkpoints).
+    /// Device→host copies timed on the copy stream (the stem's gradients, host checkpoints).
     pub d2h_bytes: u64,
     pub d2h_copy_s: f64,
 }
@@ -858,13 +863,13 @@ where
 
         let phase = Instant::now();
         // 3. Backward, one block at a time, recomputed from its checkpoint.
-        // A block's gradients reach the optimizer (`sink_group`) only after the
-        // next block's backward has been handed to the device, so the CPU
-        // update of block i+1 runs while the GPU computes block i.
-        // One buffer serves every block: block i's gradients are written into
-        // it after block i+1's have gone to the optimizer. Kept across steps.
+        // Block i's gradient copies are queued right behind its backward, and
+        // block i-1's backward right behind them: the device goes from one to
+        // the next with no host round trip. The host takes block i's
+        // gradients (and the optimizer its share) while block i-1 computes.
+        // One buffer serves every block, kept across steps.
         let mut block_grads = std::mem::take(&mut self.block_grads);
-        let mut arrived: Option<(usize, Vec<f32>)> = None;
+        let mut queued: Option<(usize, PendingGradients)> = None;
         for i in (0..num_blocks).rev() {
             let block = next.take().expect("block bound ahead");
             let bind = Instant::now();
@@ -886,37 +891,23 @@ where
             self.split.backward_launch_s += launch.elapsed().as_secs_f64();
             if !self.config.overlap {
                 // The serialised baseline: no CPU work while the device computes.
+                let waited = Instant::now();
                 self.pager.sync::<B>(&self.device);
+                self.split.backward_wait_s += waited.elapsed().as_secs_f64();
             }
-            if let Some((g, buffer)) = arrived.take() {
-                self.sink_group(g, &buffer, sink);
-                block_grads = buffer;
+            if let Some((g, pending)) = queued.take() {
+                self.take_block_grads(g, pending, &mut block_grads, sink);
             }
-            // What is left of block i's backward on the device.
-            let waited = Instant::now();
-            self.pager.sync::<B>(&self.device);
-            self.split.backward_wait_s += waited.elapsed().as_secs_f64();
-            let download = Instant::now();
-            let group = &self.store.groups[i + 1];
-            // Every slot is written over: no zeroing pass.
-            block_grads.resize(group.numel(), 0.0);
-            self.pager.gradients_to_host::<AD<B>, _>(
-                &block,
-                group,
-                &HashSet::new(),
-                &grads,
-                &mut block_grads,
-                false,
-            );
-            self.split.download_s += download.elapsed().as_secs_f64();
+            let pending =
+                self.pager
+                    .start_gradients::<AD<B>, _>(&block, &self.store.groups[i + 1], &grads);
+            queued = Some((i + 1, pending));
             drop(block);
             self.pager.evict(i + 1);
-            arrived = Some((i + 1, std::mem::take(&mut block_grads)));
-            self.mark(format_args!("block {i} backward done"));
+            self.mark(format_args!("block {i} backward submitted"));
         }
-        if let Some((g, buffer)) = arrived.take() {
-            self.sink_group(g, &buffer, sink);
-            block_grads = buffer;
+        if let Some((g, pending)) = queued.take() {
+            self.take_block_grads(g, pending, &mut block_grads, sink);
         }
         self.block_grads = block_grads;
         self.split.backward_s += phase.elapsed().as_secs_f64();
@@ -1028,6 +1019,23 @@ where
         self.pager.evict(0);
         let vocab = logits.dims()[2];
         Ok(cast_to(logits, DType::F32).reshape([batch, vocab]))
+    }
+
+    /// Waits for group `g`'s queued gradient copies, writes them into
+    /// `buffer` and hands them to the optimizer.
+    fn take_block_grads(
+        &mut self,
+        g: usize,
+        pending: PendingGradients,
+        buffer: &mut Vec<f32>,
+        sink: &mut Sink,
+    ) {
+        let download = Instant::now();
+        // Every slot is written over: no zeroing pass.
+        buffer.resize(self.store.groups[g].numel(), 0.0);
+        self.pager.finish_gradients(pending, buffer);
+        self.split.download_s += download.elapsed().as_secs_f64();
+        self.sink_group(g, buffer, sink);
     }
 
     fn sink_group(&mut self, g: usize, grads: &[f32], sink: &mut Sink) {

@@ -288,6 +288,90 @@ impl Pager {
         };
         module.visit(&mut visit);
     }
+
+    /// Queues the copies of a bound block's gradients (those of `group`, in
+    /// visit order) to the host without waiting for the device: on CUDA they
+    /// run behind the backward that produces them, and whatever is submitted
+    /// next runs behind them. [`Pager::finish_gradients`] waits and writes.
+    /// Other backends read at once.
+    pub fn start_gradients<B: AutodiffBackend, M: Module<B>>(
+        &mut self,
+        module: &M,
+        group: &ParamGroup,
+        grads: &B::Gradients,
+    ) -> PendingGradients {
+        let mut visit = GradsStart {
+            group,
+            next: 0,
+            grads,
+            slots: Vec::with_capacity(group.slots.len()),
+            stats: &mut self.stats,
+        };
+        module.visit(&mut visit);
+        PendingGradients { slots: visit.slots }
+    }
+
+    /// Waits for [`Pager::start_gradients`]' copies and writes them over
+    /// `out` (`out.len() == group.numel()`; zeros where a parameter got no gradient).
+    pub fn finish_gradients(&mut self, pending: PendingGradients, out: &mut [f32]) {
+        for (range, grad) in pending.slots {
+            let out = &mut out[range];
+            match grad {
+                None => out.fill(0.0),
+                #[cfg(feature = "cuda")]
+                Some(PendingGrad::Queued(read)) => read.finish(out, false),
+                Some(PendingGrad::Read(values)) => write_into(out, &values, false),
+            }
+        }
+    }
+}
+
+struct GradsStart<'a, B: AutodiffBackend> {
+    group: &'a ParamGroup,
+    next: usize,
+    grads: &'a B::Gradients,
+    slots: Vec<(std::ops::Range<usize>, Option<PendingGrad>)>,
+    stats: &'a mut PagerStats,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for GradsStart<'_, B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let slot = &self.group.slots[self.next];
+        self.next += 1;
+        let range = slot.offset..slot.offset + slot.len;
+        let Some(grad) = param.val().grad(self.grads) else {
+            self.slots.push((range, None));
+            return;
+        };
+        #[cfg(feature = "cuda")]
+        let grad = match crate::cuda::try_start_read(grad) {
+            Ok(read) => {
+                self.stats.bytes_to_host += read.bytes();
+                self.slots.push((range, Some(PendingGrad::Queued(read))));
+                return;
+            }
+            Err(grad) => grad,
+        };
+        self.stats.bytes_to_host += (slot.len * grad.dtype().size()) as u64;
+        let data = grad.into_data().convert::<f32>();
+        let values = data.into_vec::<f32>().expect("f32 gradient");
+        self.slots.push((range, Some(PendingGrad::Read(values))));
+    }
+}
+
+/// A bound block's gradients on their way to the host ([`Pager::start_gradients`]).
+pub struct PendingGradients {
+    /// Per slot of the group, in visit order: its range in the group's buffer
+    /// and what arrives there (`None`: the parameter got no gradient).
+    slots: Vec<(std::ops::Range<usize>, Option<PendingGrad>)>,
+}
+
+enum PendingGrad {
+    /// A copy queued on the GPU behind the backward.
+    #[cfg(feature = "cuda")]
+    Queued(crate::cuda::PendingRead),
+    /// Read at once (other backends).
+    Read(Vec<f32>),
 }
 
 /// A template parameter costs nothing: a single zero broadcast to the shape.

@@ -199,9 +199,8 @@ fn auto_places_block_inputs_on_the_gpu_only_when_they_fit() {
         block_inputs: BlockInputs::Auto,
         ..job(ModelConfig::Llama(medium_llama()), false)
     };
-    let holds = |items: &[examples::plan::Item]| {
-        items.iter().any(|i| i.what == "block-input checkpoints")
-    };
+    let holds =
+        |items: &[examples::plan::Item]| items.iter().any(|i| i.what == "block-input checkpoints");
     let device_plan = Plan::new(&Job {
         block_inputs: BlockInputs::Device,
         ..base.clone()
@@ -233,17 +232,24 @@ fn auto_places_block_inputs_on_the_gpu_only_when_they_fit() {
         block_inputs: BlockInputs::Host,
         ..base.clone()
     };
-    assert_eq!(host.place_block_inputs(&roomy).block_inputs, BlockInputs::Host);
+    assert_eq!(
+        host.place_block_inputs(&roomy).block_inputs,
+        BlockInputs::Host
+    );
     let cpu = Job {
         gpu: false,
         ..base.clone()
     };
     assert_eq!(
-        cpu.place_block_inputs(&machine(64 << 30, None)).block_inputs,
+        cpu.place_block_inputs(&machine(64 << 30, None))
+            .block_inputs,
         BlockInputs::Device
     );
     assert_eq!("DEVICE".parse::<BlockInputs>(), Ok(BlockInputs::Device));
-    assert!("gpu".parse::<BlockInputs>().unwrap_err().contains("auto, host, device"));
+    assert!("gpu"
+        .parse::<BlockInputs>()
+        .unwrap_err()
+        .contains("auto, host, device"));
 }
 
 #[test]
