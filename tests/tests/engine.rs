@@ -71,7 +71,9 @@ where
             ..engine_config(false)
         };
         let mut engine = Engine::new(model.valid(), config, &Default::default()).unwrap();
-        engine.accumulate_gradients(&[data.clone()]).unwrap();
+        engine
+            .accumulate_gradients(std::slice::from_ref(&data))
+            .unwrap();
         assert_eq!(
             want.len(),
             engine
