@@ -502,24 +502,20 @@ impl PendingRead {
         let bytes = burn_cubecl::cubecl::future::block_on(self.bytes)
             .unwrap_or_else(|e| panic!("CUDA device-to-host copy failed: {e:?}"));
         let raw = &bytes[..self.len * self.dtype.size()];
-        // cubecl's staging is page-aligned; its fallback (a plain Vec<u8>) may not be.
         if self.dtype == DType::BF16 {
-            match bytemuck::try_cast_slice::<u8, bf16>(raw) {
-                Ok(values) => crate::pager::widen_into(out, values, accumulate),
-                Err(_) => {
-                    let values: Vec<bf16> = bytemuck::pod_collect_to_vec(raw);
-                    crate::pager::widen_into(out, &values, accumulate)
-                }
-            }
+            crate::pager::widen_into(out, &aligned::<bf16>(raw), accumulate);
         } else {
-            match bytemuck::try_cast_slice::<u8, f32>(raw) {
-                Ok(values) => crate::pager::write_into(out, values, accumulate),
-                Err(_) => {
-                    let values: Vec<f32> = bytemuck::pod_collect_to_vec(raw);
-                    crate::pager::write_into(out, &values, accumulate)
-                }
-            }
+            crate::pager::write_into(out, &aligned::<f32>(raw), accumulate);
         }
+    }
+}
+
+/// `raw` as elements of `T`: in place when aligned (cubecl's page-locked
+/// staging is), else copied (its fallback, a plain `Vec<u8>`, may not be).
+fn aligned<T: bytemuck::Pod>(raw: &[u8]) -> std::borrow::Cow<'_, [T]> {
+    match bytemuck::try_cast_slice(raw) {
+        Ok(values) => std::borrow::Cow::Borrowed(values),
+        Err(_) => std::borrow::Cow::Owned(bytemuck::pod_collect_to_vec(raw)),
     }
 }
 

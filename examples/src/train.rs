@@ -499,8 +499,8 @@ fn gpu_reserved_bytes() -> Option<u64> {
     None
 }
 
-/// The memory plan of this job (nothing is allocated).
-pub fn plan(opts: &TrainOptions) -> Result<(Plan, PlanJob)> {
+/// The memory plan of this job on `machine` (nothing is allocated).
+pub fn plan(opts: &TrainOptions, machine: &Machine) -> Result<(Plan, PlanJob)> {
     validate(opts)?;
     let tokenizer = Tokenizer::from_name(&opts.tokenizer)?;
     let config = resolve_config(opts, &tokenizer)?;
@@ -516,14 +516,14 @@ pub fn plan(opts: &TrainOptions) -> Result<(Plan, PlanJob)> {
         gpu: cfg!(feature = "cuda"),
         block_inputs: opts.block_inputs,
     }
-    .place_block_inputs(&machine(opts)?);
+    .place_block_inputs(machine);
     Ok((Plan::new(&job), job))
 }
 
 /// `train --plan`: the table of predicted memory against the machine.
 pub fn plan_table(opts: &TrainOptions) -> Result<String> {
-    let (plan, job) = plan(opts)?;
     let machine = machine(opts)?;
+    let (plan, job) = plan(opts, &machine)?;
     let mut table = plan.table(&machine);
     match plan.check(&job, &machine) {
         Ok(()) => table.push_str("fits\n"),
@@ -535,8 +535,8 @@ pub fn plan_table(opts: &TrainOptions) -> Result<String> {
 /// Refuses, before anything is allocated, a job that does not fit the
 /// machine; otherwise where its block inputs go.
 fn check_memory(opts: &TrainOptions) -> Result<BlockInputs> {
-    let (plan, job) = plan(opts)?;
     let machine = machine(opts)?;
+    let (plan, job) = plan(opts, &machine)?;
     plan.check(&job, &machine).map_err(anyhow::Error::msg)?;
     Ok(job.block_inputs)
 }

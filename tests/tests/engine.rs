@@ -32,6 +32,11 @@ const TRAJECTORY_TOL: f32 = 5e-5;
 #[cfg(feature = "cuda")]
 const TRAJECTORY_TOL: f32 = 3e-3;
 
+/// Parameters (slots) the engine's store holds, over all groups.
+fn slot_count(store: &burn_offload::HostStore) -> usize {
+    store.groups.iter().map(|g| g.slots.len()).sum()
+}
+
 fn engine_config(fused: bool) -> EngineConfig {
     EngineConfig {
         optimizer: OptimizerConfig::AdamW(AdamWConfig {
@@ -74,15 +79,7 @@ where
         engine
             .accumulate_gradients(std::slice::from_ref(&data))
             .unwrap();
-        assert_eq!(
-            want.len(),
-            engine
-                .store()
-                .groups
-                .iter()
-                .map(|g| g.slots.len())
-                .sum::<usize>()
-        );
+        assert_eq!(want.len(), slot_count(engine.store()));
         for (id, reference) in &want {
             let err = rel_err(engine.grad(id).unwrap(), reference);
             assert!(
@@ -191,15 +188,7 @@ fn check_training(fused: bool, clip: Option<f64>) {
     };
     model.visit(&mut moments);
     let checked = moments.checked;
-    assert_eq!(
-        checked,
-        engine
-            .store()
-            .groups
-            .iter()
-            .map(|g| g.slots.len())
-            .sum::<usize>()
-    );
+    assert_eq!(checked, slot_count(engine.store()));
 }
 
 struct Moments<'a> {

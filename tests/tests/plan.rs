@@ -183,11 +183,6 @@ fn a_job_that_does_not_fit_the_gpu_is_refused_before_anything_is_created() {
     );
 }
 
-/// The GPU peaks measured on the H100 (whole process, nvidia-smi; 78.66 GiB
-/// free): the 7.39B run (bench/results/cuda-pipeline/run12) and the 0.85B
-/// pipelined row at 4k tokens (bench/results/cuda-bench/run12), each within
-/// 10% of the prediction. The head phase and the block backward do not add
-/// up, and small jobs sit on cubecl's page floor.
 /// `auto` keeps block inputs on the GPU when the plan fits it with them
 /// there, and moves them to host memory (flat device memory in depth) when not.
 #[test]
@@ -252,6 +247,11 @@ fn auto_places_block_inputs_on_the_gpu_only_when_they_fit() {
         .contains("auto, host, device"));
 }
 
+/// The GPU peaks measured on the H100 (whole process, nvidia-smi; 78.66 GiB
+/// free): the 7.39B run (bench/results/cuda-pipeline/run12) and the 0.85B
+/// pipelined row at 4k tokens (bench/results/cuda-bench/run12), each within
+/// 10% of the prediction. The head phase and the block backward do not add
+/// up, and small jobs sit on cubecl's page floor.
 #[test]
 fn gpu_prediction_matches_the_h100_runs() {
     let gpu = Machine {
