@@ -36,7 +36,7 @@ use burn::tensor::{DType, ElementConversion, Int, Tensor, TensorData};
 
 use crate::checkpoint::{self, CheckpointError};
 use crate::optim::{check_lr, sum_of_squares, OptimizerConfig, OptimizerError, UpdateSlices};
-use crate::pager::{Pager, PagerStats, PendingGradients, Stash, ToPlaceholders};
+use crate::pager::{DeviceGrads, Pager, PagerStats, PendingGradients, Stash, ToPlaceholders};
 use crate::precision::{cast_to, Bf16Weights, Compute};
 use crate::store::{Collect, HostStore, StoreError, StoreLayout};
 use crate::trace;
@@ -842,20 +842,35 @@ where
         let [batch, seq, _] = x.dims();
         let total = (batch * seq) as f32;
         let chunk = (self.config.loss_chunk_tokens / batch).clamp(1, seq);
-        let mut stem_grads = vec![0.0f32; self.store.groups[0].numel()];
-        let mut loss_sum = 0.0f64;
+        // The loss and the head's gradients are summed over the chunks on
+        // the device: nothing waits for a chunk, and the head's gradients
+        // cross to the host once, queued behind the last chunk and collected
+        // before the embedding backward adds to them.
+        let mut loss_sum: Option<Tensor<B, 1>> = None;
+        let mut head_grads = DeviceGrads::new(&self.store.groups[0]);
         let mut dx_chunks = Vec::with_capacity(seq.div_ceil(chunk));
         for start in (0..seq).step_by(chunk) {
             let len = chunk.min(seq - start);
             let xc = Tensor::<AD<B>, 3>::from_inner(x.clone().narrow(1, start, len)).require_grad();
             let tc = Tensor::<AD<B>, 2, Int>::from_inner(targets.clone().narrow(1, start, len));
             let nll_sum = nll_sum(stem_ad.head(xc.clone()), tc);
-            loss_sum += nll_sum.clone().into_scalar().elem::<f64>();
+            let value = nll_sum.clone().inner();
+            loss_sum = Some(match loss_sum.take() {
+                Some(sum) => sum + value,
+                None => value,
+            });
             let grads = (nll_sum * (loss_scale / total)).backward();
             dx_chunks.push(xc.grad(&grads).expect("the head depends on its input"));
-            self.stem_grads_to_host(&stem_ad, &grads, &mut stem_grads);
+            self.pager.keep_gradients::<AD<B>, _>(
+                &stem_ad,
+                &self.store.groups[0],
+                &self.block_ids,
+                &grads,
+                &mut head_grads,
+            );
         }
         drop(stem_ad);
+        let head_grads = self.pager.start_kept(head_grads, &self.store.groups[0]);
         self.pager.evict(0);
         let mut dy = Tensor::cat(dx_chunks, 1);
         self.split.head_s += phase.elapsed().as_secs_f64();
@@ -912,8 +927,11 @@ where
         self.block_grads = block_grads;
         self.split.backward_s += phase.elapsed().as_secs_f64();
 
-        // 4. Embedding backward from dx_0, in f32 (see `bind_stem`).
+        // 4. Embedding backward from dx_0, in f32 (see `bind_stem`), added to
+        // the head's gradients.
         let phase = Instant::now();
+        let mut stem_grads = vec![0.0f32; self.store.groups[0].numel()];
+        self.pager.finish_gradients(head_grads, &mut stem_grads);
         let stem_ad = self.bind_stem::<AD<B>, _>(
             M::TrainModule::from_inner(self.template.clone()),
             true,
@@ -931,6 +949,7 @@ where
         self.split.add_copies(&copies, &self.pager.stats(), false);
         self.mark("embedding backward done");
 
+        let loss_sum = loss_sum.map_or(0.0, |sum| sum.into_scalar().elem::<f64>());
         Ok((loss_sum / total as f64) as f32)
     }
 

@@ -311,6 +311,44 @@ impl Pager {
         PendingGradients { slots: visit.slots }
     }
 
+    /// Adds the gradients of a bound module's parameters (those of `group`,
+    /// in visit order, without `skip`) to `kept`, on the device.
+    pub fn keep_gradients<B: AutodiffBackend, M: Module<B>>(
+        &mut self,
+        module: &M,
+        group: &ParamGroup,
+        skip: &HashSet<ParamId>,
+        grads: &B::Gradients,
+        kept: &mut DeviceGrads<B::InnerBackend>,
+    ) {
+        module.visit(&mut GradsKeep {
+            group,
+            next: 0,
+            skip,
+            grads,
+            kept,
+        });
+    }
+
+    /// Queues the copies of gradients summed with [`Pager::keep_gradients`],
+    /// as [`Pager::start_gradients`] does for a bound module's.
+    pub fn start_kept<B: Backend>(
+        &mut self,
+        kept: DeviceGrads<B>,
+        group: &ParamGroup,
+    ) -> PendingGradients {
+        let slots = group
+            .slots
+            .iter()
+            .zip(kept.sums)
+            .map(|(slot, sum)| {
+                let range = slot.offset..slot.offset + slot.len;
+                (range, sum.map(|sum| start_read(sum, &mut self.stats)))
+            })
+            .collect();
+        PendingGradients { slots }
+    }
+
     /// Waits for [`Pager::start_gradients`]' copies and writes them over
     /// `out` (`out.len() == group.numel()`; zeros where a parameter got no gradient).
     pub fn finish_gradients(&mut self, pending: PendingGradients, out: &mut [f32]) {
@@ -339,23 +377,72 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for GradsStart<'_, B> {
         let slot = &self.group.slots[self.next];
         self.next += 1;
         let range = slot.offset..slot.offset + slot.len;
+        let grad = param
+            .val()
+            .grad(self.grads)
+            .map(|grad| start_read(grad, self.stats));
+        self.slots.push((range, grad));
+    }
+}
+
+/// Starts the copy of one gradient to the host: queued behind the work that
+/// produces it on CUDA, read at once elsewhere.
+fn start_read<X: Backend, const D: usize>(
+    grad: Tensor<X, D>,
+    stats: &mut PagerStats,
+) -> PendingGrad {
+    #[cfg(feature = "cuda")]
+    let grad = match crate::cuda::try_start_read(grad) {
+        Ok(read) => {
+            stats.bytes_to_host += read.bytes();
+            return PendingGrad::Queued(read);
+        }
+        Err(grad) => grad,
+    };
+    stats.bytes_to_host += (grad.shape().num_elements() * grad.dtype().size()) as u64;
+    let data = grad.into_data().convert::<f32>();
+    PendingGrad::Read(data.into_vec::<f32>().expect("f32 gradient"))
+}
+
+/// The gradients of one group summed on the device over several backward
+/// passes (the LM head's loss chunks), in f32, one flat tensor per slot in
+/// visit order (`None`: no gradient yet). The sum crosses to the host once.
+pub struct DeviceGrads<B: Backend> {
+    sums: Vec<Option<Tensor<B, 1>>>,
+}
+
+impl<B: Backend> DeviceGrads<B> {
+    pub fn new(group: &ParamGroup) -> Self {
+        Self {
+            sums: vec![None; group.slots.len()],
+        }
+    }
+}
+
+struct GradsKeep<'a, B: AutodiffBackend> {
+    group: &'a ParamGroup,
+    next: usize,
+    skip: &'a HashSet<ParamId>,
+    grads: &'a B::Gradients,
+    kept: &'a mut DeviceGrads<B::InnerBackend>,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for GradsKeep<'_, B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        if self.skip.contains(&param.id) {
+            return;
+        }
+        let slot = &self.group.slots[self.next];
+        let sum = &mut self.kept.sums[self.next];
+        self.next += 1;
         let Some(grad) = param.val().grad(self.grads) else {
-            self.slots.push((range, None));
             return;
         };
-        #[cfg(feature = "cuda")]
-        let grad = match crate::cuda::try_start_read(grad) {
-            Ok(read) => {
-                self.stats.bytes_to_host += read.bytes();
-                self.slots.push((range, Some(PendingGrad::Queued(read))));
-                return;
-            }
-            Err(grad) => grad,
-        };
-        self.stats.bytes_to_host += (slot.len * grad.dtype().size()) as u64;
-        let data = grad.into_data().convert::<f32>();
-        let values = data.into_vec::<f32>().expect("f32 gradient");
-        self.slots.push((range, Some(PendingGrad::Read(values))));
+        let grad = grad.reshape([slot.len]).cast(DType::F32);
+        *sum = Some(match sum.take() {
+            Some(sum) => sum + grad,
+            None => grad,
+        });
     }
 }
 
