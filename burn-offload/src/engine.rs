@@ -241,8 +241,10 @@ pub struct Engine<B: Backend, M: BlockModel<B>> {
     updates: u64,
     /// The current step's time split.
     split: StepSplit,
-    /// Host buffer for one block's gradients on their way to the optimizer.
-    block_grads: Vec<f32>,
+    /// Host buffer for one group's gradients on their way to the optimizer,
+    /// kept across steps: a fresh one would fault in its pages every step
+    /// (half a gigabyte for the 0.85B Llama's stem).
+    grad_buffer: Vec<f32>,
     /// The last step's update, for the groups not yet updated (deferred mode).
     pending: Option<PendingUpdate>,
 }
@@ -386,7 +388,7 @@ where
             device: device.clone(),
             updates: 0,
             split: StepSplit::default(),
-            block_grads: Vec::new(),
+            grad_buffer: Vec::new(),
             pending: None,
         })
     }
@@ -882,8 +884,8 @@ where
         // block i-1's backward right behind them: the device goes from one to
         // the next with no host round trip. The host takes block i's
         // gradients (and the optimizer its share) while block i-1 computes.
-        // One buffer serves every block, kept across steps.
-        let mut block_grads = std::mem::take(&mut self.block_grads);
+        // One buffer serves every group, kept across steps.
+        let mut block_grads = std::mem::take(&mut self.grad_buffer);
         let mut queued: Option<(usize, PendingGradients)> = None;
         for i in (0..num_blocks).rev() {
             let block = next.take().expect("block bound ahead");
@@ -924,14 +926,12 @@ where
         if let Some((g, pending)) = queued.take() {
             self.take_block_grads(g, pending, &mut block_grads, sink);
         }
-        self.block_grads = block_grads;
+        self.grad_buffer = block_grads;
         self.split.backward_s += phase.elapsed().as_secs_f64();
 
         // 4. Embedding backward from dx_0, in f32 (see `bind_stem`), added to
         // the head's gradients.
         let phase = Instant::now();
-        let mut stem_grads = vec![0.0f32; self.store.groups[0].numel()];
-        self.pager.finish_gradients(head_grads, &mut stem_grads);
         let stem_ad = self.bind_stem::<AD<B>, _>(
             M::TrainModule::from_inner(self.template.clone()),
             true,
@@ -941,10 +941,16 @@ where
         let tokens = Tensor::<AD<B>, 2, Int>::from_inner(inputs.clone());
         let embedded = cast_to(stem_ad.embed(tokens), self.config.compute.dtype());
         let grads = (embedded * Tensor::from_inner(dy)).sum().backward();
-        self.stem_grads_to_host(&stem_ad, &grads, &mut stem_grads);
+        // While the device runs that, the head's gradients (copied long ago)
+        // go into the buffer, every slot written over.
+        let mut buffer = std::mem::take(&mut self.grad_buffer);
+        let stem_grads = group_prefix(&mut buffer, self.store.groups[0].numel());
+        self.pager.finish_gradients(head_grads, stem_grads);
+        self.stem_grads_to_host(&stem_ad, &grads, stem_grads);
         drop(stem_ad);
         self.pager.evict(0);
-        self.sink_group(0, &stem_grads, sink);
+        self.sink_group(0, stem_grads, sink);
+        self.grad_buffer = buffer;
         self.split.head_s += phase.elapsed().as_secs_f64();
         self.split.add_copies(&copies, &self.pager.stats(), false);
         self.mark("embedding backward done");
@@ -1050,11 +1056,10 @@ where
         sink: &mut Sink,
     ) {
         let download = Instant::now();
-        // Every slot is written over: no zeroing pass.
-        buffer.resize(self.store.groups[g].numel(), 0.0);
-        self.pager.finish_gradients(pending, buffer);
+        let grads = group_prefix(buffer, self.store.groups[g].numel());
+        self.pager.finish_gradients(pending, grads);
         self.split.download_s += download.elapsed().as_secs_f64();
-        self.sink_group(g, buffer, sink);
+        self.sink_group(g, grads, sink);
     }
 
     fn sink_group(&mut self, g: usize, grads: &[f32], sink: &mut Sink) {
@@ -1095,6 +1100,15 @@ where
             }
         }
     }
+}
+
+/// The first `numel` values of the gradient buffer, grown (once) if short.
+/// Whoever fills them writes every slot, so they are not zeroed per group.
+fn group_prefix(buffer: &mut Vec<f32>, numel: usize) -> &mut [f32] {
+    if buffer.len() < numel {
+        buffer.resize(numel, 0.0);
+    }
+    &mut buffer[..numel]
 }
 
 /// `(norm, scale)`: gradients are multiplied by `clip / norm` when the norm exceeds `clip`.

@@ -506,19 +506,20 @@ mod cublas {
         let batch_dims = &out_shape[..r - 2];
         let a = operand(lhs.meta.shape(), lhs.meta.strides(), batch_dims)?;
         let b = operand(rhs.meta.shape(), rhs.meta.strides(), batch_dims)?;
+        // The output's rows may be padded: cubecl pitches a buffer whose
+        // rows are not a multiple of its alignment (a bf16 [.., 80] output
+        // has a row stride of more than 80), so its strides are read, not
+        // assumed from its shape.
+        let c = operand(&out_shape, out.meta.strides(), batch_dims).filter(|c| !c.transposed)?;
         let (m, n) = (out_shape[r - 2], out_shape[r - 1]);
         let k = lhs.meta.shape()[r - 1];
-        // The output is contiguous: its batch strides follow from its shape.
-        let mut c_strides = vec![0; batch_dims.len()];
-        let mut walk = m * n;
-        for i in (0..batch_dims.len()).rev() {
-            c_strides[i] = walk;
-            walk *= batch_dims[i];
-        }
-        let plan = batch_plan(batch_dims, [&a.batch_strides, &b.batch_strides, &c_strides]);
+        let plan = batch_plan(
+            batch_dims,
+            [&a.batch_strides, &b.batch_strides, &c.batch_strides],
+        );
         let int = |x: usize| c_int::try_from(x).ok();
         let (mi, ni, ki, bi) = (int(m)?, int(n)?, int(k)?, int(plan.count)?);
-        let (lda, ldb) = (int(a.ld)?, int(b.ld)?);
+        let (lda, ldb, ldc) = (int(a.ld)?, int(b.ld)?, int(c.ld)?);
         if m == 0 || n == 0 || plan.offsets.is_empty() {
             return Some(out);
         }
@@ -568,7 +569,7 @@ mod cublas {
                         (&beta as *const f32).cast::<c_void>(),
                         (pc + *oc as u64 * elem) as *mut c_void,
                         data_type,
-                        ni,
+                        ldc,
                         plan.strides[2] as c_longlong,
                         bi,
                         sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,

@@ -31,7 +31,8 @@ pub fn random_tokens<B: Backend>(
     Tensor::from_data(TensorData::new(ids, [batch, seq]), device)
 }
 
-/// Largest `|a - b| / max(|b|, floor)` over two tensors of the same shape.
+/// Largest `|a - b| / max(|b|, floor)` over two tensors of the same shape;
+/// NaN if any value is NaN (`f32::max` alone would skip it).
 pub fn max_rel_err<B: Backend, const D: usize>(
     a: Tensor<B, D>,
     b: Tensor<B, D>,
@@ -43,7 +44,13 @@ pub fn max_rel_err<B: Backend, const D: usize>(
     a.iter()
         .zip(&b)
         .map(|(x, y)| (x - y).abs() / y.abs().max(floor))
-        .fold(0.0, f32::max)
+        .fold(0.0, |worst, e| {
+            if worst.is_nan() || e.is_nan() {
+                f32::NAN
+            } else {
+                worst.max(e)
+            }
+        })
 }
 
 /// All float parameters (or their gradients) of a module, by id.

@@ -171,3 +171,34 @@ fn chosen_cuda_matmul_kernels_match_burns() {
         );
     }
 }
+
+/// bf16 attention on the GPU through each chosen kernel, against burn's own
+/// matmul. Its `[weights] · [v | 1 | 0…]` product has 80 columns: cubecl
+/// pitches such a bf16 output (rows padded past 160 bytes), and a kernel that
+/// assumed a contiguous output wrote the rows at the wrong stride (the 0.85B
+/// Llama's bf16 loss was NaN from the first step with cuBLAS, run17 call 4).
+#[cfg(feature = "cuda")]
+#[test]
+fn chosen_cuda_matmul_kernels_compute_bf16_attention_like_burns() {
+    use burn::tensor::{DType, Distribution};
+    use models::attention::causal_attention;
+
+    let _one = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
+    let device = Default::default();
+    let shape = [2, 4, 96, 64];
+    G::seed(&device, 11);
+    let random = || Tensor::<G, 4>::random(shape, Distribution::Normal(0.0, 1.0), &device);
+    let (q, k, v) = (random(), random(), random());
+    let bf16 = |t: &Tensor<G, 4>| t.clone().cast(DType::BF16);
+    let attend = || causal_attention(bf16(&q), bf16(&k), bf16(&v)).cast(DType::F32);
+    set_matmul("auto").unwrap();
+    let reference = attend();
+    for name in ["fast", "cublas", "matmul_simple_tma_mma"] {
+        set_matmul(name).unwrap();
+        let out = attend();
+        set_matmul("auto").unwrap();
+        let err = burn_offload_tests::max_rel_err(out, reference.clone(), 1.0);
+        println!("{name}: bf16 attention max error {err:.2e}");
+        assert!(err < 5e-2, "{name}: bf16 attention differs by {err}"); // false for NaN
+    }
+}
