@@ -69,7 +69,7 @@ if len(rows) >= 3:
     med = lambda k: statistics.median(r[k] for r in steady if r.get(k) is not None)
     line.update({"tok_s_median": med("tokens_per_s"), "step_s_median": med("step_s"),
         "loss_first": rows[0]["loss"], "loss_last": rows[-1]["loss"],
-        "losses": [round(r["loss"], 4) for r in rows],
+        "losses": [None if r["loss"] is None else round(r["loss"], 4) for r in rows],
         "before_first_step_s": float(sys.argv[2]) - sum(r["step_s"] for r in rows),
         "host_rss_step_end_gib_max": max(r["rss_bytes"] or 0 for r in rows) / 2**30,
         "gpu_reserved_gib_max": max(r.get("gpu_reserved_bytes") or 0 for r in rows) / 2**30})

@@ -226,8 +226,14 @@ fn read_rows(results: &Path) -> Result<Vec<Row>> {
         let path = results.join(&name);
         if let Some(stem) = name.strip_suffix(".summary.json") {
             let text = fs::read_to_string(&path)?;
-            let v: Value = serde_json::from_str(text.trim())
-                .with_context(|| format!("`{}` is not JSON", path.display()))?;
+            // A run killed before its summary leaves an empty file: the row
+            // is reported as failed, like a run that made no step.
+            let v: Value = if text.trim().is_empty() {
+                serde_json::json!({ "steps": 0 })
+            } else {
+                serde_json::from_str(text.trim())
+                    .with_context(|| format!("`{}` is not JSON", path.display()))?
+            };
             rows.push(burn_row(results, stem, &v)?);
         } else if let Some(stem) = name.strip_suffix(".torch.json") {
             let text = fs::read_to_string(&path)?;
@@ -758,11 +764,8 @@ mod tests {
             burn(5000.0),
         )
         .unwrap();
-        fs::write(
-            results.join("bench-085b-4k-pipelined.summary.json"),
-            r#"{"steps": 0}"#,
-        )
-        .unwrap();
+        // Killed before its summary was written: an empty file.
+        fs::write(results.join("bench-085b-4k-pipelined.summary.json"), "").unwrap();
         fs::write(
             results.join("bench-085b-4k-pipelined.tail"),
             "error: not enough GPU memory: needs 213 GiB\nCommand exited with non-zero status 1\n",
