@@ -36,7 +36,9 @@ use burn::tensor::{DType, ElementConversion, Int, Tensor, TensorData};
 
 use crate::checkpoint::{self, CheckpointError};
 use crate::optim::{check_lr, sum_of_squares, OptimizerConfig, OptimizerError, UpdateSlices};
-use crate::pager::{DeviceGrads, Pager, PagerStats, PendingGradients, Stash, ToPlaceholders};
+use crate::pager::{
+    add_to, DeviceGrads, Pager, PagerStats, PendingGradients, Stash, ToPlaceholders,
+};
 use crate::precision::{cast_to, Bf16Weights, Compute};
 use crate::store::{Collect, HostStore, StoreError, StoreLayout};
 use crate::trace;
@@ -148,7 +150,8 @@ impl StepReport {
 /// stream from a batch's first copy to its last, so gaps between copies count
 /// against the rate; downloads from the copy's start to its end. A block's
 /// gradients ride behind its backward on cubecl's stream, where no event
-/// times them: the timed downloads are the stem's and the checkpoints'.
+/// times them, nor the head's, which follow its last loss chunk: the timed
+/// downloads are the embedding's gradients and the checkpoints'.
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct StepSplit {
     /// Streamed forward without a graph (uploads, block compute, checkpoints).
@@ -182,7 +185,7 @@ pub struct StepSplit {
     /// Host→device copies after the forward (head, weights again, checkpoints).
     pub backward_h2d_bytes: u64,
     pub backward_h2d_copy_s: f64,
-    /// Device→host copies timed on the copy stream (the stem's gradients, host checkpoints).
+    /// Device→host copies timed on the copy stream (the embedding's gradients, host checkpoints).
     pub d2h_bytes: u64,
     pub d2h_copy_s: f64,
 }
@@ -856,11 +859,7 @@ where
             let xc = Tensor::<AD<B>, 3>::from_inner(x.clone().narrow(1, start, len)).require_grad();
             let tc = Tensor::<AD<B>, 2, Int>::from_inner(targets.clone().narrow(1, start, len));
             let nll_sum = nll_sum(stem_ad.head(xc.clone()), tc);
-            let value = nll_sum.clone().inner();
-            loss_sum = Some(match loss_sum.take() {
-                Some(sum) => sum + value,
-                None => value,
-            });
+            add_to(&mut loss_sum, nll_sum.clone().inner());
             let grads = (nll_sum * (loss_scale / total)).backward();
             dx_chunks.push(xc.grad(&grads).expect("the head depends on its input"));
             self.pager.keep_gradients::<AD<B>, _>(

@@ -506,10 +506,10 @@ mod cublas {
         let batch_dims = &out_shape[..r - 2];
         let a = operand(lhs.meta.shape(), lhs.meta.strides(), batch_dims)?;
         let b = operand(rhs.meta.shape(), rhs.meta.strides(), batch_dims)?;
-        // The output's rows may be padded: cubecl pitches a buffer whose
-        // rows are not a multiple of its alignment (a bf16 [.., 80] output
-        // has a row stride of more than 80), so its strides are read, not
-        // assumed from its shape.
+        // The output's rows may be padded: cubecl may pitch a buffer whose
+        // rows miss its alignment (assuming a contiguous bf16 [.., 80]
+        // attention output made the loss NaN, run17), so its strides are
+        // read, not assumed from its shape.
         let c = operand(&out_shape, out.meta.strides(), batch_dims).filter(|c| !c.transposed)?;
         let (m, n) = (out_shape[r - 2], out_shape[r - 1]);
         let k = lhs.meta.shape()[r - 1];

@@ -438,12 +438,19 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for GradsKeep<'_, B> {
         let Some(grad) = param.val().grad(self.grads) else {
             return;
         };
-        let grad = grad.reshape([slot.len]).cast(DType::F32);
-        *sum = Some(match sum.take() {
-            Some(sum) => sum + grad,
-            None => grad,
-        });
+        add_to(sum, grad.reshape([slot.len]).cast(DType::F32));
     }
+}
+
+/// Adds `value` to a running sum on the device (`None`: nothing summed yet).
+pub(crate) fn add_to<B: Backend, const D: usize>(
+    sum: &mut Option<Tensor<B, D>>,
+    value: Tensor<B, D>,
+) {
+    *sum = Some(match sum.take() {
+        Some(sum) => sum + value,
+        None => value,
+    });
 }
 
 /// A bound block's gradients on their way to the host ([`Pager::start_gradients`]).

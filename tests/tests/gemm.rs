@@ -173,10 +173,11 @@ fn chosen_cuda_matmul_kernels_match_burns() {
 }
 
 /// bf16 attention on the GPU through each chosen kernel, against burn's own
-/// matmul. Its `[weights] · [v | 1 | 0…]` product has 80 columns: cubecl
-/// pitches such a bf16 output (rows padded past 160 bytes), and a kernel that
-/// assumed a contiguous output wrote the rows at the wrong stride (the 0.85B
-/// Llama's bf16 loss was NaN from the first step with cuBLAS, run17 call 4).
+/// matmul. Its `[weights] · [v | 1 | 0…]` product has 80 columns, a width
+/// cubecl may pitch (pad its rows); cuBLAS assuming a contiguous output made
+/// the 0.85B Llama's bf16 loss NaN from the first step (run17 calls 2–4).
+/// Whether this small shape gets a padded output was not checked on the
+/// unfixed build; the 0.85B rows of run17 call 5 are the measured check.
 #[cfg(feature = "cuda")]
 #[test]
 fn chosen_cuda_matmul_kernels_compute_bf16_attention_like_burns() {
