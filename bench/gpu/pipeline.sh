@@ -216,7 +216,13 @@ for b in ${BENCH_TOKENS:-$tokens}; do for sys in $systems; do
   base=${sys%-bf16}; dtype=fp32; [ "$base" != "$sys" ] && dtype=bf16
   S="$S --compute $dtype"
   case $base in
-  resident) LIMIT=${LIMIT_ROW:-120} run $name $S --resident ;;
+  resident)
+    # Resident burn keeps every block's activations: above RESIDENT_BATCH
+    # sequences (default 4, what fits 80 GB at 0.85B fp32) it accumulates
+    # micro-batches of that size, the same tokens per optimizer step.
+    rb=${RESIDENT_BATCH:-4}; R=$S
+    [ $b -gt $rb ] && R="${S% --batch *} --batch $rb --accum $((b / rb)) --compute $dtype"
+    LIMIT=${LIMIT_ROW:-120} run $name $R --resident ;;
   pipelined) LIMIT=${LIMIT_ROW:-150} run $name $S ;;
   serial) LIMIT=${LIMIT_ROW:-150} run $name $S --serial-copies ;;
   torch-*)

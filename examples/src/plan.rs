@@ -235,6 +235,12 @@ impl Plan {
                 "parameters, gradients, Adam m and v",
                 4 * F32 * params,
             ));
+            if job.accum > 1 {
+                device.push(Item::held(
+                    "gradients summed over the micro-batches",
+                    F32 * params,
+                ));
+            }
             if job.compute != Compute::Fp32 {
                 device.push(Item::held(
                     "parameters cast for the forward",

@@ -16,7 +16,7 @@ use burn::backend::Autodiff;
 use burn::module::AutodiffModule;
 use burn::module::HasAutodiffModule;
 use burn::module::{ModuleVisitor, Param};
-use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
+use burn::optim::{AdamWConfig, GradientsAccumulator, GradientsParams, Optimizer};
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{ElementConversion, TensorData};
@@ -62,7 +62,7 @@ pub struct TrainOptions {
     /// Engine: update without first checking the gradients for non-finite
     /// values (fused mode then runs the backward once instead of twice).
     pub no_guard: bool,
-    /// Engine: micro-batches of `batch` sequences accumulated per optimizer step.
+    /// Micro-batches of `batch` sequences accumulated per optimizer step.
     pub accum: usize,
     /// Precision of the device's compute (host state stays f32).
     pub compute: Compute,
@@ -287,8 +287,8 @@ fn validate(opts: &TrainOptions) -> Result<()> {
     if !(opts.temperature.is_finite() && opts.temperature >= 0.0) {
         bail!("--temperature must be >= 0, got {}", opts.temperature);
     }
-    if opts.resident && (opts.fused || opts.accum > 1) {
-        bail!("--fused and --accum are options of the offload engine; drop them or --resident");
+    if opts.resident && opts.fused {
+        bail!("--fused is an option of the offload engine; drop it or --resident");
     }
     if opts.resident && (opts.checkpoint_dir.is_some() || opts.resume.is_some()) {
         bail!("checkpoints are written from the offload engine's host store; drop --resident");
@@ -853,28 +853,45 @@ impl Job<'_> {
             ))
             .init::<AB, M>();
         let bar = progress_bar(opts, &self.config);
-        let tokens_per_step = (opts.batch * opts.seq_len) as f64;
+        let tokens_per_step = (opts.batch * opts.seq_len * opts.accum) as f64;
         let params = model.num_params() as u64;
         let flops = 6.0 * params as f64 * tokens_per_step;
         let mut losses = Vec::with_capacity(opts.steps);
+        // With --accum the graph holds one micro-batch's activations at a
+        // time; the gradients are summed into a second set of parameter-sized
+        // tensors (burn's accumulator), each micro-batch's loss scaled by
+        // 1/accum so the sum is the step's mean, as in the engine.
+        let mut accumulator = GradientsAccumulator::<M>::new();
+        let scale = 1.0 / opts.accum as f64;
 
         for step in 0..opts.steps {
             let started = Instant::now();
             let lr = schedule.lr(step);
-            let (inputs, targets) = self.batch_tensors::<AB>(device);
-            let logits = match opts.compute {
-                Compute::Fp32 => model.forward(inputs),
-                low => {
-                    burn_offload::precision::cast_params(model.clone(), low.dtype()).forward(inputs)
+            let mut loss_value = 0.0f32;
+            for _ in 0..opts.accum {
+                let (inputs, targets) = self.batch_tensors::<AB>(device);
+                let logits = match opts.compute {
+                    Compute::Fp32 => model.forward(inputs),
+                    low => burn_offload::precision::cast_params(model.clone(), low.dtype())
+                        .forward(inputs),
+                };
+                let loss = cross_entropy(logits, targets);
+                let loss = if opts.accum > 1 { loss * scale } else { loss };
+                let micro: f32 = loss.clone().into_scalar().elem();
+                if !micro.is_finite() {
+                    bail!("loss became {micro} at step {step}; try a lower --lr");
                 }
-            };
-            let loss = cross_entropy(logits, targets);
-            let loss_value: f32 = loss.clone().into_scalar().elem();
-            if !loss_value.is_finite() {
-                bail!("loss became {loss_value} at step {step}; try a lower --lr");
+                loss_value += micro;
+                let grads = GradientsParams::from_grads(loss.backward(), &model);
+                if opts.accum == 1 {
+                    model = optim.step(lr, model, grads);
+                } else {
+                    accumulator.accumulate(&model, grads);
+                }
             }
-            let grads = GradientsParams::from_grads(loss.backward(), &model);
-            model = optim.step(lr, model, grads);
+            if opts.accum > 1 {
+                model = optim.step(lr, model, accumulator.grads());
+            }
             losses.push(loss_value);
 
             let step_s = started.elapsed().as_secs_f64();

@@ -84,7 +84,8 @@ struct Cli {
     /// step instead of twice; a non-finite loss stops the run after the fact.
     #[arg(long)]
     no_guard: bool,
-    /// Engine: micro-batches of --batch sequences accumulated per step.
+    /// Micro-batches of --batch sequences accumulated per step (with --resident
+    /// too: one micro-batch's graph at a time, gradients summed on the device).
     #[arg(long, default_value_t = 1)]
     accum: usize,
     /// Precision the device computes in: fp32, or bf16 (weights, activations
