@@ -13,6 +13,11 @@
 //!    gradients; the gradients go to the host at once and the graph is dropped.
 //! 4. **Embedding backward** from `dx_0`.
 //!
+//! With [`EngineConfig::kept_graphs`] = k, the last k blocks run step 1 under
+//! `Autodiff` and keep their graphs on the device through step 2, and step 3
+//! seeds those graphs directly: a GPU with memory to spare skips k of the L
+//! recomputes.
+//!
 //! Then the optimizer runs over the host slabs. By default (not fused, overlap
 //! on) the update is **deferred**: block i's update is applied just before the
 //! next step binds block i, so the CPU updates block i+2 while the device
@@ -52,6 +57,27 @@ type BlockAd<B, M> = <<M as BlockModel<B>>::Block as HasAutodiffModule<AD<B>>>::
 /// Token ids `(inputs, targets)`, each `[batch, seq]`.
 pub type MicroBatch<B> = (Tensor<B, 2, Int>, Tensor<B, 2, Int>);
 
+/// A block whose forward kept its graph: the bound block, its input
+/// (requiring a gradient) and its output, for a backward with no recompute.
+type KeptGraph<B, M> = (BlockAd<B, M>, Tensor<AD<B>, 3>, Tensor<AD<B>, 3>);
+
+/// A block bound for the forward: graph-free, or under `Autodiff` when its
+/// graph is kept for the backward.
+enum ForwardBlock<P, A> {
+    Plain(P),
+    Graph(A),
+}
+
+/// What the forward leaves for the backward: a checkpoint per recomputed
+/// block, then the kept graphs of the last blocks.
+struct ForwardState<B: Backend, M: BlockModel<B>>
+where
+    M::Block: HasAutodiffModule<AD<B>>,
+{
+    checkpoints: Vec<Stash<B>>,
+    graphs: Vec<KeptGraph<B, M>>,
+}
+
 /// How the engine trains.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EngineConfig {
@@ -75,6 +101,13 @@ pub struct EngineConfig {
     pub host_checkpoints: bool,
     /// The precision the device computes in; the host state stays f32.
     pub compute: Compute,
+    /// Blocks, counted back from the last, whose forward runs under
+    /// `Autodiff` and keeps its graph on the device until the backward, which
+    /// then seeds it directly instead of recomputing the block from its
+    /// checkpoint. Each costs one block's saved activations of device memory
+    /// for the whole step (and keeps its weights bound); 0 recomputes every
+    /// block. A GPU with memory to spare trades it for the recompute.
+    pub kept_graphs: usize,
 }
 
 impl Default for EngineConfig {
@@ -88,6 +121,7 @@ impl Default for EngineConfig {
             overlap: true,
             host_checkpoints: true,
             compute: Compute::Fp32,
+            kept_graphs: 0,
         }
     }
 }
@@ -822,7 +856,12 @@ where
         // 1. Forward, no graph: keep only block inputs.
         let phase = Instant::now();
         let copies = self.pager.stats();
-        let (x, mut checkpoints) = self.stream_forward(&blocks, inputs, true)?;
+        let (x, state) = self.stream_forward(&blocks, inputs, true)?;
+        let ForwardState {
+            mut checkpoints,
+            mut graphs,
+        } = state;
+        let first_kept = self.first_kept(num_blocks);
         self.split.forward_s += phase.elapsed().as_secs_f64();
         let copies = {
             let now = self.pager.stats();
@@ -843,7 +882,10 @@ where
             false,
         );
         self.pager.ready::<B>(&self.device);
-        let mut next = (num_blocks > 0).then(|| self.bind_block_ad(&blocks, num_blocks - 1));
+        // The last recomputed block's weights are copied during the head
+        // (kept blocks are still bound from the forward).
+        let mut next = (first_kept == num_blocks && num_blocks > 0)
+            .then(|| self.bind_block_ad(&blocks, num_blocks - 1));
         let [batch, seq, _] = x.dims();
         let total = (batch * seq) as f32;
         let chunk = (self.config.loss_chunk_tokens / batch).clamp(1, seq);
@@ -887,20 +929,32 @@ where
         let mut block_grads = std::mem::take(&mut self.grad_buffer);
         let mut queued: Option<(usize, PendingGradients)> = None;
         for i in (0..num_blocks).rev() {
-            let block = next.take().expect("block bound ahead");
             let bind = Instant::now();
-            let checkpoint = checkpoints.pop().expect("one checkpoint per block");
-            let checkpoint = self.pager.unstash(checkpoint, &self.device);
-            // Block i's weights and checkpoint have landed; block i-1's weights
-            // are copied while block i computes.
-            self.pager.ready::<B>(&self.device);
-            if i > 0 {
-                next = Some(self.bind_block_ad(&blocks, i - 1));
-            }
-            let launch = Instant::now();
+            let launch;
+            let (block, x_in, y) = if i >= first_kept {
+                // The forward kept this block's graph: nothing to recompute.
+                let kept = graphs.pop().expect("one graph per kept block");
+                if i == first_kept && i > 0 {
+                    next = Some(self.bind_block_ad(&blocks, i - 1));
+                }
+                launch = Instant::now();
+                kept
+            } else {
+                let block = next.take().expect("block bound ahead");
+                let checkpoint = checkpoints.pop().expect("one checkpoint per block");
+                let checkpoint = self.pager.unstash(checkpoint, &self.device);
+                // Block i's weights and checkpoint have landed; block i-1's
+                // weights are copied while block i computes.
+                self.pager.ready::<B>(&self.device);
+                if i > 0 {
+                    next = Some(self.bind_block_ad(&blocks, i - 1));
+                }
+                launch = Instant::now();
+                let x_in = Tensor::<AD<B>, 3>::from_inner(checkpoint).require_grad();
+                let y = block.forward(x_in.clone());
+                (block, x_in, y)
+            };
             self.split.backward_bind_s += (launch - bind).as_secs_f64();
-            let x_in = Tensor::<AD<B>, 3>::from_inner(checkpoint).require_grad();
-            let y = block.forward(x_in.clone());
             let grads = (y * Tensor::from_inner(dy)).sum().backward();
             dy = x_in.grad(&grads).expect("a block depends on its input");
             self.pager.flush::<B>(&self.device);
@@ -973,46 +1027,89 @@ where
         }
     }
 
-    /// Streams the blocks forward without a graph: the stem embeds `inputs`,
-    /// then each block runs while the next one's weights are copied. With
-    /// `keep_checkpoints`, every block input is stashed for the backward.
-    #[allow(clippy::type_complexity)]
+    /// The first block whose graph the forward keeps (`num_blocks` when none).
+    fn first_kept(&self, num_blocks: usize) -> usize {
+        num_blocks - self.config.kept_graphs.min(num_blocks)
+    }
+
+    /// Binds block `i` for the forward: under `Autodiff` from `first_kept` on.
+    fn bind_forward(
+        &mut self,
+        blocks: &[M::Block],
+        i: usize,
+        first_kept: usize,
+    ) -> ForwardBlock<M::Block, BlockAd<B, M>> {
+        if i >= first_kept {
+            ForwardBlock::Graph(self.bind_block_ad(blocks, i))
+        } else {
+            ForwardBlock::Plain(self.bind_block(blocks, i))
+        }
+    }
+
+    /// Streams the blocks forward: the stem embeds `inputs`, then each block
+    /// runs while the next one's weights are copied. In training (`train`)
+    /// every recomputed block's input is stashed for the backward, and the
+    /// last [`EngineConfig::kept_graphs`] blocks run under `Autodiff` and keep
+    /// their graphs (and weights) until the backward; otherwise no graph.
     fn stream_forward(
         &mut self,
         blocks: &[M::Block],
         inputs: &Tensor<B, 2, Int>,
-        keep_checkpoints: bool,
-    ) -> Result<(Tensor<B, 3>, Vec<Stash<B>>), EngineError> {
+        train: bool,
+    ) -> Result<(Tensor<B, 3>, ForwardState<B, M>), EngineError> {
         let num_blocks = blocks.len();
+        let first_kept = if train {
+            self.first_kept(num_blocks)
+        } else {
+            num_blocks
+        };
         let stem = self.bind_stem::<B, M>(self.template.clone(), false, true);
         self.pager.ready::<B>(&self.device);
         let mut x = cast_to(stem.embed(inputs.clone()), self.config.compute.dtype());
         drop(stem);
         self.pager.evict(0);
-        let mut checkpoints = Vec::with_capacity(num_blocks);
-        let mut next = (num_blocks > 0).then(|| self.bind_block(blocks, 0));
+        let mut state = ForwardState {
+            checkpoints: Vec::with_capacity(first_kept),
+            graphs: Vec::with_capacity(num_blocks - first_kept),
+        };
+        let mut next = (num_blocks > 0).then(|| self.bind_forward(blocks, 0, first_kept));
         for i in 0..num_blocks {
             let block = next.take().expect("block bound ahead");
             // Block i's weights have landed; block i+1's copy runs behind its compute.
             self.pager.ready::<B>(&self.device);
             if i + 1 < num_blocks {
-                next = Some(self.bind_block(blocks, i + 1));
+                next = Some(self.bind_forward(blocks, i + 1, first_kept));
             }
             let want = x.dims();
-            if keep_checkpoints {
-                checkpoints.push(self.pager.stash(x.clone()));
+            match block {
+                ForwardBlock::Plain(block) => {
+                    if train {
+                        state.checkpoints.push(self.pager.stash(x.clone()));
+                    }
+                    x = block.forward(x);
+                    drop(block);
+                    self.pager.evict(i + 1);
+                }
+                ForwardBlock::Graph(block) => {
+                    // Bound until its backward, which reads this graph.
+                    let input = Tensor::<AD<B>, 3>::from_inner(x).require_grad();
+                    let output = block.forward(input.clone());
+                    x = output.clone().inner();
+                    state.graphs.push((block, input, output));
+                }
             }
-            x = block.forward(x);
             // The device computes block i and copies block i+1: the CPU
             // applies block i+2's deferred update meanwhile.
             if i + 2 < num_blocks {
                 self.settle(i + 3);
             }
-            drop(block);
-            self.pager.evict(i + 1);
             if x.dims() != want {
                 // Later blocks and the recompute would read a mis-shaped checkpoint.
-                self.pager.evict(i + 2);
+                drop(next);
+                drop(state);
+                for g in 1..=num_blocks {
+                    self.pager.evict(g);
+                }
                 return Err(EngineError::Checkpoint {
                     block: i,
                     got: x.dims().to_vec(),
@@ -1020,7 +1117,7 @@ where
                 });
             }
         }
-        Ok((x, checkpoints))
+        Ok((x, state))
     }
 
     /// Logits at the last position of each sequence, `[batch, vocab]`, with

@@ -39,6 +39,51 @@ pub struct Job {
     pub gpu: bool,
     /// Where the engine keeps the block-input checkpoints on a GPU.
     pub block_inputs: BlockInputs,
+    /// How many of the last blocks keep their forward graph (no recompute).
+    pub kept_graphs: KeptGraphs,
+}
+
+/// How many blocks, counted back from the last, the engine runs forward under
+/// `Autodiff` and keeps on the device until the backward instead of
+/// recomputing them (`EngineConfig::kept_graphs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeptGraphs {
+    /// On a GPU, as many as the plan fits in 90% of the free memory left
+    /// after everything else; none on CPU backends, whose device is the host.
+    Auto,
+    Count(usize),
+}
+
+impl KeptGraphs {
+    /// The number, once decided (`Auto` counts as none).
+    pub fn count(self) -> usize {
+        match self {
+            KeptGraphs::Auto => 0,
+            KeptGraphs::Count(n) => n,
+        }
+    }
+}
+
+impl std::fmt::Display for KeptGraphs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KeptGraphs::Auto => f.write_str("auto"),
+            KeptGraphs::Count(n) => write!(f, "{n}"),
+        }
+    }
+}
+
+impl std::str::FromStr for KeptGraphs {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.eq_ignore_ascii_case("auto") {
+            return Ok(KeptGraphs::Auto);
+        }
+        s.parse()
+            .map(KeptGraphs::Count)
+            .map_err(|_| format!("expected `auto` or a number of blocks, got `{s}`"))
+    }
 }
 
 /// Where the offload engine keeps the block inputs it recomputes from (one
@@ -100,6 +145,38 @@ impl Job {
         }
         self
     }
+
+    /// The job with [`KeptGraphs::Auto`] decided for `machine` (call it after
+    /// [`Job::place_block_inputs`]): on a GPU, as many blocks as fit in 90% of
+    /// the free memory the rest of the plan leaves (the free memory measured
+    /// at start; the margin is for the allocator's fragmentation). Resident
+    /// jobs and CPU backends keep none.
+    pub fn place_kept_graphs(mut self, machine: &Machine) -> Self {
+        if self.kept_graphs != KeptGraphs::Auto {
+            return self;
+        }
+        self.kept_graphs = KeptGraphs::Count(0);
+        let (Some(gpu), true, false) = (machine.device_bytes, self.gpu, self.resident) else {
+            return self;
+        };
+        let per_block = kept_graph_bytes(&self).max(1);
+        let rest = Plan::new(&self).device_peak(machine);
+        let room = (gpu as f64 * 0.9) as u64;
+        let layers = shape(&self.config).layers as usize;
+        let fit = (room.saturating_sub(rest) / per_block) as usize;
+        self.kept_graphs = KeptGraphs::Count(fit.min(layers));
+        self
+    }
+}
+
+/// Device bytes one kept block graph holds through the step: the values its
+/// backward reads (one `[b, h, t, t]` attention weight tensor among them),
+/// none of the backward's own temporaries.
+pub fn kept_graph_bytes(job: &Job) -> u64 {
+    let s = shape(&job.config);
+    let (b, t) = (job.batch as u64, job.seq_len as u64);
+    let width = job.compute.bytes() as u64;
+    width * (b * t * s.saved_per_token + b * s.heads * t * t)
 }
 
 /// What the machine has, and where each figure came from.
@@ -291,6 +368,13 @@ impl Plan {
                 ));
             } else {
                 device.push(Item::held("block-input checkpoints", checkpoints));
+            }
+            let kept = (job.kept_graphs.count() as u64).min(s.layers);
+            if kept > 0 {
+                device.push(Item::held(
+                    "graphs kept from the forward (not recomputed)",
+                    kept * kept_graph_bytes(job),
+                ));
             }
             device.push(Item::phase(
                 "one block's activations (recompute + backward)",

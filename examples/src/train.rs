@@ -27,7 +27,7 @@ use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use crate::data::{default_corpus, read_corpus, Batcher, Tokenizer};
-use crate::plan::{BlockInputs, Job as PlanJob, Machine, Plan};
+use crate::plan::{BlockInputs, Job as PlanJob, KeptGraphs, Machine, Plan};
 use crate::schedule::WarmupCosine;
 use crate::{peak_rss_bytes, process_rss_bytes, DefaultBackend};
 use burn_offload::trace;
@@ -73,6 +73,9 @@ pub struct TrainOptions {
     pub loss_chunk_tokens: usize,
     /// Engine on a GPU: where the block inputs it recomputes from are kept.
     pub block_inputs: BlockInputs,
+    /// Engine: how many of the last blocks keep their forward graph on the
+    /// device instead of being recomputed (`auto`: as many as fit a GPU).
+    pub kept_graphs: KeptGraphs,
     /// Write checkpoints into this folder (every `checkpoint_every` steps, at
     /// the end, and on Ctrl-C).
     pub checkpoint_dir: Option<PathBuf>,
@@ -129,6 +132,7 @@ impl Default for TrainOptions {
             matmul: burn_offload::DEFAULT_MATMUL.into(),
             loss_chunk_tokens: 4096,
             block_inputs: BlockInputs::Auto,
+            kept_graphs: KeptGraphs::Auto,
             checkpoint_dir: None,
             checkpoint_every: 0,
             keep: 3,
@@ -314,7 +318,7 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
         Some(path) => read_corpus(path)?,
         None => default_corpus(),
     };
-    let block_inputs = check_memory(opts)?;
+    let placed = check_memory(opts)?;
     let tokens = tokenizer.encode(&text);
     let corpus = (tokens.len(), corpus_crc32(&tokens));
     let batcher = Batcher::new(tokens, opts.seq_len, opts.seed)?;
@@ -339,7 +343,8 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
         metrics,
         config: config.clone(),
         corpus,
-        block_inputs,
+        block_inputs: placed.block_inputs,
+        kept_graphs: placed.kept_graphs.count(),
         building: Instant::now(),
     };
     let outcome = match (&config, opts.resident) {
@@ -515,8 +520,10 @@ pub fn plan(opts: &TrainOptions, machine: &Machine) -> Result<(Plan, PlanJob)> {
         loss_chunk_tokens: opts.loss_chunk_tokens,
         gpu: cfg!(feature = "cuda"),
         block_inputs: opts.block_inputs,
+        kept_graphs: opts.kept_graphs,
     }
-    .place_block_inputs(machine);
+    .place_block_inputs(machine)
+    .place_kept_graphs(machine);
     Ok((Plan::new(&job), job))
 }
 
@@ -533,12 +540,13 @@ pub fn plan_table(opts: &TrainOptions) -> Result<String> {
 }
 
 /// Refuses, before anything is allocated, a job that does not fit the
-/// machine; otherwise where its block inputs go.
-fn check_memory(opts: &TrainOptions) -> Result<BlockInputs> {
+/// machine; otherwise the job with its block inputs placed and its kept
+/// graphs counted.
+fn check_memory(opts: &TrainOptions) -> Result<PlanJob> {
     let machine = machine(opts)?;
     let (plan, job) = plan(opts, &machine)?;
     plan.check(&job, &machine).map_err(anyhow::Error::msg)?;
-    Ok(job.block_inputs)
+    Ok(job)
 }
 
 struct Job<'a> {
@@ -551,6 +559,8 @@ struct Job<'a> {
     corpus: (usize, u32),
     /// Where the engine keeps block inputs (decided by the memory plan).
     block_inputs: BlockInputs,
+    /// Blocks whose forward graph the engine keeps (decided by the memory plan).
+    kept_graphs: usize,
     /// When the model began to be built (initialisation time is reported).
     building: Instant,
 }
@@ -645,6 +655,7 @@ impl Job<'_> {
             overlap: !opts.serial_copies,
             host_checkpoints: self.block_inputs == BlockInputs::Host,
             compute: opts.compute,
+            kept_graphs: self.kept_graphs,
         };
         let mut engine = Engine::new(model, config, device)?;
         drop(rng);
@@ -660,6 +671,13 @@ impl Job<'_> {
                 self.building.elapsed().as_secs_f64(),
                 peak_rss_bytes().unwrap_or(0) as f64 / GIB,
             );
+            if self.kept_graphs > 0 {
+                eprintln!(
+                    "the last {} of {} blocks keep their forward graph on the device (not recomputed)",
+                    self.kept_graphs,
+                    self.config.n_layer()
+                );
+            }
             if copies > 0 {
                 eprintln!(
                     "{} weights for upload: {:.2} GiB beside the fp32 store",
@@ -698,7 +716,11 @@ impl Job<'_> {
             1.0
         };
         let model_flops = 6.0 * params as f64 * tokens_per_step;
-        let hardware_flops = passes * (model_flops + 2.0 * block_params as f64 * tokens_per_step);
+        // The recompute covers the blocks whose graph the forward did not keep.
+        let blocks = self.config.n_layer();
+        let recomputed = (blocks - config.kept_graphs.min(blocks)) as f64 / blocks.max(1) as f64;
+        let hardware_flops =
+            passes * (model_flops + 2.0 * recomputed * block_params as f64 * tokens_per_step);
         let mut consecutive_skips = 0;
         for step in outcome.start_step..opts.steps {
             let started = Instant::now();

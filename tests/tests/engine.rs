@@ -52,6 +52,7 @@ fn engine_config(fused: bool) -> EngineConfig {
         overlap: true,
         host_checkpoints: true,
         compute: Compute::Fp32,
+        kept_graphs: 0,
     }
 }
 
@@ -69,10 +70,13 @@ where
     let want = values::<AD, _>(&model, Some(&grads));
 
     // Block inputs in host memory and on the device (on a CPU backend both
-    // are the same memory; the GPU run of this test covers both paths).
-    for host_checkpoints in [true, false] {
+    // are the same memory; the GPU run of this test covers both paths), and
+    // none, one or every block's forward graph kept instead of recomputed
+    // (more than there are blocks means all).
+    for (host_checkpoints, kept_graphs) in [(true, 0), (false, 0), (true, 1), (false, 99)] {
         let config = EngineConfig {
             host_checkpoints,
+            kept_graphs,
             ..engine_config(false)
         };
         let mut engine = Engine::new(model.valid(), config, &Default::default()).unwrap();
@@ -84,7 +88,7 @@ where
             let err = rel_err(engine.grad(id).unwrap(), reference);
             assert!(
                 err <= TOL,
-                "gradient of {id} (host checkpoints: {host_checkpoints}): relative error {err}"
+                "gradient of {id} (host checkpoints: {host_checkpoints}, kept graphs: {kept_graphs}): relative error {err}"
             );
         }
     }
@@ -131,11 +135,17 @@ fn global_norm(model: &models::Llama<AD>, grads: &mut GradientsParams) -> f64 {
 /// Runs `steps` of plain burn (reference) and of the engine from the same
 /// initial weights and batches; compares losses, parameters and Adam moments.
 fn check_training(fused: bool, clip: Option<f64>) {
+    check_training_keeping(fused, clip, 0);
+}
+
+/// [`check_training`] with the last `kept_graphs` blocks not recomputed.
+fn check_training_keeping(fused: bool, clip: Option<f64>, kept_graphs: usize) {
     let device = Default::default();
     let config = LlamaConfig::tiny();
     let mut model = config.init::<AD>(&device);
     let mut engine_cfg = engine_config(fused);
     engine_cfg.grad_clip = clip;
+    engine_cfg.kept_graphs = kept_graphs;
     let mut engine = Engine::new(model.valid(), engine_cfg, &device).unwrap();
     let mut optim = BurnAdamW::new()
         .with_weight_decay(0.01)
@@ -232,6 +242,15 @@ fn twenty_fused_steps_match_plain_burn_adamw() {
 fn global_norm_clipping_matches_reference_in_both_modes() {
     check_training(false, Some(0.5));
     check_training(true, Some(0.5));
+}
+
+/// Kept forward graphs across steps: deferred updates must not touch a
+/// kept block's weights before its backward, and fused mode with clipping
+/// runs forward and backward twice per step, each pass keeping its own graphs.
+#[test]
+fn kept_graphs_train_like_plain_burn_in_both_modes() {
+    check_training_keeping(false, Some(0.5), 1);
+    check_training_keeping(true, Some(0.5), 2);
 }
 
 #[test]

@@ -34,6 +34,7 @@ fn engine_config() -> EngineConfig {
         overlap: true,
         host_checkpoints: true,
         compute: Compute::Fp32,
+        kept_graphs: 0,
     }
 }
 

@@ -4,7 +4,7 @@
 use burn_offload::Compute;
 use burn_offload::{Engine, EngineConfig};
 use burn_offload_tests::TestBackend as B;
-use examples::plan::{BlockInputs, Job, Machine, Plan};
+use examples::plan::{kept_graph_bytes, BlockInputs, Job, KeptGraphs, Machine, Plan};
 use examples::train::{run, TrainOptions};
 use models::{Gpt2Config, LlamaConfig, ModelConfig};
 
@@ -21,6 +21,7 @@ fn job(config: ModelConfig, fused: bool) -> Job {
         gpu: false,
         // The H100 figures below were measured with block inputs in host memory.
         block_inputs: BlockInputs::Host,
+        kept_graphs: KeptGraphs::Count(0),
     }
 }
 
@@ -245,6 +246,84 @@ fn auto_places_block_inputs_on_the_gpu_only_when_they_fit() {
         .parse::<BlockInputs>()
         .unwrap_err()
         .contains("auto, host, device"));
+}
+
+/// `auto` keeps as many blocks' forward graphs as fit in 90% of the GPU
+/// beside the rest of the plan: the count fits, one more would not (or every
+/// block is kept). CPU backends and resident jobs keep none; a number is kept.
+#[test]
+fn auto_keeps_the_forward_graphs_that_fit_the_gpu() {
+    let base = Job {
+        batch: 8,
+        seq_len: 256,
+        gpu: true,
+        kept_graphs: KeptGraphs::Auto,
+        ..job(ModelConfig::Llama(medium_llama()), false)
+    };
+    let layers = medium_llama().n_layer;
+    let per_block = kept_graph_bytes(&base);
+    let with = |k: usize| Job {
+        kept_graphs: KeptGraphs::Count(k),
+        ..base.clone()
+    };
+    // The kept graphs are one held item of k blocks.
+    let item = |k: usize| {
+        Plan::new(&with(k))
+            .device
+            .iter()
+            .filter(|i| i.what == "graphs kept from the forward (not recomputed)")
+            .map(|i| i.bytes)
+            .sum::<u64>()
+    };
+    assert_eq!((item(0), item(3)), (0, 3 * per_block));
+    assert_eq!(item(layers + 4), layers as u64 * per_block);
+
+    let rest = Plan::new(&with(0)).device_total();
+    let mut counts = Vec::new();
+    for extra in [0.5, 1.5, 2.5, 4.2, 100.0] {
+        let gpu = ((rest as f64 + extra * per_block as f64) / 0.9) as u64;
+        let m = machine(64 << 30, Some(gpu));
+        let k = base.clone().place_kept_graphs(&m).kept_graphs.count();
+        let room = (gpu as f64 * 0.9) as u64;
+        assert!(
+            Plan::new(&with(k)).device_peak(&m) <= room,
+            "{k} kept at {extra}"
+        );
+        assert!(
+            k == layers || Plan::new(&with(k + 1)).device_peak(&m) > room,
+            "{k} kept at {extra}: one more would fit"
+        );
+        counts.push(k);
+    }
+    assert_eq!(counts, [0, 1, 2, 4, layers]);
+
+    let roomy = machine(64 << 30, Some(1 << 40));
+    let cpu = Job {
+        gpu: false,
+        ..base.clone()
+    };
+    assert_eq!(
+        cpu.place_kept_graphs(&machine(1 << 40, None)).kept_graphs,
+        KeptGraphs::Count(0)
+    );
+    let resident = Job {
+        resident: true,
+        ..base.clone()
+    };
+    assert_eq!(
+        resident.place_kept_graphs(&roomy).kept_graphs,
+        KeptGraphs::Count(0)
+    );
+    assert_eq!(
+        with(1).place_kept_graphs(&roomy).kept_graphs,
+        KeptGraphs::Count(1)
+    );
+    assert_eq!("AUTO".parse::<KeptGraphs>(), Ok(KeptGraphs::Auto));
+    assert_eq!("12".parse::<KeptGraphs>(), Ok(KeptGraphs::Count(12)));
+    assert!("some"
+        .parse::<KeptGraphs>()
+        .unwrap_err()
+        .contains("`auto` or a number"));
 }
 
 /// The GPU peaks measured on the H100 (whole process, nvidia-smi; 78.66 GiB

@@ -53,20 +53,31 @@ where
     let want = values::<AD, _>(&model, Some(&grads));
 
     let device = Default::default();
-    let mut engine = Engine::new(model.valid(), config(Compute::Bf16), &device).unwrap();
-    engine.accumulate_gradients(&[data]).unwrap();
-    // One normwise error over all gradients, parameters in a fixed order.
-    let (mut got, mut reference) = (Vec::new(), Vec::new());
-    for (id, w) in &want {
-        got.extend_from_slice(engine.grad(id).expect("engine has every parameter"));
-        reference.extend_from_slice(w);
+    // Every block recomputed, and the last one's bf16 forward graph kept.
+    for kept_graphs in [0, 1] {
+        let config = EngineConfig {
+            kept_graphs,
+            ..config(Compute::Bf16)
+        };
+        let mut engine = Engine::new(model.valid(), config, &device).unwrap();
+        engine
+            .accumulate_gradients(std::slice::from_ref(&data))
+            .unwrap();
+        // One normwise error over all gradients, parameters in a fixed order.
+        let (mut got, mut reference) = (Vec::new(), Vec::new());
+        for (id, w) in &want {
+            got.extend_from_slice(engine.grad(id).expect("engine has every parameter"));
+            reference.extend_from_slice(w);
+        }
+        let err = f64::from(rel_err(&got, &reference));
+        eprintln!(
+            "bf16 gradients ({kept_graphs} kept graphs) vs plain burn f32: normwise relative error {err:.2e}"
+        );
+        assert!(
+            (MIN_BF16_ERR..=GRAD_TOL).contains(&err),
+            "bf16 gradients ({kept_graphs} kept graphs) vs f32: normwise relative error {err:.2e}, want within [{MIN_BF16_ERR:.0e}, {GRAD_TOL:.0e}]"
+        );
     }
-    let err = f64::from(rel_err(&got, &reference));
-    eprintln!("bf16 gradients vs plain burn f32: normwise relative error {err:.2e}");
-    assert!(
-        (MIN_BF16_ERR..=GRAD_TOL).contains(&err),
-        "bf16 gradients vs f32: normwise relative error {err:.2e}, want within [{MIN_BF16_ERR:.0e}, {GRAD_TOL:.0e}]"
-    );
 }
 
 #[test]

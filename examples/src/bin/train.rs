@@ -110,6 +110,12 @@ struct Cli {
     /// still fits the GPU with them there (`--plan` shows the choice).
     #[arg(long, default_value = "auto")]
     block_inputs: examples::plan::BlockInputs,
+    /// Engine: how many of the last blocks run their forward under autodiff
+    /// and keep the graph on the device until the backward, which then skips
+    /// their recompute. `auto`: on a GPU, as many as the memory plan fits in
+    /// 90% of the free memory it leaves (`--plan` shows the count); 0 on CPU.
+    #[arg(long, default_value = "auto")]
+    keep_graphs: examples::plan::KeptGraphs,
     /// Write checkpoints (safetensors + manifest) into this folder: every
     /// --checkpoint-every steps, at the end, and on Ctrl-C.
     #[arg(long)]
@@ -177,6 +183,7 @@ fn main() -> ExitCode {
         matmul: cli.matmul,
         loss_chunk_tokens: cli.loss_chunk_tokens,
         block_inputs: cli.block_inputs,
+        kept_graphs: cli.keep_graphs,
         checkpoint_dir: cli.checkpoint_dir,
         checkpoint_every: cli.checkpoint_every,
         keep: cli.keep,
