@@ -49,7 +49,7 @@ run() {
   echo "exit $?"
   local wall=$(python3 -c "print($(date +%s.%N) - $t0)")
   kill $poll 2>/dev/null
-  grep -E 'Maximum resident|Elapsed|host store ready' $OUT/$name.err
+  grep -E 'Maximum resident|Elapsed|host store ready|forward graph' $OUT/$name.err
   local gpu_peak=$(sort -n $OUT/$name.gpumem | tail -1)
   local host_peak_kib=$(grep 'Maximum resident' $OUT/$name.err | awk '{print $NF}')
   local ready=$(grep 'host store ready' $OUT/$name.err | head -1)

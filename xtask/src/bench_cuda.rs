@@ -497,7 +497,7 @@ fn markdown(rows: &[Row], ratios: &[Ratio], command: &str) -> String {
     }
     md += "Tokens/s: median of the steps after the first two. Model TFLOPS: 6 · parameters · \
            tokens/s. Hardware TFLOPS adds burn-offload's recompute (2 · block parameters · \
-           tokens per backward pass). GPU peak: whole process, polled with nvidia-smi. H2D/D2H: \
+           tokens per backward pass, for the blocks whose forward graph was not kept). GPU peak: whole process, polled with nvidia-smi. H2D/D2H: \
            achieved rates of the engine's copies, timed on their streams.\n\n";
     md += "| shape | tokens/step | system | tok/s | model TFLOPS | hw TFLOPS | GPU peak GiB | host peak GiB | H2D fwd GB/s | H2D bwd GB/s | D2H GB/s |\n";
     md += "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
