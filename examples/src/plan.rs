@@ -172,13 +172,17 @@ impl Job {
 /// Device bytes one kept block graph holds through the step: the block's
 /// weights (bound until its backward) and the values its backward reads (one
 /// `[b, h, t, t]` attention weight tensor among them), none of the backward's
-/// own temporaries. On the H100 (run18) a kept 0.85B block cost 6.3 GiB at
-/// 16k tokens and 1.9 GiB at 4k (nvidia-smi peaks), against 6.0 and 1.6 predicted here.
+/// own temporaries, plus a quarter. On the H100 (run18, nvidia-smi peaks
+/// against `--keep-graphs 0`) a kept block cost 1.04–1.23 times its values:
+/// 0.85B fp32 6.3 GiB at 16k tokens and 1.9 at 4k, bf16 3.7 at 16k; 3B bf16
+/// 4.0 at 16k. The pools round allocations up to their pages, and a GPU filled
+/// to the last page by kept graphs would fail mid-step.
 pub fn kept_graph_bytes(job: &Job) -> u64 {
     let s = shape(&job.config);
     let (b, t) = (job.batch as u64, job.seq_len as u64);
     let width = job.compute.bytes() as u64;
-    width * (s.block_params + b * t * s.saved_per_token + b * s.heads * t * t)
+    let values = width * (s.block_params + b * t * s.saved_per_token + b * s.heads * t * t);
+    values + values / 4
 }
 
 /// What the machine has, and where each figure came from.
