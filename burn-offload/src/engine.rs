@@ -853,7 +853,7 @@ where
         let blocks = self.template.blocks().to_vec();
         let num_blocks = blocks.len();
 
-        // 1. Forward, no graph: keep only block inputs.
+        // 1. Forward: keep the block inputs, no graph (but the kept blocks').
         let phase = Instant::now();
         let copies = self.pager.stats();
         let (x, state) = self.stream_forward(&blocks, inputs, true)?;
