@@ -590,10 +590,23 @@ impl Plan {
     }
 }
 
-/// What would fit: fused mode, the engine instead of resident, a smaller batch.
+/// What would fit: fewer kept graphs, fused mode, the engine instead of
+/// resident, a smaller batch.
 fn suggestion(job: &Job, machine: &Machine) -> String {
     let fits = |j: &Job| Plan::new(j).check_quiet(machine);
     let mut tries = Vec::new();
+    if !job.resident && job.kept_graphs.count() > 0 {
+        let fewer = Job {
+            kept_graphs: KeptGraphs::Auto,
+            ..job.clone()
+        }
+        .place_kept_graphs(machine);
+        let what = format!(
+            "--keep-graphs {} (or auto: as many as fit)",
+            fewer.kept_graphs
+        );
+        tries.push((fewer, what));
+    }
     if job.resident {
         tries.push((
             Job {

@@ -296,6 +296,12 @@ fn auto_keeps_the_forward_graphs_that_fit_the_gpu() {
         counts.push(k);
     }
     assert_eq!(counts, [0, 1, 2, 4, layers]);
+    // Asking for more than fit is refused, pointing at the count that does.
+    let gpu = ((rest as f64 + 2.5 * per_block as f64) / 0.9) as u64;
+    let tight = machine(64 << 30, Some(gpu));
+    let all = with(layers);
+    let why = Plan::new(&all).check(&all, &tight).unwrap_err();
+    assert!(why.contains("try --keep-graphs 2 "), "{why}");
 
     let roomy = machine(64 << 30, Some(1 << 40));
     let cpu = Job {
