@@ -569,7 +569,19 @@ fn markdown(rows: &[Row], ratios: &[Ratio], command: &str) -> String {
     md
 }
 
-fn plot(rows: &[Row], path: &Path, font: &Path) -> Result<()> {
+/// The GPU the rows ran on, from the `gpu.txt` that `pipeline.sh` writes
+/// (nvidia-smi's name, memory, driver); "GPU" when it is missing.
+fn gpu_name(results: &Path) -> String {
+    fs::read_to_string(results.join("gpu.txt"))
+        .ok()
+        .and_then(|text| {
+            let name = text.lines().next()?.split(',').next()?.trim().to_string();
+            (!name.is_empty()).then_some(name)
+        })
+        .unwrap_or_else(|| "GPU".into())
+}
+
+fn plot(rows: &[Row], gpu: &str, path: &Path, font: &Path) -> Result<()> {
     use plotters::prelude::*;
     use plotters::style::text_anchor::{HPos, Pos, VPos};
     use plotters::style::FontStyle;
@@ -606,7 +618,7 @@ fn plot(rows: &[Row], path: &Path, font: &Path) -> Result<()> {
     let n = groups.len() as f64;
     let mut chart = ChartBuilder::on(&chart_area)
         .caption(
-            "Training throughput (fp32, H100), tokens/s",
+            format!("Training throughput on {gpu}, tokens/s"),
             ("sans-serif", 26),
         )
         .margin(16)
@@ -680,7 +692,12 @@ fn report(args: &ReportArgs) -> Result<()> {
         args.out.join("bench.md"),
         markdown(&rows, &ratios, &args.command),
     )?;
-    plot(&rows, &args.out.join("bench.png"), &args.font)?;
+    plot(
+        &rows,
+        &gpu_name(&args.results),
+        &args.out.join("bench.png"),
+        &args.font,
+    )?;
     println!(
         "{} rows, {} ratios → {}/bench.{{json,md,png}}",
         rows.len(),
@@ -848,9 +865,12 @@ mod tests {
         assert!(!md.contains("forward_h2d_copy"));
         // The plot needs a font; CI machines may have none, so it is exercised
         // only where the default one exists.
+        assert_eq!(gpu_name(&dir), "GPU");
+        fs::write(dir.join("gpu.txt"), "NVIDIA H200, 143771 MiB, 580.159.04\n").unwrap();
+        assert_eq!(gpu_name(&dir), "NVIDIA H200");
         let font = PathBuf::from("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf");
         if font.exists() {
-            plot(&rows, &dir.join("bench.png"), &font).unwrap();
+            plot(&rows, &gpu_name(&dir), &dir.join("bench.png"), &font).unwrap();
             assert!(fs::metadata(dir.join("bench.png")).unwrap().len() > 1000);
         }
         fs::remove_dir_all(&dir).unwrap();
