@@ -861,7 +861,8 @@ where
             mut checkpoints,
             mut graphs,
         } = state;
-        let first_kept = self.first_kept(num_blocks);
+        // The blocks from here on kept their graphs in the forward.
+        let first_kept = num_blocks - graphs.len();
         self.split.forward_s += phase.elapsed().as_secs_f64();
         let copies = {
             let now = self.pager.stats();

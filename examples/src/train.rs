@@ -881,8 +881,9 @@ impl Job<'_> {
         let mut losses = Vec::with_capacity(opts.steps);
         // With --accum the graph holds one micro-batch's activations at a
         // time; the gradients are summed into a second set of parameter-sized
-        // tensors (burn's accumulator), each micro-batch's loss scaled by
-        // 1/accum so the sum is the step's mean, as in the engine.
+        // tensors (burn's accumulator, which takes a single micro-batch's as
+        // they are), each micro-batch's loss scaled by 1/accum so the sum is
+        // the step's mean, as in the engine.
         let mut accumulator = GradientsAccumulator::<M>::new();
         let scale = 1.0 / opts.accum as f64;
 
@@ -897,23 +898,16 @@ impl Job<'_> {
                     low => burn_offload::precision::cast_params(model.clone(), low.dtype())
                         .forward(inputs),
                 };
-                let loss = cross_entropy(logits, targets);
-                let loss = if opts.accum > 1 { loss * scale } else { loss };
+                let loss = cross_entropy(logits, targets) * scale;
                 let micro: f32 = loss.clone().into_scalar().elem();
                 if !micro.is_finite() {
                     bail!("loss became {micro} at step {step}; try a lower --lr");
                 }
                 loss_value += micro;
                 let grads = GradientsParams::from_grads(loss.backward(), &model);
-                if opts.accum == 1 {
-                    model = optim.step(lr, model, grads);
-                } else {
-                    accumulator.accumulate(&model, grads);
-                }
+                accumulator.accumulate(&model, grads);
             }
-            if opts.accum > 1 {
-                model = optim.step(lr, model, accumulator.grads());
-            }
+            model = optim.step(lr, model, accumulator.grads());
             losses.push(loss_value);
 
             let step_s = started.elapsed().as_secs_f64();
