@@ -7,6 +7,7 @@
 //! chunked loss, per-block recompute and backward, CPU optimizer over host
 //! slabs ([`optim`]). Models take part by implementing [`BlockModel`].
 
+pub mod attention;
 pub mod backend;
 pub mod checkpoint;
 #[cfg(feature = "cuda")]

@@ -15,7 +15,7 @@
 
 use std::fmt::Write as _;
 
-use burn_offload::Compute;
+use burn_offload::{attention, Compute};
 use models::ModelConfig;
 
 const GIB: f64 = (1u64 << 30) as f64;
@@ -170,19 +170,19 @@ impl Job {
 }
 
 /// Device bytes one kept block graph holds through the step: the block's
-/// weights (bound until its backward) and the values its backward reads (one
-/// `[b, h, t, t]` attention weight tensor among them), none of the backward's
-/// own temporaries, plus a quarter. On the H100 (run18, nvidia-smi peaks
-/// against `--keep-graphs 0`) a kept block cost 1.04–1.23 times its values:
-/// 0.85B fp32 6.3 GiB at 16k tokens and 1.9 at 4k, bf16 3.7 at 16k; 3B bf16
-/// 4.0 at 16k. The pools round allocations up to their pages, and a GPU filled
-/// to the last page by kept graphs would fail mid-step.
+/// weights (bound until its backward) and the values its backward reads,
+/// none of the backward's own temporaries. Attention keeps no `[b, h, t, t]`
+/// tensor (`burn_offload::attention`). On the H100 a kept block cost 0.88 of
+/// this estimate (run19 call 1: 0.85B fp32 at 16k tokens, 15 blocks kept at
+/// 54,751 MiB against 11,423 with none), so the estimate also covers the
+/// pools' page rounding; a GPU filled to the last page by kept graphs would
+/// fail mid-step. (With the earlier attention, which kept the weights, a
+/// kept block measured 1.04–1.23 times its values, run18.)
 pub fn kept_graph_bytes(job: &Job) -> u64 {
     let s = shape(&job.config);
     let (b, t) = (job.batch as u64, job.seq_len as u64);
     let width = job.compute.bytes() as u64;
-    let values = width * (s.block_params + b * t * s.saved_per_token + b * s.heads * t * t);
-    values + values / 4
+    width * (s.block_params + b * t * s.saved_per_token)
 }
 
 /// What the machine has, and where each figure came from.
@@ -246,7 +246,8 @@ struct Shape {
     block_params: u64,
     stem_params: u64,
     largest_tensor: u64,
-    /// f32 values a block keeps for backward, per token (excluding attention scores).
+    /// Values a block keeps for its backward, per token (attention keeps no
+    /// `[seq, seq]` scores: see `burn_offload::attention`).
     saved_per_token: u64,
 }
 
@@ -265,9 +266,11 @@ fn shape(config: &ModelConfig) -> Shape {
                 block_params,
                 stem_params: 2 * vocab * d + d,
                 largest_tensor: (vocab * d).max(ff * d),
-                // norms 2×3d, q/k/v d+2kv, RoPE 3(d+kv), GQA repeat 2d,
-                // attention out, o-proj and residuals 4d, SwiGLU 5ff.
-                saved_per_token: 6 * d + (d + 2 * kv) + 3 * (d + kv) + 2 * d + 4 * d + 5 * ff,
+                // The block input and the first norm 3d; attention's q, k,
+                // v, output and log-sum-exp d+2kv+d+heads; the o-proj input
+                // d; the residual and second norm 3d; SwiGLU 5ff (gate, its
+                // sigmoid, silu, up, their product).
+                saved_per_token: 3 * d + (2 * d + 2 * kv + c.n_head as u64) + d + 3 * d + 5 * ff,
             }
         }
         ModelConfig::Gpt2(c) => {
@@ -294,15 +297,17 @@ impl Plan {
         let params = job.config.num_params() as u64;
         let tokens = (job.batch * job.seq_len) as u64;
         let (b, t) = (job.batch as u64, job.seq_len as u64);
-        // Attention probabilities and their softmax/backward temporaries: the
-        // B·H·T² tensors dominate at long sequences.
-        let scores = 4 * b * s.heads * t * t;
         // Bytes of one device value (weights, activations, checkpoints).
         let width = job.compute.bytes() as u64;
-        let block_forward = width * (tokens * s.saved_per_token + scores);
-        // The backward holds the saved values plus about half as much again in
-        // gradients of the same shapes.
-        let block_backward = block_forward * 3 / 2;
+        // Attention's score-sized temporaries (scores, probabilities and
+        // their gradients), one chunk of sequences at a time.
+        let chunk_seqs = attention::sequences_per_chunk(s.heads as usize, t as usize) as u64;
+        let scores = width * 4 * chunk_seqs.min(b) * s.heads * t * t;
+        let block_saved = width * tokens * s.saved_per_token;
+        // The backward holds the saved values, their gradients and the
+        // recompute's temporaries: 2.25 times the saved values fits the H100
+        // peaks of the 0.85B at 4k and 16k tokens (run19).
+        let block_backward = block_saved * 9 / 4 + scores;
         let chunk = (job.loss_chunk_tokens as u64).clamp(1, tokens);
         // Logits, log-softmax (and its max/exp/sum), their gradient.
         let loss_chunk = F32 * 5 * chunk * s.vocab;
@@ -332,7 +337,11 @@ impl Plan {
             }
             device.push(Item::held(
                 "activations of every block (one graph)",
-                s.layers * block_forward,
+                s.layers * block_saved,
+            ));
+            device.push(Item::phase(
+                "one block's backward temporaries",
+                block_saved / 2 + scores,
             ));
             device.push(Item::held(
                 "logits and loss (whole batch)",

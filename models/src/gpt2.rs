@@ -8,9 +8,9 @@ use burn::tensor::{backend::Backend, Int, Tensor};
 use burn_offload::{BlockModel, DecoderBlock};
 use serde::{Deserialize, Serialize};
 
-use crate::attention::causal_attention;
 use crate::config::{check_heads, check_positive, ConfigError};
 use crate::tokens::{forward_tokens, linear_tokens};
+use burn_offload::attention::causal_attention;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

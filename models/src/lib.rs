@@ -6,7 +6,6 @@
 //! block by block. Each model file starts with its config; [`ModelConfig`]
 //! names the presets and reads JSON configs.
 
-pub mod attention;
 pub mod config;
 pub mod gpt2;
 pub mod hf;

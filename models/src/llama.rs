@@ -8,9 +8,9 @@ use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
 use burn_offload::{BlockModel, DecoderBlock};
 use serde::{Deserialize, Serialize};
 
-use crate::attention::causal_attention;
 use crate::config::{check_heads, check_positive, ConfigError};
 use crate::tokens::forward_tokens;
+use burn_offload::attention::causal_attention;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -258,27 +258,15 @@ impl<B: Backend> LlamaAttention<B> {
 
         let (cos, sin) = rope_tables::<B>(seq, head_dim, self.rope_theta, &x.device());
         let (q, k) = (apply_rope(q, &cos, &sin), apply_rope(k, &cos, &sin));
-        let (k, v) = (self.repeat_kv(k), self.repeat_kv(v));
 
+        // Grouped-query attention: each key/value head serves `n_head /
+        // n_kv_head` consecutive query heads.
         let y = causal_attention(q, k, v);
         forward_tokens(
             &self.o_proj,
             y.swap_dims(1, 2)
                 .reshape([batch, seq, self.n_head * head_dim]),
         )
-    }
-
-    /// Grouped-query attention: each key/value head serves `n_head / n_kv_head`
-    /// consecutive query heads.
-    fn repeat_kv(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
-        let groups = self.n_head / self.n_kv_head;
-        if groups == 1 {
-            return x;
-        }
-        let [batch, kv, seq, head_dim] = x.dims();
-        x.unsqueeze_dim::<5>(2)
-            .expand([batch, kv, groups, seq, head_dim])
-            .reshape([batch, kv * groups, seq, head_dim])
     }
 }
 

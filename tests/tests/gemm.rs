@@ -179,11 +179,13 @@ fn chosen_cuda_matmul_kernels_match_burns() {
 /// the 0.85B Llama's bf16 loss NaN from the first step (run17 calls 2–4).
 /// Whether this small shape gets a padded output was not checked on the
 /// unfixed build; the 0.85B rows of run17 call 5 are the measured check.
+/// The reference formulation has that product; the graph-free forward of
+/// `causal_attention` (what `G` runs) is checked beside it.
 #[cfg(feature = "cuda")]
 #[test]
 fn chosen_cuda_matmul_kernels_compute_bf16_attention_like_burns() {
     use burn::tensor::{DType, Distribution};
-    use models::attention::causal_attention;
+    use burn_offload::attention::{causal_attention, reference_causal_attention};
 
     let _one = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
     let device = Default::default();
@@ -192,15 +194,23 @@ fn chosen_cuda_matmul_kernels_compute_bf16_attention_like_burns() {
     let random = || Tensor::<G, 4>::random(shape, Distribution::Normal(0.0, 1.0), &device);
     let (q, k, v) = (random(), random(), random());
     let bf16 = |t: &Tensor<G, 4>| t.clone().cast(DType::BF16);
-    let attend = || causal_attention(bf16(&q), bf16(&k), bf16(&v)).cast(DType::F32);
-    set_matmul("auto").unwrap();
-    let reference = attend();
-    for name in ["fast", "cublas", "matmul_simple_tma_mma"] {
-        set_matmul(name).unwrap();
-        let out = attend();
+    type Attention = fn(Tensor<G, 4>, Tensor<G, 4>, Tensor<G, 4>) -> Tensor<G, 4>;
+    let ways: [(&str, Attention); 2] = [
+        ("reference", reference_causal_attention),
+        ("forward", causal_attention),
+    ];
+    for (way, attention) in ways {
+        let attend = || attention(bf16(&q), bf16(&k), bf16(&v)).cast(DType::F32);
         set_matmul("auto").unwrap();
-        let err = burn_offload_tests::max_rel_err(out, reference.clone(), 1.0);
-        println!("{name}: bf16 attention max error {err:.2e}");
-        assert!(err < 5e-2, "{name}: bf16 attention differs by {err}"); // false for NaN
+        let reference = attend();
+        for name in ["fast", "cublas", "matmul_simple_tma_mma"] {
+            set_matmul(name).unwrap();
+            let out = attend();
+            set_matmul("auto").unwrap();
+            let err = burn_offload_tests::max_rel_err(out, reference.clone(), 1.0);
+            println!("{way} {name}: bf16 attention max error {err:.2e}");
+            assert!(err < 5e-2, "{way} {name}: bf16 attention differs by {err}");
+            // false for NaN
+        }
     }
 }

@@ -1,0 +1,480 @@
+//! Causal attention whose backward keeps `O(tokens)` values, not the
+//! `[batch, heads, seq, seq]` probabilities.
+//!
+//! Written out in tensor ops, attention leaves autodiff a score-sized tensor
+//! per block (the probabilities, 2 GiB for the 0.85B Llama at 16k tokens in
+//! f32: a third of what a block keeps), and its backward runs a dozen
+//! score-sized elementwise passes. On the autodiff backends this crate runs,
+//! [`causal_attention`] is one autodiff operation instead, in the manner of
+//! FlashAttention's backward but in plain tensor ops of the inner backend:
+//! - the forward keeps `q`, `k`, `v`, the output and each row's log-sum-exp;
+//! - the backward recomputes the probabilities from them (one `q·kᵀ` and one
+//!   `exp`) and applies the softmax gradient in closed form,
+//!   `dS = P ⊙ (dP − rowsum(dO ⊙ O))`.
+//!
+//! Both passes work through the batch in chunks whose scores hold at most
+//! [`SCORE_CHUNK_ELEMENTS`], so the score-sized temporaries stay bounded too.
+//! Grouped-query attention needs no repeated keys and values: the `g` query
+//! heads of one key/value head are laid end to end (`[b, kv, g·s, d]`), and
+//! one matmul serves the group (its key and value gradients come out summed
+//! over the group).
+//!
+//! Other autodiff backends get [`reference_causal_attention`], which burn
+//! differentiates op by op; graph-free backends get the forward alone.
+
+use std::any::{Any, TypeId};
+
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::{Autodiff, Flex};
+use burn::tensor::backend::Backend;
+use burn::tensor::ops::FloatTensor;
+use burn::tensor::{Bool, Tensor, TensorPrimitive};
+
+use crate::{Gemm, Offload};
+
+/// Most elements of one chunk's `[chunk, heads, seq, seq]` scores; a chunk
+/// has at least one sequence. 2^27 is 512 MiB in f32: at 16k tokens of the
+/// 0.85B Llama (16 × 1024) a chunk is 4 sequences, whose batched matmuls
+/// still fill the GPU.
+pub const SCORE_CHUNK_ELEMENTS: usize = 1 << 27;
+
+/// Sequences per chunk for `heads` query heads of length `seq`.
+pub fn sequences_per_chunk(heads: usize, seq: usize) -> usize {
+    (SCORE_CHUNK_ELEMENTS / (heads * seq * seq).max(1)).max(1)
+}
+
+/// `softmax(q·kᵀ / √d + causal mask) · v` for `q: [batch, heads, seq, d]` and
+/// `k, v: [batch, kv_heads, seq, d]`, each key/value head serving
+/// `heads / kv_heads` consecutive query heads.
+///
+/// # Panics
+/// If the shapes disagree or `heads` is not a multiple of `kv_heads`.
+pub fn causal_attention<B: Backend>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+) -> Tensor<B, 4> {
+    check_shapes(&q, &k, &v);
+    macro_rules! custom_backward_for {
+        ($($inner:ty),* $(,)?) => {$(
+            if same::<B, Autodiff<$inner>>() {
+                return cast(tracked::<$inner>(cast(q), cast(k), cast(v)));
+            }
+        )*};
+    }
+    custom_backward_for!(Flex, Gemm<Flex>, Offload<Flex>, Offload<Gemm<Flex>>);
+    #[cfg(feature = "cuda")]
+    {
+        use crate::cuda::CudaBackend;
+        custom_backward_for!(
+            CudaBackend,
+            Gemm<CudaBackend>,
+            Offload<CudaBackend>,
+            Offload<Gemm<CudaBackend>>
+        );
+    }
+    if B::ad_enabled(&q.device()) {
+        reference_causal_attention(q, k, v)
+    } else {
+        let [batch, heads, seq, head_dim] = q.dims();
+        let chunk = sequences_per_chunk(heads, seq);
+        attention_forward(q, k, v, chunk)
+            .0
+            .reshape([batch, heads, seq, head_dim])
+    }
+}
+
+/// Whether [`causal_attention`] runs as one operation with its own backward
+/// on `B` (rather than as tensor ops that autodiff records one by one).
+pub fn has_custom_backward<B: Backend>() -> bool {
+    macro_rules! any_of {
+        ($($inner:ty),* $(,)?) => { false $(|| same::<B, Autodiff<$inner>>())* };
+    }
+    #[cfg(feature = "cuda")]
+    {
+        use crate::cuda::CudaBackend;
+        if any_of!(
+            CudaBackend,
+            Gemm<CudaBackend>,
+            Offload<CudaBackend>,
+            Offload<Gemm<CudaBackend>>
+        ) {
+            return true;
+        }
+    }
+    any_of!(Flex, Gemm<Flex>, Offload<Flex>, Offload<Gemm<Flex>>)
+}
+
+fn same<A: 'static, B: 'static>() -> bool {
+    TypeId::of::<A>() == TypeId::of::<B>()
+}
+
+/// `t` as the type it is (checked by [`same`] before).
+fn cast<T: 'static, U: 'static>(t: T) -> U {
+    *(Box::new(t) as Box<dyn Any>)
+        .downcast::<U>()
+        .unwrap_or_else(|_| unreachable!("cast between different types"))
+}
+
+fn check_shapes<B: Backend>(q: &Tensor<B, 4>, k: &Tensor<B, 4>, v: &Tensor<B, 4>) {
+    let ([b, h, s, d], kd) = (q.dims(), k.dims());
+    assert_eq!(kd, v.dims(), "attention: keys and values differ in shape");
+    assert!(
+        kd[0] == b && kd[2] == s && kd[3] == d && kd[1] > 0 && h.is_multiple_of(kd[1]),
+        "attention: queries {:?} and keys {kd:?} do not match",
+        q.dims()
+    );
+}
+
+/// The queries of each key/value group end to end: `[b, h, s, d] → [b, kv, g·s, d]`.
+fn grouped<B: Backend>(q: Tensor<B, 4>, kv_heads: usize) -> Tensor<B, 4> {
+    let [b, h, s, d] = q.dims();
+    q.reshape([b, kv_heads, h / kv_heads * s, d])
+}
+
+/// Scaled, causally masked scores of one chunk, `[b, kv, g·s, s]`, for grouped
+/// queries `q` and keys `k`.
+fn masked_scores<B: Backend>(q: Tensor<B, 4>, k: Tensor<B, 4>, scale: f64) -> Tensor<B, 4> {
+    let [b, kv, rows, _] = q.dims();
+    let seq = k.dims()[2];
+    let groups = rows / seq;
+    let scores = (q * scale).matmul(k.swap_dims(2, 3));
+    // `true` above the diagonal: position i attends to positions ≤ i (the
+    // diagonal is never masked, so every row has a finite maximum). Each
+    // query head of a group has the same mask.
+    let future = Tensor::<B, 2, Bool>::tril_mask([seq, seq], 0, &scores.device())
+        .unsqueeze::<5>()
+        .expand([b, kv, groups, seq, seq]);
+    scores
+        .reshape([b, kv, groups, seq, seq])
+        .mask_fill(future, f32::NEG_INFINITY)
+        .reshape([b, kv, rows, seq])
+}
+
+/// Runs `f` on each chunk of sequences of the tensors and joins the results
+/// along the batch (no copies when one chunk holds the batch).
+fn by_chunks<B: Backend, const N: usize, const M: usize>(
+    inputs: [Tensor<B, 4>; N],
+    chunk: usize,
+    f: impl Fn([Tensor<B, 4>; N]) -> [Tensor<B, 4>; M],
+) -> [Tensor<B, 4>; M] {
+    let batch = inputs[0].dims()[0];
+    if chunk >= batch {
+        return f(inputs);
+    }
+    let mut parts: [Vec<Tensor<B, 4>>; M] = std::array::from_fn(|_| Vec::new());
+    for start in (0..batch).step_by(chunk) {
+        let len = chunk.min(batch - start);
+        let outputs = f(std::array::from_fn(|i| {
+            inputs[i].clone().narrow(0, start, len)
+        }));
+        for (part, output) in parts.iter_mut().zip(outputs) {
+            part.push(output);
+        }
+    }
+    parts.map(|p| Tensor::cat(p, 0))
+}
+
+/// The forward: the output in the grouped layout `[b, kv, g·s, d]` and each
+/// row's log-sum-exp `[b, kv, g·s, 1]` (what the backward needs).
+fn attention_forward<B: Backend>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+    chunk: usize,
+) -> (Tensor<B, 4>, Tensor<B, 4>) {
+    let head_dim = q.dims()[3];
+    let scale = 1.0 / (head_dim as f64).sqrt();
+    let q = grouped(q, k.dims()[1]);
+    let [output, lse] = by_chunks([q, k, v], chunk, |[q, k, v]| {
+        let scores = masked_scores(q, k, scale);
+        let max = scores.clone().max_dim(3);
+        let weights = (scores - max.clone()).exp();
+        let sums = weights.clone().sum_dim(3);
+        let output = weights.matmul(v) / sums.clone();
+        [output, max + sums.log()]
+    });
+    (output, lse)
+}
+
+/// The backward: `(dq, dk, dv)` for the output gradient `grad` in the grouped
+/// layout, from the forward's inputs, output and log-sum-exp.
+fn attention_backward<B: Backend>(
+    [q, k, v, output, lse]: [Tensor<B, 4>; 5],
+    grad: Tensor<B, 4>,
+    chunk: usize,
+) -> [Tensor<B, 4>; 3] {
+    let [batch, heads, seq, head_dim] = q.dims();
+    let scale = 1.0 / (head_dim as f64).sqrt();
+    let q = grouped(q, k.dims()[1]);
+    let [dq, dk, dv] = by_chunks(
+        [q, k, v, output, lse, grad],
+        chunk,
+        |[q, k, v, output, lse, grad]| {
+            // The forward's probabilities, recomputed (masked entries: exp(−∞) = 0).
+            let probs = (masked_scores(q.clone(), k.clone(), scale) - lse).exp();
+            let dv = probs.clone().swap_dims(2, 3).matmul(grad.clone());
+            let row_dot = (grad.clone() * output).sum_dim(3);
+            let dscores = probs * (grad.matmul(v.swap_dims(2, 3)) - row_dot);
+            let dq = dscores.clone().matmul(k) * scale;
+            let dk = dscores.swap_dims(2, 3).matmul(q) * scale;
+            [dq, dk, dv]
+        },
+    );
+    [dq.reshape([batch, heads, seq, head_dim]), dk, dv]
+}
+
+fn float<B: Backend, const D: usize>(t: Tensor<B, D>) -> FloatTensor<B> {
+    t.into_primitive().tensor()
+}
+
+fn tensor<B: Backend, const D: usize>(t: FloatTensor<B>) -> Tensor<B, D> {
+    Tensor::from_primitive(TensorPrimitive::Float(t))
+}
+
+#[derive(Debug)]
+struct CausalAttention;
+
+impl<B: Backend> Backward<B, 3> for CausalAttention {
+    /// `q`, `k`, `v`, the grouped output and its log-sum-exp.
+    type State = [FloatTensor<B>; 5];
+
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let grad = grads.consume::<B>(&ops.node);
+        let saved = ops.state.map(tensor::<B, 4>);
+        let [_, heads, seq, _] = saved[0].dims();
+        let grad = grouped(tensor::<B, 4>(grad), saved[1].dims()[1]);
+        let inputs = attention_backward(saved, grad, sequences_per_chunk(heads, seq));
+        for (parent, gradient) in ops.parents.into_iter().zip(inputs) {
+            if let Some(node) = parent {
+                grads.register::<B>(node.id, float(gradient));
+            }
+        }
+    }
+}
+
+/// [`causal_attention`] on `Autodiff<B>` as one operation.
+fn tracked<B: Backend>(
+    q: Tensor<Autodiff<B>, 4>,
+    k: Tensor<Autodiff<B>, 4>,
+    v: Tensor<Autodiff<B>, 4>,
+) -> Tensor<Autodiff<B>, 4> {
+    let [batch, heads, seq, head_dim] = q.dims();
+    let (q, k, v) = (float(q), float(k), float(v));
+    let (output, lse) = attention_forward::<B>(
+        tensor(q.primitive.clone()),
+        tensor(k.primitive.clone()),
+        tensor(v.primitive.clone()),
+        sequences_per_chunk(heads, seq),
+    );
+    let result = float(output.clone().reshape([batch, heads, seq, head_dim]));
+    let nodes = [q.node.clone(), k.node.clone(), v.node.clone()];
+    let out = match CausalAttention
+        .prepare::<NoCheckpointing>(nodes)
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => prep.finish(
+            [
+                q.primitive,
+                k.primitive,
+                v.primitive,
+                float(output),
+                float(lse),
+            ],
+            result,
+        ),
+        OpsKind::UnTracked(prep) => prep.finish(result),
+    };
+    tensor(out)
+}
+
+/// Causal attention in tensor ops, for any backend: burn differentiates it op
+/// by op, keeping the `[batch, heads, seq, seq]` weights for the backward.
+/// The formulation keeps the score-sized passes few: the scale goes on `q`,
+/// the max shift is detached (burn's `attention_fallback` differentiates
+/// through it), and the weights stay unnormalised: they multiply `[v | 1]`,
+/// so one matmul gives both the weighted sum and the row sums, and the
+/// division happens on the `[b, h, s, d]` output.
+pub fn reference_causal_attention<B: Backend>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+) -> Tensor<B, 4> {
+    check_shapes(&q, &k, &v);
+    let [batch, heads, seq, head_dim] = q.dims();
+    let (k, v) = (repeat_kv(k, heads), repeat_kv(v, heads));
+    let device = q.device();
+    let q = q * (1.0 / (head_dim as f64).sqrt());
+    let scores = q.matmul(k.swap_dims(2, 3));
+    let future = Tensor::<B, 2, Bool>::tril_mask([seq, seq], 0, &device)
+        .unsqueeze::<4>()
+        .expand([batch, heads, seq, seq]);
+    let scores = scores.mask_fill(future, f32::NEG_INFINITY);
+    let max = scores.clone().detach().max_dim(3);
+    let weights = (scores - max).exp();
+    // `[v | 1 | 0…]`: the ones column yields the row sums; the zero columns
+    // pad the width to a multiple of 16 so the matmul keeps aligned tiles.
+    let width = (head_dim + 1).next_multiple_of(16);
+    let dtype = v.dtype();
+    let ones = Tensor::<B, 4>::ones([batch, heads, seq, 1], (&device, dtype));
+    let mut columns = vec![v, ones];
+    if width > head_dim + 1 {
+        let pad = [batch, heads, seq, width - head_dim - 1];
+        columns.push(Tensor::zeros(pad, (&device, dtype)));
+    }
+    let summed = weights.matmul(Tensor::cat(columns, 3));
+    let row_sums = summed.clone().narrow(3, head_dim, 1);
+    summed.narrow(3, 0, head_dim) / row_sums
+}
+
+/// Each key/value head repeated for the query heads it serves.
+fn repeat_kv<B: Backend>(x: Tensor<B, 4>, heads: usize) -> Tensor<B, 4> {
+    let [batch, kv, seq, head_dim] = x.dims();
+    if kv == heads {
+        return x;
+    }
+    x.unsqueeze_dim::<5>(2)
+        .expand([batch, kv, heads / kv, seq, head_dim])
+        .reshape([batch, heads, seq, head_dim])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::module::attention;
+    use burn::tensor::ops::AttentionModuleOptions;
+    use burn::tensor::Distribution;
+
+    type AD = Autodiff<Flex>;
+
+    fn max_abs_diff<const D: usize>(a: Tensor<Flex, D>, b: Tensor<Flex, D>) -> f32 {
+        (a - b).abs().max().into_scalar()
+    }
+
+    fn random(shape: [usize; 4], std: f64) -> Tensor<AD, 4> {
+        Tensor::random(shape, Distribution::Normal(0.0, std), &Default::default()).require_grad()
+    }
+
+    /// burn's own causal attention on keys and values repeated per query head.
+    fn burns(q: Tensor<AD, 4>, k: Tensor<AD, 4>, v: Tensor<AD, 4>) -> Tensor<AD, 4> {
+        let heads = q.dims()[1];
+        let options = AttentionModuleOptions {
+            is_causal: true,
+            ..Default::default()
+        };
+        attention(
+            q,
+            repeat_kv(k, heads),
+            repeat_kv(v, heads),
+            None,
+            None,
+            options,
+        )
+    }
+
+    /// Values and gradients of `ours` against burn's causal attention: unit
+    /// scale, scores in the thousands (where only the max shift keeps `exp`
+    /// finite), grouped queries, a head width of 15, one sequence of one.
+    fn check(ours: fn(Tensor<AD, 4>, Tensor<AD, 4>, Tensor<AD, 4>) -> Tensor<AD, 4>) {
+        for (shape, kv_heads, std) in [
+            ([2, 3, 7, 8], 3, 1.0),
+            ([2, 3, 7, 8], 3, 30.0),
+            ([3, 4, 6, 8], 2, 1.0),
+            ([2, 6, 5, 4], 1, 3.0),
+            ([1, 2, 9, 15], 2, 1.0),
+            ([1, 1, 1, 4], 1, 1.0),
+        ] {
+            let [b, _, s, d] = shape;
+            let (q, k, v) = (
+                random(shape, std),
+                random([b, kv_heads, s, d], std),
+                random([b, kv_heads, s, d], 1.0),
+            );
+            let weights =
+                Tensor::<AD, 4>::random(shape, Distribution::Normal(0.0, 1.0), &q.device());
+            let got = ours(q.clone(), k.clone(), v.clone());
+            let want = burns(q.clone(), k.clone(), v.clone());
+            let diff = max_abs_diff(got.clone().inner(), want.clone().inner());
+            assert!(
+                diff < 1e-5,
+                "{shape:?}/{kv_heads} std {std}: values differ by {diff}"
+            );
+            let got = (got * weights.clone()).sum().backward();
+            let want = (want * weights).sum().backward();
+            for (name, t) in [("q", &q), ("k", &k), ("v", &v)] {
+                let g = t.grad(&got).expect("gradient");
+                let w = t.grad(&want).expect("gradient");
+                assert_eq!(g.dims(), w.dims());
+                let diff = max_abs_diff(g, w);
+                assert!(
+                    diff < 1e-4,
+                    "{shape:?}/{kv_heads} std {std}: d{name} differs by {diff}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn custom_backward_matches_burns_attention() {
+        assert!(has_custom_backward::<AD>());
+        check(causal_attention);
+    }
+
+    #[test]
+    fn reference_matches_burns_attention() {
+        check(reference_causal_attention);
+    }
+
+    /// Chunked over the batch, both passes give what one chunk gives.
+    #[test]
+    fn chunks_join_to_the_whole_batch() {
+        let device = Default::default();
+        let randn =
+            |shape| Tensor::<Flex, 4>::random(shape, Distribution::Normal(0.0, 1.0), &device);
+        let (q, k, v) = (
+            randn([5, 4, 6, 8]),
+            randn([5, 2, 6, 8]),
+            randn([5, 2, 6, 8]),
+        );
+        let grad = randn([5, 2, 12, 8]);
+        let passes = |chunk| {
+            let (o, lse) = attention_forward(q.clone(), k.clone(), v.clone(), chunk);
+            let saved = [q.clone(), k.clone(), v.clone(), o.clone(), lse.clone()];
+            let [dq, dk, dv] = attention_backward(saved, grad.clone(), chunk);
+            [o, lse, dq, dk, dv]
+        };
+        let whole = passes(5);
+        for chunk in [1, 2, 3] {
+            for (part, all) in passes(chunk).into_iter().zip(whole.clone()) {
+                assert_eq!(part.dims(), all.dims());
+                assert!(max_abs_diff(part, all) < 1e-6, "chunks of {chunk}");
+            }
+        }
+    }
+
+    /// A query never sees a later position: changing the last key and value
+    /// leaves every earlier output as it was.
+    #[test]
+    fn is_causal() {
+        let device = Default::default();
+        let shape = [1, 2, 5, 4];
+        let randn = || Tensor::<Flex, 4>::random(shape, Distribution::Normal(0.0, 1.0), &device);
+        let (q, k, v) = (randn(), randn(), randn());
+        let before = causal_attention(q.clone(), k.clone(), v.clone());
+        let bump = |t: Tensor<Flex, 4>| {
+            t.slice_assign(
+                [0..1, 0..2, 4..5, 0..4],
+                Tensor::ones([1, 2, 1, 4], &device) * 9.0,
+            )
+        };
+        let after = causal_attention(q, bump(k), bump(v));
+        let earlier = |t: Tensor<Flex, 4>| t.slice([0..1, 0..2, 0..4, 0..4]);
+        assert!(max_abs_diff(earlier(before.clone()), earlier(after.clone())) < 1e-6);
+        let last = |t: Tensor<Flex, 4>| t.slice([0..1, 0..2, 4..5, 0..4]);
+        assert!(max_abs_diff(last(before), last(after)) > 1e-3);
+    }
+}
