@@ -58,24 +58,14 @@ pub fn causal_attention<B: Backend>(
     v: Tensor<B, 4>,
 ) -> Tensor<B, 4> {
     check_shapes(&q, &k, &v);
-    macro_rules! custom_backward_for {
-        ($($inner:ty),* $(,)?) => {$(
+    macro_rules! tracked_on {
+        ($inner:ty) => {
             if same::<B, Autodiff<$inner>>() {
                 return cast(tracked::<$inner>(cast(q), cast(k), cast(v)));
             }
-        )*};
+        };
     }
-    custom_backward_for!(Flex, Gemm<Flex>, Offload<Flex>, Offload<Gemm<Flex>>);
-    #[cfg(feature = "cuda")]
-    {
-        use crate::cuda::CudaBackend;
-        custom_backward_for!(
-            CudaBackend,
-            Gemm<CudaBackend>,
-            Offload<CudaBackend>,
-            Offload<Gemm<CudaBackend>>
-        );
-    }
+    with_custom_backward!(tracked_on);
     if B::ad_enabled(&q.device()) {
         reference_causal_attention(q, k, v)
     } else {
@@ -87,25 +77,38 @@ pub fn causal_attention<B: Backend>(
     }
 }
 
+/// Invokes `$each!(Inner)` for every inner backend whose `Autodiff` runs
+/// [`causal_attention`] as one operation (the one list both
+/// [`causal_attention`] and [`has_custom_backward`] read).
+macro_rules! with_custom_backward {
+    ($each:ident) => {
+        $each!(Flex);
+        $each!(Gemm<Flex>);
+        $each!(Offload<Flex>);
+        $each!(Offload<Gemm<Flex>>);
+        #[cfg(feature = "cuda")]
+        {
+            $each!(crate::cuda::CudaBackend);
+            $each!(Gemm<crate::cuda::CudaBackend>);
+            $each!(Offload<crate::cuda::CudaBackend>);
+            $each!(Offload<Gemm<crate::cuda::CudaBackend>>);
+        }
+    };
+}
+use with_custom_backward;
+
 /// Whether [`causal_attention`] runs as one operation with its own backward
 /// on `B` (rather than as tensor ops that autodiff records one by one).
 pub fn has_custom_backward<B: Backend>() -> bool {
-    macro_rules! any_of {
-        ($($inner:ty),* $(,)?) => { false $(|| same::<B, Autodiff<$inner>>())* };
+    macro_rules! found_on {
+        ($inner:ty) => {
+            if same::<B, Autodiff<$inner>>() {
+                return true;
+            }
+        };
     }
-    #[cfg(feature = "cuda")]
-    {
-        use crate::cuda::CudaBackend;
-        if any_of!(
-            CudaBackend,
-            Gemm<CudaBackend>,
-            Offload<CudaBackend>,
-            Offload<Gemm<CudaBackend>>
-        ) {
-            return true;
-        }
-    }
-    any_of!(Flex, Gemm<Flex>, Offload<Flex>, Offload<Gemm<Flex>>)
+    with_custom_backward!(found_on);
+    false
 }
 
 fn same<A: 'static, B: 'static>() -> bool {
@@ -135,17 +138,29 @@ fn grouped<B: Backend>(q: Tensor<B, 4>, kv_heads: usize) -> Tensor<B, 4> {
     q.reshape([b, kv_heads, h / kv_heads * s, d])
 }
 
+/// `true` above the diagonal of `[seq, seq]`: position i attends to positions
+/// ≤ i (the diagonal is never masked, so every row has a finite maximum).
+/// Built once per pass and shared by its chunks.
+fn future_mask<B: Backend>(k: &Tensor<B, 4>) -> Tensor<B, 2, Bool> {
+    let seq = k.dims()[2];
+    Tensor::tril_mask([seq, seq], 0, &k.device())
+}
+
 /// Scaled, causally masked scores of one chunk, `[b, kv, g·s, s]`, for grouped
 /// queries `q` and keys `k`.
-fn masked_scores<B: Backend>(q: Tensor<B, 4>, k: Tensor<B, 4>, scale: f64) -> Tensor<B, 4> {
+fn masked_scores<B: Backend>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    future: &Tensor<B, 2, Bool>,
+    scale: f64,
+) -> Tensor<B, 4> {
     let [b, kv, rows, _] = q.dims();
     let seq = k.dims()[2];
     let groups = rows / seq;
     let scores = (q * scale).matmul(k.swap_dims(2, 3));
-    // `true` above the diagonal: position i attends to positions ≤ i (the
-    // diagonal is never masked, so every row has a finite maximum). Each
-    // query head of a group has the same mask.
-    let future = Tensor::<B, 2, Bool>::tril_mask([seq, seq], 0, &scores.device())
+    // Each query head of a group has the same mask.
+    let future = future
+        .clone()
         .unsqueeze::<5>()
         .expand([b, kv, groups, seq, seq]);
     scores
@@ -189,8 +204,9 @@ fn attention_forward<B: Backend>(
     let head_dim = q.dims()[3];
     let scale = 1.0 / (head_dim as f64).sqrt();
     let q = grouped(q, k.dims()[1]);
+    let future = future_mask(&k);
     let [output, lse] = by_chunks([q, k, v], chunk, |[q, k, v]| {
-        let scores = masked_scores(q, k, scale);
+        let scores = masked_scores(q, k, &future, scale);
         let max = scores.clone().max_dim(3);
         let weights = (scores - max.clone()).exp();
         let sums = weights.clone().sum_dim(3);
@@ -210,12 +226,13 @@ fn attention_backward<B: Backend>(
     let [batch, heads, seq, head_dim] = q.dims();
     let scale = 1.0 / (head_dim as f64).sqrt();
     let q = grouped(q, k.dims()[1]);
+    let future = future_mask(&k);
     let [dq, dk, dv] = by_chunks(
         [q, k, v, output, lse, grad],
         chunk,
         |[q, k, v, output, lse, grad]| {
             // The forward's probabilities, recomputed (masked entries: exp(−∞) = 0).
-            let probs = (masked_scores(q.clone(), k.clone(), scale) - lse).exp();
+            let probs = (masked_scores(q.clone(), k.clone(), &future, scale) - lse).exp();
             let dv = probs.clone().swap_dims(2, 3).matmul(grad.clone());
             let row_dot = (grad.clone() * output).sum_dim(3);
             let dscores = probs * (grad.matmul(v.swap_dims(2, 3)) - row_dot);

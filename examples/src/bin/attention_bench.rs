@@ -35,7 +35,8 @@ struct Cli {
 /// Median milliseconds of `f`, the device synchronised around each run.
 fn time(reps: usize, device: &burn::tensor::Device<G>, mut f: impl FnMut()) -> f64 {
     let mut ms = Vec::new();
-    // With no repetitions, one untimed-free run: the first pass is timed too.
+    // `reps == 0` (the drift mode): one run, timed, with no warm-up, so the
+    // first pass (which compiles the kernels) shows too.
     let warm = if reps == 0 { 0 } else { 2 };
     for rep in 0..reps.max(1) + warm {
         G::sync(device).expect("sync");
