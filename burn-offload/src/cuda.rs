@@ -487,6 +487,8 @@ pub(crate) struct PendingRead {
     >,
     dtype: DType,
     len: usize,
+    /// The engine's host worker may finish the read: it binds the context first.
+    device: CudaDevice,
 }
 
 impl PendingRead {
@@ -499,6 +501,7 @@ impl PendingRead {
     /// into `out` (same length, f32).
     pub(crate) fn finish(self, out: &mut [f32], accumulate: bool) {
         assert_eq!(out.len(), self.len, "gradient length");
+        bind_context(&self.device);
         let bytes = burn_cubecl::cubecl::future::block_on(self.bytes)
             .unwrap_or_else(|e| panic!("CUDA device-to-host copy failed: {e:?}"));
         let raw = &bytes[..self.len * self.dtype.size()];
@@ -558,7 +561,12 @@ pub(crate) fn try_start_read<X: Backend, const D: usize>(
     // `read_one_tensor_async` queues the copy now; the future only waits for
     // it. It holds the buffer until the copy is done.
     let bytes = Box::pin(device_client(&cube.device).read_one_tensor_async(descriptor));
-    Ok(PendingRead { bytes, dtype, len })
+    Ok(PendingRead {
+        bytes,
+        dtype,
+        len,
+        device: cube.device.clone(),
+    })
 }
 
 /// Page-locks a host range for the lifetime of the guard, so copies from it

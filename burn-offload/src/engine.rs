@@ -19,11 +19,15 @@
 //! recomputes.
 //!
 //! Then the optimizer runs over the host slabs. By default (not fused, overlap
-//! on) the update is **deferred**: block i's update is applied just before the
-//! next step binds block i, so the CPU updates block i+2 while the device
-//! computes block i's forward (the update sits off the critical path instead of
-//! after the backward). Everything that reads the store settles what is still
-//! pending first. In **fused** mode each block is
+//! on) the host work runs on a **worker thread** (`crate::worker`), never on the
+//! thread that submits kernels: each block's gradients are folded into the
+//! buffer there while the device runs the next block's backward, and at the
+//! end of the step every group is lent to it for its update, in the order the
+//! next forward binds them. A bind takes its group back (waiting only if the
+//! worker has not got that far), so the update is **deferred** to the next
+//! step and overlaps its forward. Everything that reads the store takes every
+//! group back first. With overlap off (the bench's serialised baseline) the
+//! same work runs inline, the update right after the backward. In **fused** mode each block is
 //! updated as soon as its gradient arrives and no gradient buffer exists (12
 //! host bytes/param instead of 16). Global-norm clipping needs the norm before
 //! the first update, so fused mode with clipping runs the backward twice: a
@@ -47,6 +51,7 @@ use crate::pager::{
 use crate::precision::{cast_to, Bf16Weights, Compute};
 use crate::store::{Collect, HostStore, StoreError, StoreLayout};
 use crate::trace;
+use crate::worker::{HostWorker, Job, Lent};
 use crate::{BlockModel, DecoderBlock};
 
 type AD<B> = Autodiff<B>;
@@ -210,9 +215,13 @@ pub struct StepSplit {
     /// host buffer.
     pub download_s: f64,
     /// CPU optimizer (AdamW over the host slabs) and gradient accumulation.
-    /// In the default (deferred) mode this is mostly the previous step's
-    /// update, applied block by block inside this step's `forward_s`.
+    /// In the default (deferred) mode this is worker-thread time, mostly the
+    /// previous step's update, which overlaps this step's forward.
     pub optimizer_s: f64,
+    /// Time the thread that drives the device waited for the host worker to
+    /// give a group back (the part of `optimizer_s` the device may feel).
+    #[serde(default)]
+    pub host_wait_s: f64,
     /// Host→device copies of the forward (weights).
     pub forward_h2d_bytes: u64,
     pub forward_h2d_copy_s: f64,
@@ -282,19 +291,14 @@ pub struct Engine<B: Backend, M: BlockModel<B>> {
     /// kept across steps: a fresh one would fault in its pages every step
     /// (half a gigabyte for the 0.85B Llama's stem).
     grad_buffer: Vec<f32>,
-    /// The last step's update, for the groups not yet updated (deferred mode).
-    pending: Option<PendingUpdate>,
-}
-
-/// An optimizer update decided at the end of a step (norm, clip scale, bias
-/// correction), applied group by group when each group is next needed.
-#[derive(Debug)]
-struct PendingUpdate {
-    step: u64,
-    lr: f64,
-    scale: f32,
-    /// Groups still holding their pre-update values.
-    todo: Vec<bool>,
+    /// Parameters in the store (counted once: lent groups hold empty slabs).
+    num_params: usize,
+    /// Squared gradient norms measured by the worker, collected as groups come back.
+    lent_sum_sq: f64,
+    /// The thread that runs the host work in overlap mode (not fused). Last,
+    /// so it is dropped last: the pager unlocks the slabs lent to it while
+    /// they are still allocated.
+    worker: Option<HostWorker>,
 }
 
 impl<B, M> Engine<B, M>
@@ -414,6 +418,9 @@ where
         }
         // The model's weights were drawn on the device; only placeholders remain.
         pager.release_free_memory::<B>(device);
+        let worker =
+            (config.overlap && !config.fused).then(|| HostWorker::spawn(store.groups.len()));
+        let num_params = store.num_params();
         Ok(Self {
             template,
             block_ids,
@@ -426,7 +433,9 @@ where
             updates: 0,
             split: StepSplit::default(),
             grad_buffer: Vec::new(),
-            pending: None,
+            num_params,
+            lent_sum_sq: 0.0,
+            worker,
         })
     }
 
@@ -448,7 +457,7 @@ where
 
     /// Number of parameters (no update needs to be settled to count them).
     pub fn num_params(&self) -> usize {
-        self.store.num_params()
+        self.num_params
     }
 
     /// Host bytes of the compute-precision weight copies (bf16 mode; 0 otherwise).
@@ -456,52 +465,89 @@ where
         self.bf16.as_ref().map_or(0, Bf16Weights::bytes)
     }
 
-    /// Parameter groups (stem, then blocks) whose last update is still deferred.
+    /// Parameter groups (stem, then blocks) lent to the host worker and not
+    /// taken back: after a step, those whose update is still deferred.
     pub fn pending_groups(&self) -> usize {
-        self.pending
-            .as_ref()
-            .map_or(0, |p| p.todo.iter().filter(|&&t| t).count())
+        self.worker.as_ref().map_or(0, HostWorker::away_count)
     }
 
-    /// Applies every deferred update now.
+    /// Takes every group back from the host worker (every deferred update applied).
     pub fn settle_all(&mut self) {
         for g in 0..self.store.groups.len() {
             self.settle(g);
         }
     }
 
-    /// Applies the deferred update to group `g` if it has not been applied.
+    /// Takes group `g` back from the host worker once its job is done (a no-op
+    /// when it is not lent).
     fn settle(&mut self, g: usize) {
-        let Some(pending) = self.pending.as_mut() else {
+        let Some(worker) = self.worker.as_mut().filter(|w| w.is_away(g)) else {
             return;
         };
-        if !std::mem::take(&mut pending.todo[g]) {
-            return;
+        let waited = Instant::now();
+        let back = worker.take(g);
+        self.split.host_wait_s += waited.elapsed().as_secs_f64();
+        self.split.optimizer_s += back.busy.as_secs_f64();
+        self.lent_sum_sq += back.sum_sq;
+        self.store.groups[g].restore(back.lent.slabs);
+        if let Some(slab) = back.lent.bf16 {
+            self.bf16.as_mut().expect("bf16 copies").put(g, slab);
         }
-        let (step, lr, scale) = (pending.step, pending.lr, pending.scale);
-        if !pending.todo.contains(&true) {
-            self.pending = None;
-        }
-        let started = Instant::now();
-        self.update_group(g, step, lr, scale);
-        self.split.optimizer_s += started.elapsed().as_secs_f64();
     }
 
-    /// AdamW on group `g` from its gradient buffer.
-    fn update_group(&mut self, g: usize, step: u64, lr: f64, scale: f32) {
-        let group = &mut self.store.groups[g];
-        let grads = group
-            .grads
-            .as_ref()
-            .expect("gradient buffer in non-fused mode");
-        let slices = UpdateSlices {
-            params: group.params.as_mut_slice(),
-            m: group.adam_m.as_mut_slice(),
-            v: group.adam_v.as_mut_slice(),
-            grads: grads.as_slice(),
-            bf16: self.bf16.as_mut().map(|c| c.updated(g)),
+    /// Runs `job` on group `g`'s slabs (and, with `bf16`, its bf16 copy): on
+    /// the host worker in overlap mode, else here and now.
+    fn run_on_group(&mut self, g: usize, bf16: bool, job: Job) {
+        self.settle(g);
+        let lent = Lent {
+            slabs: self.store.groups[g].lend(),
+            bf16: self.bf16.as_mut().filter(|_| bf16).map(|c| c.take(g)),
         };
-        self.config.optimizer.update(step, lr, scale, slices);
+        if let Some(worker) = self.worker.as_mut() {
+            worker.lend(g, lent, job);
+            return;
+        }
+        let started = Instant::now();
+        let mut lent = lent;
+        self.lent_sum_sq += job(&mut lent);
+        self.split.optimizer_s += started.elapsed().as_secs_f64();
+        self.store.groups[g].restore(lent.slabs);
+        if let Some(slab) = lent.bf16 {
+            self.bf16.as_mut().expect("bf16 copies").put(g, slab);
+        }
+    }
+
+    /// Starts the update of every group from the gradient buffer: deferred
+    /// on the worker in overlap mode (in the order the next forward binds
+    /// the groups), else applied at once.
+    fn update_all(&mut self, step: u64, lr: f64, scale: f32) {
+        let optimizer = self.config.optimizer;
+        for g in 0..self.store.groups.len() {
+            let len = self.store.groups[g].numel();
+            self.run_on_group(
+                g,
+                true,
+                Box::new(move |lent| {
+                    let slabs = &mut lent.slabs;
+                    let slices = UpdateSlices {
+                        params: slabs.params.as_mut_slice(),
+                        m: slabs.adam_m.as_mut_slice(),
+                        v: slabs.adam_v.as_mut_slice(),
+                        grads: slabs
+                            .grads
+                            .as_ref()
+                            .expect("gradient buffer in non-fused mode")
+                            .as_slice(),
+                        bf16: lent
+                            .bf16
+                            .as_mut()
+                            .map(|slab| Bf16Weights::values_in(slab, len)),
+                    };
+                    optimizer.update(step, lr, scale, slices);
+                    0.0
+                }),
+            );
+        }
     }
 
     /// Brings group `g`'s bf16 weights up to date (bf16 mode) before a bind.
@@ -529,10 +575,10 @@ where
         &mut self,
         path: &std::path::Path,
     ) -> Result<checkpoint::Manifest, CheckpointError> {
-        // A failed load leaves the engine as it was, deferred update included.
+        // The store is read whole, so the deferred update is applied first; a
+        // failed load leaves the engine as it was (with that update).
+        self.settle_all();
         let manifest = checkpoint::load_into(path, &mut self.store)?;
-        // The loaded state is complete: the old step's update no longer applies.
-        self.pending = None;
         if let Some(copies) = &mut self.bf16 {
             copies.mark_all_stale();
         }
@@ -572,8 +618,9 @@ where
     }
 
     /// The accumulated gradient of a parameter (`None` in fused mode).
-    pub fn grad(&self, id: &ParamId) -> Option<&[f32]> {
+    pub fn grad(&mut self, id: &ParamId) -> Option<&[f32]> {
         let (g, k) = *self.slot_of.get(id)?;
+        self.settle(g);
         let slot = &self.store.groups[g].slots[k];
         Some(&self.store.groups[g].grads.as_ref()?.as_slice()[slot.offset..slot.offset + slot.len])
     }
@@ -680,17 +727,7 @@ where
             None => (sum.sqrt(), 1.0),
         };
         self.updates += 1;
-        let todo = vec![true; self.store.groups.len()];
-        self.pending = Some(PendingUpdate {
-            step: self.updates,
-            lr,
-            scale: scale as f32,
-            todo,
-        });
-        if !self.config.overlap {
-            // The serialised baseline updates at once, after the backward.
-            self.settle_all();
-        }
+        self.update_all(self.updates, lr, scale as f32);
         Ok(StepReport {
             loss,
             grad_norm: norm,
@@ -724,6 +761,7 @@ where
         let k = micro_batches.len();
         let mut loss = 0.0;
         let mut sum_sq = 0.0;
+        self.lent_sum_sq = 0.0;
         for (i, (inputs, targets)) in micro_batches.iter().enumerate() {
             let mut sink = Sink::Accumulate {
                 first: i == 0,
@@ -735,7 +773,9 @@ where
                 sum_sq = s;
             }
         }
-        Ok((loss, sum_sq))
+        // The blocks' share of the norm comes back with their gradients.
+        self.settle_all();
+        Ok((loss, sum_sq + std::mem::take(&mut self.lent_sum_sq)))
     }
 
     fn check_batches(&self, micro_batches: &[MicroBatch<B>]) -> Result<(), EngineError> {
@@ -1099,11 +1139,6 @@ where
                     state.graphs.push((block, input, output));
                 }
             }
-            // The device computes block i and copies block i+1: the CPU
-            // applies block i+2's deferred update meanwhile.
-            if i + 2 < num_blocks {
-                self.settle(i + 3);
-            }
             if x.dims() != want {
                 // Later blocks and the recompute would read a mis-shaped checkpoint.
                 drop(next);
@@ -1143,8 +1178,10 @@ where
         Ok(cast_to(logits, DType::F32).reshape([batch, vocab]))
     }
 
-    /// Waits for group `g`'s queued gradient copies, writes them into
-    /// `buffer` and hands them to the optimizer.
+    /// Hands group `g`'s queued gradient copies to the sink. Accumulated
+    /// gradients go straight into the group's buffer, on the host worker in
+    /// overlap mode (the thread that drives the device does not wait for the
+    /// copies); the fused sinks wait here, via `buffer`.
     fn take_block_grads(
         &mut self,
         g: usize,
@@ -1152,6 +1189,27 @@ where
         buffer: &mut Vec<f32>,
         sink: &mut Sink,
     ) {
+        if let Sink::Accumulate { first, last, .. } = *sink {
+            self.run_on_group(
+                g,
+                false,
+                Box::new(move |lent| {
+                    let grads = lent
+                        .slabs
+                        .grads
+                        .as_mut()
+                        .expect("gradient buffer")
+                        .as_mut_slice();
+                    pending.finish(grads, !first);
+                    if last {
+                        sum_of_squares(grads)
+                    } else {
+                        0.0
+                    }
+                }),
+            );
+            return;
+        }
         let download = Instant::now();
         let grads = group_prefix(buffer, self.store.groups[g].numel());
         self.pager.finish_gradients(pending, grads);

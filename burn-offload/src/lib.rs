@@ -21,6 +21,7 @@ pub mod pager;
 pub mod precision;
 pub mod store;
 pub mod trace;
+mod worker;
 
 pub use backend::gemm::{matmul_names, set_matmul, Gemm, DEFAULT_MATMUL};
 pub use backend::{HostParams, Offload, OffloadTensor, ParkParams};

@@ -352,15 +352,7 @@ impl Pager {
     /// Waits for [`Pager::start_gradients`]' copies and writes them over
     /// `out` (`out.len() == group.numel()`; zeros where a parameter got no gradient).
     pub fn finish_gradients(&mut self, pending: PendingGradients, out: &mut [f32]) {
-        for (range, grad) in pending.slots {
-            let out = &mut out[range];
-            match grad {
-                None => out.fill(0.0),
-                #[cfg(feature = "cuda")]
-                Some(PendingGrad::Queued(read)) => read.finish(out, false),
-                Some(PendingGrad::Read(values)) => write_into(out, &values, false),
-            }
-        }
+        pending.finish(out, false);
     }
 }
 
@@ -458,6 +450,24 @@ pub struct PendingGradients {
     /// Per slot of the group, in visit order: its range in the group's buffer
     /// and what arrives there (`None`: the parameter got no gradient).
     slots: Vec<(std::ops::Range<usize>, Option<PendingGrad>)>,
+}
+
+impl PendingGradients {
+    /// Waits for the copies and writes them over `out` (`out.len() ==
+    /// group.numel()`; zeros where a parameter got no gradient), or adds
+    /// them to it with `accumulate`. Any thread may finish them.
+    pub fn finish(self, out: &mut [f32], accumulate: bool) {
+        for (range, grad) in self.slots {
+            let out = &mut out[range];
+            match grad {
+                None if accumulate => {}
+                None => out.fill(0.0),
+                #[cfg(feature = "cuda")]
+                Some(PendingGrad::Queued(read)) => read.finish(out, accumulate),
+                Some(PendingGrad::Read(values)) => write_into(out, &values, accumulate),
+            }
+        }
+    }
 }
 
 enum PendingGrad {

@@ -158,6 +158,23 @@ impl Bf16Weights {
         &mut bytemuck::cast_slice_mut(self.slabs[g].as_mut_slice())[..len]
     }
 
+    /// Takes group `g`'s copy out for the optimizer to write (it counts as
+    /// fresh from then on), leaving an empty slab until [`Bf16Weights::put`].
+    pub(crate) fn take(&mut self, g: usize) -> Slab {
+        self.stale[g] = false;
+        std::mem::replace(&mut self.slabs[g], Slab::zeros(0))
+    }
+
+    /// Puts back what [`Bf16Weights::take`] took.
+    pub(crate) fn put(&mut self, g: usize, slab: Slab) {
+        self.slabs[g] = slab;
+    }
+
+    /// Group `g`'s `len` bf16 values inside `slab` (a slab taken out).
+    pub(crate) fn values_in(slab: &mut Slab, len: usize) -> &mut [bf16] {
+        &mut bytemuck::cast_slice_mut(slab.as_mut_slice())[..len]
+    }
+
     /// Rounds group `g`'s f32 `params` to bf16 (to nearest even) into its copy.
     pub fn refresh(&mut self, g: usize, params: &[f32]) {
         assert_eq!(
@@ -173,7 +190,11 @@ impl Bf16Weights {
 
     /// Host bytes of the copies.
     pub fn bytes(&self) -> usize {
-        self.slabs.iter().map(Slab::bytes).sum()
+        // From the lengths: a slab may be out with the optimizer.
+        self.lens
+            .iter()
+            .map(|n| n.div_ceil(2) * std::mem::size_of::<f32>())
+            .sum()
     }
 }
 

@@ -124,10 +124,40 @@ pub struct ParamGroup {
     pub grads: Option<Slab>,
 }
 
+/// A group's slabs without its layout: what the engine lends to its host
+/// worker (see `crate::worker`) while the group is not in use.
+pub struct GroupSlabs {
+    pub params: Slab,
+    pub adam_m: Slab,
+    pub adam_v: Slab,
+    pub grads: Option<Slab>,
+}
+
 impl ParamGroup {
     /// Number of parameters in the group.
     pub fn numel(&self) -> usize {
         self.params.len()
+    }
+
+    /// Takes the slabs out, leaving empty ones (the engine never reads a
+    /// group while its slabs are lent; the allocations do not move, so
+    /// page-locked ranges stay valid).
+    pub(crate) fn lend(&mut self) -> GroupSlabs {
+        let empty = || Slab::zeros(0);
+        GroupSlabs {
+            params: std::mem::replace(&mut self.params, empty()),
+            adam_m: std::mem::replace(&mut self.adam_m, empty()),
+            adam_v: std::mem::replace(&mut self.adam_v, empty()),
+            grads: self.grads.as_mut().map(|g| std::mem::replace(g, empty())),
+        }
+    }
+
+    /// Puts back what [`ParamGroup::lend`] took.
+    pub(crate) fn restore(&mut self, slabs: GroupSlabs) {
+        self.params = slabs.params;
+        self.adam_m = slabs.adam_m;
+        self.adam_v = slabs.adam_v;
+        self.grads = slabs.grads;
     }
 
     pub fn param_bytes(&self) -> usize {

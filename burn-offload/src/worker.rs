@@ -1,0 +1,193 @@
+//! Host work off the thread that drives the device.
+//!
+//! The thread that submits kernels must not stop to run AdamW over a block or
+//! to fold a block's gradients into the host buffer: while it does, nothing
+//! new reaches the GPU, and once the queue drains the GPU idles (measured on
+//! the H100: the forward took 0.07 s longer with the update inline than the
+//! serialised baseline's forward without it, copies excluded). So the engine
+//! lends a group's slabs, by value, to one worker thread with the job to run
+//! on them; the worker runs jobs in the order they come (its loops are
+//! parallel over the rayon pool) and sends each group back. The engine takes
+//! a group back before it touches it again ([`HostWorker::take`]), so a lent
+//! group's memory is only ever reached from one thread: no locks, no unsafe.
+
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::store::GroupSlabs;
+
+/// A group's slabs as lent: its f32 state and, in bf16 mode, its bf16 copy.
+pub(crate) struct Lent {
+    pub slabs: GroupSlabs,
+    pub bf16: Option<crate::store::Slab>,
+}
+
+/// A job over a lent group; returns the squared norm it measured (0 if none).
+pub(crate) type Job = Box<dyn FnOnce(&mut Lent) -> f64 + Send>;
+
+/// A lent group on its way back.
+pub(crate) struct Returned {
+    pub group: usize,
+    pub lent: Lent,
+    pub sum_sq: f64,
+    /// Worker time the job took.
+    pub busy: Duration,
+}
+
+/// One worker thread and the groups lent to it.
+pub(crate) struct HostWorker {
+    jobs: Option<Sender<(usize, Lent, Job)>>,
+    done: Receiver<Returned>,
+    thread: Option<JoinHandle<()>>,
+    /// Returned groups not taken back yet, by group.
+    parked: Vec<Option<Returned>>,
+    /// Groups lent and not taken back.
+    away: Vec<bool>,
+}
+
+impl HostWorker {
+    /// A worker for `groups` groups.
+    pub fn spawn(groups: usize) -> Self {
+        let (jobs, inbox) = channel::<(usize, Lent, Job)>();
+        let (outbox, done) = channel();
+        let thread = std::thread::Builder::new()
+            .name("burn-offload-host".into())
+            .spawn(move || {
+                for (group, mut lent, job) in inbox {
+                    let started = Instant::now();
+                    let sum_sq = job(&mut lent);
+                    let back = Returned {
+                        group,
+                        lent,
+                        sum_sq,
+                        busy: started.elapsed(),
+                    };
+                    if outbox.send(back).is_err() {
+                        return;
+                    }
+                }
+            })
+            .expect("cannot start the host worker thread");
+        Self {
+            jobs: Some(jobs),
+            done,
+            thread: Some(thread),
+            parked: (0..groups).map(|_| None).collect(),
+            away: vec![false; groups],
+        }
+    }
+
+    pub fn is_away(&self, group: usize) -> bool {
+        self.away[group]
+    }
+
+    /// Groups lent and not taken back.
+    pub fn away_count(&self) -> usize {
+        self.away.iter().filter(|&&a| a).count()
+    }
+
+    /// Hands `lent` (group `group`'s slabs) to the worker to run `job` on.
+    pub fn lend(&mut self, group: usize, lent: Lent, job: Job) {
+        assert!(!self.away[group], "group {group} is lent twice");
+        self.away[group] = true;
+        let sent = self
+            .jobs
+            .as_ref()
+            .expect("the worker runs until dropped")
+            .send((group, lent, job));
+        if sent.is_err() {
+            self.died();
+        }
+    }
+
+    /// Waits until group `group` (lent) is back and returns it.
+    pub fn take(&mut self, group: usize) -> Returned {
+        assert!(self.away[group], "group {group} is not lent");
+        while self.parked[group].is_none() {
+            match self.done.recv() {
+                Ok(back) => {
+                    let g = back.group;
+                    self.parked[g] = Some(back);
+                }
+                Err(_) => self.died(),
+            }
+        }
+        self.away[group] = false;
+        self.parked[group].take().expect("parked above")
+    }
+
+    /// The worker thread is gone: a job panicked. Re-raise its panic here.
+    fn died(&mut self) -> ! {
+        self.jobs = None;
+        match self.thread.take().map(JoinHandle::join) {
+            Some(Err(panic)) => std::panic::resume_unwind(panic),
+            _ => panic!("the host worker thread stopped"),
+        }
+    }
+}
+
+impl Drop for HostWorker {
+    /// Lets the queued jobs finish (they own slabs the GPU may be reading
+    /// from no longer, but page-locked ranges must outlive the pager's
+    /// unlock), then joins the thread.
+    fn drop(&mut self) {
+        self.jobs = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Slab;
+
+    fn lent(n: usize) -> Lent {
+        Lent {
+            slabs: GroupSlabs {
+                params: Slab::zeros(n),
+                adam_m: Slab::zeros(n),
+                adam_v: Slab::zeros(n),
+                grads: None,
+            },
+            bf16: None,
+        }
+    }
+
+    #[test]
+    fn groups_come_back_with_their_job_done_in_any_taking_order() {
+        let mut worker = HostWorker::spawn(3);
+        for g in 0..3 {
+            worker.lend(
+                g,
+                lent(4),
+                Box::new(move |l| {
+                    l.slabs.params.as_mut_slice().fill(g as f32 + 1.0);
+                    g as f64
+                }),
+            );
+        }
+        assert_eq!(worker.away_count(), 3);
+        for g in [2, 0, 1] {
+            let back = worker.take(g);
+            assert_eq!(back.group, g);
+            assert_eq!(back.sum_sq, g as f64);
+            assert_eq!(back.lent.slabs.params.as_slice(), &[g as f32 + 1.0; 4]);
+            assert!(!worker.is_away(g));
+        }
+        assert_eq!(worker.away_count(), 0);
+    }
+
+    #[test]
+    fn a_panicking_job_panics_the_taker() {
+        let mut worker = HostWorker::spawn(1);
+        worker.lend(0, lent(1), Box::new(|_| panic!("job failed")));
+        let taken = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| worker.take(0)));
+        let message = taken
+            .err()
+            .and_then(|p| p.downcast_ref::<&str>().map(|s| s.to_string()));
+        assert_eq!(message.as_deref(), Some("job failed"));
+    }
+}
