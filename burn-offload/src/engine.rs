@@ -968,6 +968,9 @@ where
         // gradients (and the optimizer its share) while block i-1 computes.
         // One buffer serves every group, kept across steps.
         let mut block_grads = std::mem::take(&mut self.grad_buffer);
+        // The host worker accumulates the gradients and issues their copies
+        // itself, on its own stream.
+        let issue_later = self.worker.is_some() && matches!(sink, Sink::Accumulate { .. });
         let mut queued: Option<(usize, PendingGradients)> = None;
         for i in (0..num_blocks).rev() {
             let bind = Instant::now();
@@ -1009,9 +1012,12 @@ where
             if let Some((g, pending)) = queued.take() {
                 self.take_block_grads(g, pending, &mut block_grads, sink);
             }
-            let pending =
-                self.pager
-                    .start_gradients::<AD<B>, _>(&block, &self.store.groups[i + 1], &grads);
+            let pending = self.pager.start_gradients::<AD<B>, _>(
+                &block,
+                &self.store.groups[i + 1],
+                &grads,
+                issue_later,
+            );
             queued = Some((i + 1, pending));
             drop(block);
             self.pager.evict(i + 1);

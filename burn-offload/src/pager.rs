@@ -233,7 +233,13 @@ impl Pager {
             device,
             require_grad,
         };
+        // One wait for the device per bind instead of one per tensor (see
+        // `cuda::UploadBatch`).
+        #[cfg(feature = "cuda")]
+        let batch = crate::cuda::UploadBatch::begin::<B>(device);
         let module = template.map(&mut bind);
+        #[cfg(feature = "cuda")]
+        drop(batch);
         debug_assert_eq!(bind.next, group.slots.len(), "template and group disagree");
         let width = if bf16.is_some() { 2 } else { 4 };
         self.page_in(group_index, (group.numel() * width) as u64);
@@ -293,17 +299,21 @@ impl Pager {
     /// visit order) to the host without waiting for the device: on CUDA they
     /// run behind the backward that produces them, and whatever is submitted
     /// next runs behind them. [`Pager::finish_gradients`] waits and writes.
-    /// Other backends read at once.
+    /// Other backends read at once. With `issue_later` the CUDA copies are
+    /// only issued by the thread that finishes them (the engine's host worker:
+    /// its own stream, beside the compute stream).
     pub fn start_gradients<B: AutodiffBackend, M: Module<B>>(
         &mut self,
         module: &M,
         group: &ParamGroup,
         grads: &B::Gradients,
+        issue_later: bool,
     ) -> PendingGradients {
         let mut visit = GradsStart {
             group,
             next: 0,
             grads,
+            issue_later,
             slots: Vec::with_capacity(group.slots.len()),
             stats: &mut self.stats,
         };
@@ -343,7 +353,10 @@ impl Pager {
             .zip(kept.sums)
             .map(|(slot, sum)| {
                 let range = slot.offset..slot.offset + slot.len;
-                (range, sum.map(|sum| start_read(sum, &mut self.stats)))
+                (
+                    range,
+                    sum.map(|sum| start_read(sum, false, &mut self.stats)),
+                )
             })
             .collect();
         PendingGradients { slots }
@@ -360,6 +373,7 @@ struct GradsStart<'a, B: AutodiffBackend> {
     group: &'a ParamGroup,
     next: usize,
     grads: &'a B::Gradients,
+    issue_later: bool,
     slots: Vec<(std::ops::Range<usize>, Option<PendingGrad>)>,
     stats: &'a mut PagerStats,
 }
@@ -372,7 +386,7 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for GradsStart<'_, B> {
         let grad = param
             .val()
             .grad(self.grads)
-            .map(|grad| start_read(grad, self.stats));
+            .map(|grad| start_read(grad, self.issue_later, self.stats));
         self.slots.push((range, grad));
     }
 }
@@ -381,10 +395,13 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for GradsStart<'_, B> {
 /// produces it on CUDA, read at once elsewhere.
 fn start_read<X: Backend, const D: usize>(
     grad: Tensor<X, D>,
+    issue_later: bool,
     stats: &mut PagerStats,
 ) -> PendingGrad {
+    #[cfg(not(feature = "cuda"))]
+    let _ = issue_later;
     #[cfg(feature = "cuda")]
-    let grad = match crate::cuda::try_start_read(grad) {
+    let grad = match crate::cuda::try_start_read(grad, issue_later) {
         Ok(read) => {
             stats.bytes_to_host += read.bytes();
             return PendingGrad::Queued(read);
