@@ -76,6 +76,9 @@ pub struct TrainOptions {
     /// Engine: how many of the last blocks keep their forward graph on the
     /// device instead of being recomputed (`auto`: as many as fit a GPU).
     pub kept_graphs: KeptGraphs,
+    /// Engine: threads of the host worker that runs AdamW and the gradient
+    /// accumulation beside the device (`None`: all cores but two).
+    pub host_threads: Option<usize>,
     /// Write checkpoints into this folder (every `checkpoint_every` steps, at
     /// the end, and on Ctrl-C).
     pub checkpoint_dir: Option<PathBuf>,
@@ -133,6 +136,7 @@ impl Default for TrainOptions {
             loss_chunk_tokens: 4096,
             block_inputs: BlockInputs::Auto,
             kept_graphs: KeptGraphs::Auto,
+            host_threads: None,
             checkpoint_dir: None,
             checkpoint_every: 0,
             keep: 3,
@@ -656,6 +660,7 @@ impl Job<'_> {
             host_checkpoints: self.block_inputs == BlockInputs::Host,
             compute: opts.compute,
             kept_graphs: self.kept_graphs,
+            host_threads: self.opts.host_threads,
         };
         let mut engine = Engine::new(model, config, device)?;
         drop(rng);
@@ -886,9 +891,24 @@ impl Job<'_> {
         // the step's mean, as in the engine.
         let mut accumulator = GradientsAccumulator::<M>::new();
         let scale = 1.0 / opts.accum as f64;
+        // BURN_OFFLOAD_RESIDENT_SPLIT=1: wait for the device after each
+        // phase, so the step's split (forward with head and loss, backward,
+        // optimizer) is device time, to set beside the engine's. The waits
+        // cost the overlap of one phase's launches with the last one's tail,
+        // so these rows are for the split, not for tokens/s.
+        let timed = std::env::var("BURN_OFFLOAD_RESIDENT_SPLIT").is_ok_and(|v| v == "1");
+        let mark = |to: &mut f64, since: &mut Instant| {
+            if timed {
+                AB::sync(device).expect("device sync");
+                *to += since.elapsed().as_secs_f64();
+                *since = Instant::now();
+            }
+        };
 
         for step in 0..opts.steps {
             let started = Instant::now();
+            let mut phase = Instant::now();
+            let mut split = burn_offload::StepSplit::default();
             let lr = schedule.lr(step);
             let mut loss_value = 0.0f32;
             for _ in 0..opts.accum {
@@ -900,14 +920,17 @@ impl Job<'_> {
                 };
                 let loss = cross_entropy(logits, targets) * scale;
                 let micro: f32 = loss.clone().into_scalar().elem();
+                mark(&mut split.forward_s, &mut phase);
                 if !micro.is_finite() {
                     bail!("loss became {micro} at step {step}; try a lower --lr");
                 }
                 loss_value += micro;
                 let grads = GradientsParams::from_grads(loss.backward(), &model);
                 accumulator.accumulate(&model, grads);
+                mark(&mut split.backward_s, &mut phase);
             }
             model = optim.step(lr, model, accumulator.grads());
+            mark(&mut split.optimizer_s, &mut phase);
             losses.push(loss_value);
 
             let step_s = started.elapsed().as_secs_f64();
@@ -928,7 +951,7 @@ impl Job<'_> {
                 bytes_to_host: None,
                 peak_device_param_bytes: None,
                 upload_wait_s: None,
-                split: None,
+                split: timed.then_some(split),
                 gpu_reserved_bytes: gpu_reserved_bytes(),
                 skipped: false,
                 skipped_total: 0,
