@@ -113,10 +113,6 @@ pub struct EngineConfig {
     /// for the whole step (and keeps its weights bound); 0 recomputes every
     /// block. A GPU with memory to spare trades it for the recompute.
     pub kept_graphs: usize,
-    /// Threads of the host worker's pool (overlap mode), which runs AdamW and
-    /// the gradient accumulation beside the thread that drives the device;
-    /// `None`: all cores but two, left to that thread and the runtime's.
-    pub host_threads: Option<usize>,
 }
 
 impl Default for EngineConfig {
@@ -131,7 +127,6 @@ impl Default for EngineConfig {
             host_checkpoints: true,
             compute: Compute::Fp32,
             kept_graphs: 0,
-            host_threads: None,
         }
     }
 }
@@ -423,10 +418,8 @@ where
         }
         // The model's weights were drawn on the device; only placeholders remain.
         pager.release_free_memory::<B>(device);
-        let worker = (config.overlap && !config.fused)
-            .then(|| HostWorker::spawn(store.groups.len(), config.host_threads))
-            .transpose()
-            .map_err(EngineError::Config)?;
+        let worker =
+            (config.overlap && !config.fused).then(|| HostWorker::spawn(store.groups.len()));
         let num_params = store.num_params();
         Ok(Self {
             template,
@@ -969,14 +962,11 @@ where
 
         let phase = Instant::now();
         // 3. Backward, one block at a time, recomputed from its checkpoint.
-        // In overlap mode block i's gradients go to the host worker as soon
-        // as its backward is submitted; the worker issues their copy on its
-        // own stream (after the backward, beside the next one) and folds them
-        // into the buffer. Otherwise the copies are queued right behind block
-        // i's backward, block i-1's backward right behind them, and the host
-        // takes block i's gradients (and, fused, the optimizer its share)
-        // while block i-1 computes. One buffer serves every group, kept
-        // across steps.
+        // Block i's gradient copies are queued right behind its backward, and
+        // block i-1's backward right behind them: the device goes from one to
+        // the next with no host round trip. The host takes block i's
+        // gradients (and the optimizer its share) while block i-1 computes.
+        // One buffer serves every group, kept across steps.
         let mut block_grads = std::mem::take(&mut self.grad_buffer);
         // The host worker accumulates the gradients and issues their copies
         // itself, on its own stream.
@@ -1028,13 +1018,7 @@ where
                 &grads,
                 issue_later,
             );
-            if issue_later {
-                // The worker issues the copy at once (it does not block us):
-                // the later it does, the more of the queue it waits behind.
-                self.take_block_grads(i + 1, pending, &mut block_grads, sink);
-            } else {
-                queued = Some((i + 1, pending));
-            }
+            queued = Some((i + 1, pending));
             drop(block);
             self.pager.evict(i + 1);
             self.mark(format_args!("block {i} backward submitted"));

@@ -47,21 +47,8 @@ pub(crate) struct HostWorker {
 }
 
 impl HostWorker {
-    /// A worker for `groups` groups, its jobs' loops on a pool of `threads`
-    /// threads (`None`: all cores but two).
-    pub fn spawn(groups: usize, threads: Option<usize>) -> Result<Self, String> {
-        let threads = match threads {
-            Some(0) => return Err("host_threads must be at least 1".into()),
-            Some(n) => n,
-            None => std::thread::available_parallelism()
-                .map_or(1, |n| n.get().saturating_sub(2))
-                .max(1),
-        };
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(|i| format!("burn-offload-host-{i}"))
-            .build()
-            .map_err(|e| format!("cannot start the host worker's {threads} threads: {e}"))?;
+    /// A worker for `groups` groups.
+    pub fn spawn(groups: usize) -> Self {
         let (jobs, inbox) = channel::<(usize, Lent, Job)>();
         let (outbox, done) = channel();
         let thread = std::thread::Builder::new()
@@ -69,7 +56,7 @@ impl HostWorker {
             .spawn(move || {
                 for (group, mut lent, job) in inbox {
                     let started = Instant::now();
-                    let sum_sq = pool.install(|| job(&mut lent));
+                    let sum_sq = job(&mut lent);
                     let back = Returned {
                         group,
                         lent,
@@ -81,14 +68,14 @@ impl HostWorker {
                     }
                 }
             })
-            .map_err(|e| format!("cannot start the host worker thread: {e}"))?;
-        Ok(Self {
+            .expect("cannot start the host worker thread");
+        Self {
             jobs: Some(jobs),
             done,
             thread: Some(thread),
             parked: (0..groups).map(|_| None).collect(),
             away: vec![false; groups],
-        })
+        }
     }
 
     pub fn is_away(&self, group: usize) -> bool {
@@ -171,7 +158,7 @@ mod tests {
 
     #[test]
     fn groups_come_back_with_their_job_done_in_any_taking_order() {
-        let mut worker = HostWorker::spawn(3, Some(2)).unwrap();
+        let mut worker = HostWorker::spawn(3);
         for g in 0..3 {
             worker.lend(
                 g,
@@ -195,8 +182,7 @@ mod tests {
 
     #[test]
     fn a_panicking_job_panics_the_taker() {
-        let mut worker = HostWorker::spawn(1, None).unwrap();
-        assert!(HostWorker::spawn(1, Some(0)).is_err());
+        let mut worker = HostWorker::spawn(1);
         worker.lend(0, lent(1), Box::new(|_| panic!("job failed")));
         let taken = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| worker.take(0)));
         let message = taken

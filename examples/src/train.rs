@@ -76,9 +76,6 @@ pub struct TrainOptions {
     /// Engine: how many of the last blocks keep their forward graph on the
     /// device instead of being recomputed (`auto`: as many as fit a GPU).
     pub kept_graphs: KeptGraphs,
-    /// Engine: threads of the host worker that runs AdamW and the gradient
-    /// accumulation beside the device (`None`: all cores but two).
-    pub host_threads: Option<usize>,
     /// Write checkpoints into this folder (every `checkpoint_every` steps, at
     /// the end, and on Ctrl-C).
     pub checkpoint_dir: Option<PathBuf>,
@@ -136,7 +133,6 @@ impl Default for TrainOptions {
             loss_chunk_tokens: 4096,
             block_inputs: BlockInputs::Auto,
             kept_graphs: KeptGraphs::Auto,
-            host_threads: None,
             checkpoint_dir: None,
             checkpoint_every: 0,
             keep: 3,
@@ -660,7 +656,6 @@ impl Job<'_> {
             host_checkpoints: self.block_inputs == BlockInputs::Host,
             compute: opts.compute,
             kept_graphs: self.kept_graphs,
-            host_threads: self.opts.host_threads,
         };
         let mut engine = Engine::new(model, config, device)?;
         drop(rng);

@@ -53,7 +53,6 @@ fn engine_config(fused: bool) -> EngineConfig {
         host_checkpoints: true,
         compute: Compute::Fp32,
         kept_graphs: 0,
-        host_threads: None,
     }
 }
 

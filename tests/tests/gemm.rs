@@ -35,7 +35,6 @@ fn engine_config() -> EngineConfig {
         host_checkpoints: true,
         compute: Compute::Fp32,
         kept_graphs: 0,
-        host_threads: None,
     }
 }
 

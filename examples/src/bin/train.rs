@@ -116,10 +116,6 @@ struct Cli {
     /// 90% of the free memory it leaves (`--plan` shows the count); 0 on CPU.
     #[arg(long, default_value = "auto")]
     keep_graphs: examples::plan::KeptGraphs,
-    /// Engine: threads of the host worker that runs AdamW and the gradient
-    /// accumulation beside the device (default: all cores but two).
-    #[arg(long)]
-    host_threads: Option<usize>,
     /// Write checkpoints (safetensors + manifest) into this folder: every
     /// --checkpoint-every steps, at the end, and on Ctrl-C.
     #[arg(long)]
@@ -188,7 +184,6 @@ fn main() -> ExitCode {
         loss_chunk_tokens: cli.loss_chunk_tokens,
         block_inputs: cli.block_inputs,
         kept_graphs: cli.keep_graphs,
-        host_threads: cli.host_threads,
         checkpoint_dir: cli.checkpoint_dir,
         checkpoint_every: cli.checkpoint_every,
         keep: cli.keep,
