@@ -540,7 +540,7 @@ type ReadFuture = std::pin::Pin<
 enum ReadState {
     Queued(ReadFuture),
     /// The contiguous tensor, holding its buffer until the copy is issued.
-    Unissued(CubeTensor<CudaRuntime>),
+    Unissued(Box<CubeTensor<CudaRuntime>>),
 }
 
 /// Starts the copy of `cube` (contiguous) on the calling thread's stream; the
@@ -624,7 +624,7 @@ pub(crate) fn try_start_read<X: Backend, const D: usize>(
     let len = cube.meta.shape().num_elements();
     let device = cube.device.clone();
     let state = if issue_later {
-        ReadState::Unissued(cube)
+        ReadState::Unissued(Box::new(cube))
     } else {
         ReadState::Queued(issue_read(&cube, dtype))
     };
