@@ -212,7 +212,8 @@ pub struct StepSplit {
     #[serde(default)]
     pub backward_launch_s: f64,
     /// Waiting for a block's gradient copies and writing them into the
-    /// host buffer.
+    /// host buffer (fused sinks; accumulated gradients are the host
+    /// worker's, or inline, and count in `optimizer_s`).
     pub download_s: f64,
     /// CPU optimizer (AdamW over the host slabs) and gradient accumulation.
     /// In the default (deferred) mode this is worker-thread time, mostly the
@@ -489,8 +490,13 @@ where
         self.split.host_wait_s += waited.elapsed().as_secs_f64();
         self.split.optimizer_s += back.busy.as_secs_f64();
         self.lent_sum_sq += back.sum_sq;
-        self.store.groups[g].restore(back.lent.slabs);
-        if let Some(slab) = back.lent.bf16 {
+        self.restore_group(g, back.lent);
+    }
+
+    /// Puts group `g`'s lent slabs (and bf16 copy) back in place.
+    fn restore_group(&mut self, g: usize, lent: Lent) {
+        self.store.groups[g].restore(lent.slabs);
+        if let Some(slab) = lent.bf16 {
             self.bf16.as_mut().expect("bf16 copies").put(g, slab);
         }
     }
@@ -511,10 +517,7 @@ where
         let mut lent = lent;
         self.lent_sum_sq += job(&mut lent);
         self.split.optimizer_s += started.elapsed().as_secs_f64();
-        self.store.groups[g].restore(lent.slabs);
-        if let Some(slab) = lent.bf16 {
-            self.bf16.as_mut().expect("bf16 copies").put(g, slab);
-        }
+        self.restore_group(g, lent);
     }
 
     /// Starts the update of every group from the gradient buffer: deferred
@@ -962,14 +965,14 @@ where
 
         let phase = Instant::now();
         // 3. Backward, one block at a time, recomputed from its checkpoint.
-        // Block i's gradient copies are queued right behind its backward, and
-        // block i-1's backward right behind them: the device goes from one to
-        // the next with no host round trip. The host takes block i's
-        // gradients (and the optimizer its share) while block i-1 computes.
-        // One buffer serves every group, kept across steps.
+        // Block i's gradients are handed on once block i-1's backward is
+        // submitted. In overlap mode the host worker issues their copy on its
+        // own stream and folds them into the buffer. Otherwise the copies are
+        // queued right behind block i's backward, block i-1's backward right
+        // behind them (no host round trip between), and the host takes them
+        // (fused: the optimizer its share) while block i-1 computes. One
+        // buffer serves the fused sinks, kept across steps.
         let mut block_grads = std::mem::take(&mut self.grad_buffer);
-        // The host worker accumulates the gradients and issues their copies
-        // itself, on its own stream.
         let issue_later = self.worker.is_some() && matches!(sink, Sink::Accumulate { .. });
         let mut queued: Option<(usize, PendingGradients)> = None;
         for i in (0..num_blocks).rev() {
@@ -1045,7 +1048,7 @@ where
         // go into the buffer, every slot written over.
         let mut buffer = std::mem::take(&mut self.grad_buffer);
         let stem_grads = group_prefix(&mut buffer, self.store.groups[0].numel());
-        self.pager.finish_gradients(head_grads, stem_grads);
+        head_grads.finish(stem_grads, false);
         self.stem_grads_to_host(&stem_ad, &grads, stem_grads);
         drop(stem_ad);
         self.pager.evict(0);
@@ -1218,7 +1221,7 @@ where
         }
         let download = Instant::now();
         let grads = group_prefix(buffer, self.store.groups[g].numel());
-        self.pager.finish_gradients(pending, grads);
+        pending.finish(grads, false);
         self.split.download_s += download.elapsed().as_secs_f64();
         self.sink_group(g, grads, sink);
     }

@@ -298,7 +298,7 @@ impl Pager {
     /// Queues the copies of a bound block's gradients (those of `group`, in
     /// visit order) to the host without waiting for the device: on CUDA they
     /// run behind the backward that produces them, and whatever is submitted
-    /// next runs behind them. [`Pager::finish_gradients`] waits and writes.
+    /// next runs behind them. [`PendingGradients::finish`] waits and writes.
     /// Other backends read at once. With `issue_later` the CUDA copies are
     /// only issued by the thread that finishes them (the engine's host worker:
     /// its own stream, beside the compute stream).
@@ -360,12 +360,6 @@ impl Pager {
             })
             .collect();
         PendingGradients { slots }
-    }
-
-    /// Waits for [`Pager::start_gradients`]' copies and writes them over
-    /// `out` (`out.len() == group.numel()`; zeros where a parameter got no gradient).
-    pub fn finish_gradients(&mut self, pending: PendingGradients, out: &mut [f32]) {
-        pending.finish(out, false);
     }
 }
 

@@ -154,8 +154,7 @@ impl Bf16Weights {
     /// (it counts as fresh from then on).
     pub fn updated(&mut self, g: usize) -> &mut [bf16] {
         self.stale[g] = false;
-        let len = self.lens[g];
-        &mut bytemuck::cast_slice_mut(self.slabs[g].as_mut_slice())[..len]
+        Self::values_in(&mut self.slabs[g], self.lens[g])
     }
 
     /// Takes group `g`'s copy out for the optimizer to write (it counts as

@@ -892,12 +892,13 @@ impl Job<'_> {
         // cost the overlap of one phase's launches with the last one's tail,
         // so these rows are for the split, not for tokens/s.
         let timed = std::env::var("BURN_OFFLOAD_RESIDENT_SPLIT").is_ok_and(|v| v == "1");
-        let mark = |to: &mut f64, since: &mut Instant| {
+        let mark = |to: &mut f64, since: &mut Instant| -> Result<()> {
             if timed {
-                AB::sync(device).expect("device sync");
+                AB::sync(device).map_err(|e| anyhow::anyhow!("device sync failed: {e:?}"))?;
                 *to += since.elapsed().as_secs_f64();
                 *since = Instant::now();
             }
+            Ok(())
         };
 
         for step in 0..opts.steps {
@@ -915,17 +916,17 @@ impl Job<'_> {
                 };
                 let loss = cross_entropy(logits, targets) * scale;
                 let micro: f32 = loss.clone().into_scalar().elem();
-                mark(&mut split.forward_s, &mut phase);
+                mark(&mut split.forward_s, &mut phase)?;
                 if !micro.is_finite() {
                     bail!("loss became {micro} at step {step}; try a lower --lr");
                 }
                 loss_value += micro;
                 let grads = GradientsParams::from_grads(loss.backward(), &model);
                 accumulator.accumulate(&model, grads);
-                mark(&mut split.backward_s, &mut phase);
+                mark(&mut split.backward_s, &mut phase)?;
             }
             model = optim.step(lr, model, accumulator.grads());
-            mark(&mut split.optimizer_s, &mut phase);
+            mark(&mut split.optimizer_s, &mut phase)?;
             losses.push(loss_value);
 
             let step_s = started.elapsed().as_secs_f64();
