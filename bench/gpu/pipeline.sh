@@ -34,33 +34,36 @@ free -g | tee -a $OUT/gpu.txt
 echo '{"arch":"llama","vocab_size":32000,"d_model":2048,"n_layer":16,"n_head":32,"n_kv_head":8,"d_ff":5632,"max_seq_len":2048}' > /tmp/llama-0.85b.json
 
 # One training run: the planner's prediction first (`--plan`), then the run
-# with nvidia-smi polled for the whole-process GPU peak and /usr/bin/time for
-# the host peak. TRACE=1 keeps the engine's phase trace ($name.trace).
+# with nvidia-smi polled for the whole-process GPU peak and the share of time
+# the GPU ran a kernel (NVML's utilization.gpu, averaged over the steady
+# steps: the time idle between kernels), and /usr/bin/time for the host peak.
+# TRACE=1 keeps the engine's phase trace ($name.trace).
 run() {
   local name=$1; shift
   echo "== $name: $*"
   if [ -n "${MATMUL:-}" ]; then set -- "$@" --matmul "$MATMUL"; fi
   set -- "$@" ${ARGS:-}
   $B --plan "$@" > $OUT/$name.plan 2>&1
-  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 > $OUT/$name.gpumem &
+  nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv,noheader,nounits -lms 100 > $OUT/$name.gpumem &
   local poll=$!
   local t0=$(date +%s.%N)
   BURN_OFFLOAD_TRACE=${TRACE:-0} /usr/bin/time -v timeout ${LIMIT:-150} $B "$@" --metrics $OUT/$name.jsonl --sample-tokens ${SAMPLE:-0} > $OUT/$name.log 2> $OUT/$name.err
   echo "exit $?"
-  local wall=$(python3 -c "print($(date +%s.%N) - $t0)")
+  local t1=$(date +%s.%N)
+  local wall=$(python3 -c "print($t1 - $t0)")
   kill $poll 2>/dev/null
   grep -E 'Maximum resident|Elapsed|host store ready|forward graph' $OUT/$name.err
-  local gpu_peak=$(sort -n $OUT/$name.gpumem | tail -1)
+  local gpu_peak=$(cut -d, -f2 $OUT/$name.gpumem | sort -n | tail -1)
   local host_peak_kib=$(grep 'Maximum resident' $OUT/$name.err | awk '{print $NF}')
   local ready=$(grep 'host store ready' $OUT/$name.err | head -1)
   if [ "${TRACE:-0}" != 0 ]; then grep '^\[trace\]' $OUT/$name.err > $OUT/$name.trace; fi
   grep -v '^\s' $OUT/$name.err | grep -v '^\[trace\]' | tail -4 > $OUT/$name.tail
   grep -E '^matmul |^  declined' $OUT/$name.err > $OUT/$name.matmul  # --matmul's own counters
   cp $OUT/$name.log $OUT/$name.stdout 2>/dev/null
-  rm -f $OUT/$name.gpumem $OUT/$name.log $OUT/$name.err
+  rm -f $OUT/$name.log $OUT/$name.err
   touch $OUT/$name.jsonl
-  python3 - "$OUT/$name.jsonl" "$wall" "$gpu_peak" "${host_peak_kib:-0}" "$ready" <<'PY' | tee $OUT/$name.summary.json
-import json, statistics, sys
+  python3 - "$OUT/$name.jsonl" "$wall" "$gpu_peak" "${host_peak_kib:-0}" "$ready" "$OUT/$name.gpumem" "$t1" <<'PY' | tee $OUT/$name.summary.json
+import datetime, json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 line = {"steps": len(rows), "wall_s": float(sys.argv[2]), "gpu_peak_mib": int(sys.argv[3] or 0),
         "host_peak_gib": int(sys.argv[4]) / 2**20, "store_ready": sys.argv[5]}
@@ -81,6 +84,17 @@ if len(rows) >= 3:
         line["d2h_gb_per_step"] = rows[-1]["bytes_to_host"] / 1e9
     for k in ("model_tflops", "hardware_tflops"):
         if rows[-1].get(k) is not None: line[k + "_median"] = med(k)
+    # GPU busy share over the steady steps, which end when the run does.
+    start = float(sys.argv[7]) - sum(r["step_s"] for r in steady)
+    util = []
+    for l in open(sys.argv[6]):
+        f = [x.strip() for x in l.split(",")]
+        try:
+            t = datetime.datetime.strptime(f[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
+            if start <= t <= float(sys.argv[7]): util.append(float(f[2]))
+        except (ValueError, IndexError):
+            pass
+    if util: line["gpu_busy_pct_steady"] = statistics.mean(util)
     if rows[-1].get("params"): line["params"] = rows[-1]["params"]
     if rows[-1].get("split"):
         line["split_median_s"] = {k: statistics.median(r["split"][k] for r in steady) for k in rows[-1]["split"]}
@@ -94,6 +108,7 @@ if len(rows) >= 3:
             line["d2h_gb_s"] = rate("d2h_bytes", "d2h_copy_s")
 print(json.dumps(line))
 PY
+  rm -f $OUT/$name.gpumem
   pack
 }
 
