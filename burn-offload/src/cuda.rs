@@ -8,9 +8,13 @@
 //! copy (see docs/cuda-pipeline-notes.md for the cubecl internals).
 //!
 //! Ordering, without access to cubecl's streams or events:
-//! - *Before writing* a fresh buffer we wait for all compute submitted so far
-//!   (`client.sync()`): cubecl's pool may hand back memory that queued kernels
-//!   of an evicted block still read, and its allocation is stream-ordered.
+//! - *Before writing* a fresh buffer, it must not be memory that a queued
+//!   kernel still reads. Upload buffers come from a cubecl stream of their own
+//!   (no kernel runs on it, so its pool holds nothing but upload buffers), and
+//!   a buffer the engine has dropped goes back to that pool only once a fence
+//!   recorded behind its last readers has passed, one bind later
+//!   ([`UploadPool`]). Until run20 every bind waited for the whole device
+//!   instead, and the GPU idled while the host issued the next block.
 //! - *Before the kernels that read it are submitted* the engine calls
 //!   [`wait_uploads`] (via `Pager::ready`), which first flushes cubecl's
 //!   submit queue (so the GPU keeps computing while we wait) and then waits for
@@ -22,6 +26,7 @@
 
 use std::any::{Any, TypeId};
 use std::cell::RefCell;
+use std::collections::VecDeque;
 use std::ffi::c_void;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -31,7 +36,9 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{bf16, DType, Shape, Tensor, TensorPrimitive};
 use burn_cubecl::cubecl::client::ComputeClient;
 use burn_cubecl::cubecl::cuda::{CudaDevice, CudaRuntime};
-use burn_cubecl::cubecl::server::Handle;
+use burn_cubecl::cubecl::future::DynFut;
+use burn_cubecl::cubecl::server::{Handle, ServerError};
+use burn_cubecl::cubecl::stream_id::StreamId;
 use burn_cubecl::cubecl::Runtime;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeBackend;
@@ -125,6 +132,7 @@ struct Copier {
     /// Page-locked bytes for downloads (f32 or bf16 elements).
     staging: *mut u8,
     staging_len: usize,
+    pool: UploadPool,
 }
 
 impl Copier {
@@ -166,6 +174,7 @@ impl Copier {
             up_end: event(),
             staging: std::ptr::null_mut(),
             staging_len: 0,
+            pool: UploadPool::new(),
         }
     }
 
@@ -235,18 +244,115 @@ pub(crate) fn block_on_sync(device: &CudaDevice) {
         .unwrap_or_else(|e| panic!("CUDA stream sync failed: {e:?}"));
 }
 
+/// A fence on the calling thread's cubecl stream: it resolves once every
+/// kernel submitted before it has finished.
+type ComputeFence = DynFut<Result<(), ServerError>>;
+
+/// Retired sets of upload buffers left unwaited at a bind: with one, a bind
+/// waits for the kernels of the block before last, while the last block's
+/// are still queued on the device.
+const RETIRED_PENDING: usize = 1;
+
+/// Where upload buffers come from, and when their memory may be written again.
+///
+/// Our copies run on a stream cubecl knows nothing about, so a fresh buffer
+/// must not be memory that a queued kernel still reads. cubecl's pools are
+/// per stream and ordered on it, so:
+/// - buffers are allocated on a cubecl stream of their own (`stream`; no
+///   kernel is ever submitted there), whose pool therefore only ever holds
+///   upload buffers: activations the compute stream frees never come back to
+///   us while its kernels read them;
+/// - the pool keeps its own reference to each buffer it handed out (`live`).
+///   Once that and cubecl's are the only ones (the engine dropped the tensor,
+///   so every kernel reading it has been submitted), the buffer is retired
+///   behind a fence recorded on the compute stream then, and our reference is
+///   dropped (letting cubecl reuse the memory) only after a later bind has
+///   waited for that fence.
+///
+/// Until run20 every bind waited for the whole device instead: the GPU ran
+/// dry at every block while the host issued the next one.
+struct UploadPool {
+    stream: StreamId,
+    live: Vec<Handle>,
+    retired: VecDeque<(ComputeFence, Vec<Handle>)>,
+}
+
+impl UploadPool {
+    fn new() -> Self {
+        // cubecl numbers a thread's stream when the thread first uses one; a
+        // thread that only asks for its number leaves that stream to us.
+        let stream = std::thread::spawn(StreamId::current)
+            .join()
+            .expect("a thread that only reads its stream id does not panic");
+        Self {
+            stream,
+            live: Vec::new(),
+            retired: VecDeque::new(),
+        }
+    }
+
+    /// Retires the buffers the engine has dropped since the last call behind a
+    /// fence recorded now (on the calling thread's stream, the one that
+    /// computes), and gives back to cubecl those retired earlier but for the
+    /// last [`RETIRED_PENDING`] sets, waiting for their fences.
+    fn reclaim(&mut self, client: &ComputeClient<CudaRuntime>) {
+        // cubecl's pool holds one reference, `live` the other: `can_mut`
+        // means no tensor holds the buffer any more.
+        let (dropped, live) = std::mem::take(&mut self.live)
+            .into_iter()
+            .partition::<Vec<_>, _>(Handle::can_mut);
+        self.live = live;
+        if !dropped.is_empty() {
+            self.retired.push_back((client.sync(), dropped));
+        }
+        while self.retired.len() > RETIRED_PENDING {
+            self.release_oldest();
+        }
+    }
+
+    /// Gives every dropped buffer back to cubecl, waiting for the device.
+    fn release_all(&mut self, client: &ComputeClient<CudaRuntime>) {
+        self.reclaim(client);
+        while !self.retired.is_empty() {
+            self.release_oldest();
+        }
+    }
+
+    fn release_oldest(&mut self) {
+        if let Some((fence, handles)) = self.retired.pop_front() {
+            burn_cubecl::cubecl::future::block_on(fence)
+                .unwrap_or_else(|e| panic!("CUDA stream sync failed: {e:?}"));
+            drop(handles);
+        }
+    }
+
+    /// A buffer of `len` bytes for an upload, and its device address, ready
+    /// to be written from any stream.
+    fn alloc(&mut self, client: &ComputeClient<CudaRuntime>, len: usize) -> (Handle, u64) {
+        let (handle, ptr) = self.stream.executes(|| {
+            let handle = client.empty(len);
+            let ptr = buffer_ptr(client, &handle);
+            // A new page is allocated in the stream's order (cuMemAllocAsync):
+            // wait for it before another stream writes there. Nothing else
+            // runs on this stream, so the wait is a host round trip.
+            burn::tensor::try_read_sync(client.sync())
+                .expect("blocking reads are supported on this platform")
+                .unwrap_or_else(|e| panic!("CUDA stream sync failed: {e:?}"));
+            (handle, ptr)
+        });
+        self.live.push(handle.clone());
+        (handle, ptr)
+    }
+}
+
 thread_local! {
-    /// Inside an [`UploadBatch`]: the device has finished every kernel this
-    /// thread submitted, and none has been submitted since.
+    /// Inside an [`UploadBatch`]: the upload pool has reclaimed what it can.
     static UPLOAD_BATCH: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-/// The uploads of one bind. An upload's fresh buffer may be memory that a
-/// queued kernel still reads (the pool hands out what the compute stream
-/// freed), so the copy, on another stream, must wait until those kernels are
-/// done. A bind submits no kernel between its uploads, so one wait at its
-/// start covers them all; before, every tensor waited on its own, each a host
-/// round trip while the device idled before the block's launch.
+/// The uploads of one bind: the upload pool reclaims dropped buffers once,
+/// before the first of them (a fence per tensor would cost a host round trip
+/// each and retire nothing more).
 pub(crate) struct UploadBatch(bool);
 
 impl UploadBatch {
@@ -257,7 +363,8 @@ impl UploadBatch {
         if !is_cuda::<X>() || UPLOAD_BATCH.get() {
             return Self(false);
         }
-        block_on_sync(device);
+        let client = CudaRuntime::client(device);
+        with_copier(device, |copier| copier.pool.reclaim(&client));
         UPLOAD_BATCH.set(true);
         Self(true)
     }
@@ -281,16 +388,15 @@ fn upload_cube(
 ) -> CubeTensor<CudaRuntime> {
     let client = CudaRuntime::client(device);
     let len = bytes.len();
-    let handle = client.empty(len);
-    // Earlier kernels may still read the memory the pool just handed out
-    // (an upload batch has waited for them once already).
-    if !UPLOAD_BATCH.get() {
-        block_on_sync(device);
-    }
-    let ptr = buffer_ptr(&client, &handle);
-    with_copier(device, |copier| {
+    let handle = with_copier(device, |copier| {
+        if !UPLOAD_BATCH.get() {
+            copier.pool.reclaim(&client);
+        }
+        let (handle, ptr) = copier.pool.alloc(&client, len);
         // SAFETY: `ptr` is a live device allocation of `len` bytes (the
-        // handle is held by the tensor we return); `bytes` is a host slice of
+        // handle is held by the tensor we return, and by the upload pool,
+        // which keeps kernels that read it from overlapping a later copy into
+        // the same memory); `bytes` is a host slice of
         // the same size that its owner keeps alive and unchanged until the
         // engine's next `wait_uploads`: parameter slabs and their bf16
         // copies are only written for groups that are not in flight (a
@@ -317,6 +423,7 @@ fn upload_cube(
         }
         copier.uploads_pending = true;
         copier.pending_bytes += len as u64;
+        handle
     });
     CubeTensor::new_contiguous(
         client,
@@ -510,19 +617,24 @@ fn read_with<X: Backend, const D: usize, R>(
 /// nothing waits for the device when it is started, so the engine can hand a
 /// block's gradients on and submit the next block's backward at once. Its time
 /// on the device is not measured (cubecl records no event the engine can
-/// read). Either:
-/// - **queued** on the calling thread's cubecl stream behind the kernels that
+/// read). It is issued when started, either:
+/// - **in** the calling thread's cubecl stream, behind the kernels that
 ///   produce the tensor: the copy runs between them and the next kernels;
-/// - or **issued when finished**, from the thread that finishes it. From the
-///   engine's host worker that is the worker's own cubecl stream, which cubecl
-///   orders after the producing kernels with an event: the copy then runs
-///   beside the compute stream instead of in it (3.4 GB of gradients per step
-///   at 0.85B fp32, about 0.07 s of the compute stream's time otherwise).
+/// - or **beside** it, on a cubecl stream kept for downloads, which cubecl
+///   orders behind the kernels submitted so far with an event: the copy runs
+///   on the copy engine while the next block computes (3.4 GB of gradients
+///   per step at 0.85B fp32, about 0.07 s of the compute stream's time
+///   otherwise). Until run21 the engine's host worker issued these copies
+///   itself, when it got to them: ordered behind whatever had been submitted
+///   by then (the next block's backward too), they landed a block late and the
+///   worker ended each step about 85 ms behind the device.
+///
+/// Any thread may finish it (the engine's host worker does): it binds the
+/// context first.
 pub(crate) struct PendingRead {
-    state: ReadState,
+    future: ReadFuture,
     dtype: DType,
     len: usize,
-    /// The engine's host worker may finish the read: it binds the context first.
     device: CudaDevice,
 }
 
@@ -537,13 +649,19 @@ type ReadFuture = std::pin::Pin<
     >,
 >;
 
-enum ReadState {
-    Queued(ReadFuture),
-    /// The contiguous tensor, holding its buffer until the copy is issued.
-    Unissued(Box<CubeTensor<CudaRuntime>>),
+/// The cubecl stream downloads beside compute run on: one no thread computes
+/// on (cubecl numbers a thread's stream when it first uses one, so a thread
+/// that only asks for its number leaves that stream to us).
+fn download_stream() -> StreamId {
+    static STREAM: std::sync::OnceLock<StreamId> = std::sync::OnceLock::new();
+    *STREAM.get_or_init(|| {
+        std::thread::spawn(StreamId::current)
+            .join()
+            .expect("a thread that only reads its stream id does not panic")
+    })
 }
 
-/// Starts the copy of `cube` (contiguous) on the calling thread's stream; the
+/// Starts the copy of `cube` (contiguous) on the current cubecl stream; the
 /// future holds the buffer until the copy is done.
 fn issue_read(cube: &CubeTensor<CudaRuntime>, dtype: DType) -> ReadFuture {
     let descriptor = burn_cubecl::cubecl::server::CopyDescriptor::new(
@@ -566,11 +684,7 @@ impl PendingRead {
     pub(crate) fn finish(self, out: &mut [f32], accumulate: bool) {
         assert_eq!(out.len(), self.len, "gradient length");
         bind_context(&self.device);
-        let future = match self.state {
-            ReadState::Queued(future) => future,
-            ReadState::Unissued(cube) => issue_read(&cube, self.dtype),
-        };
-        let bytes = burn_cubecl::cubecl::future::block_on(future)
+        let bytes = burn_cubecl::cubecl::future::block_on(self.future)
             .unwrap_or_else(|e| panic!("CUDA device-to-host copy failed: {e:?}"));
         let raw = &bytes[..self.len * self.dtype.size()];
         if self.dtype == DType::BF16 {
@@ -608,12 +722,12 @@ fn device_client(device: &CudaDevice) -> &'static ComputeClient<CudaRuntime> {
     client
 }
 
-/// Queues the copy of an f32 or bf16 tensor of the CUDA backend to the host,
-/// or with `issue_later` leaves it to be issued by whichever thread finishes
-/// it (see [`PendingRead`]); gives the tensor back if it is not one.
+/// Starts the copy of an f32 or bf16 tensor of the CUDA backend to the host,
+/// in the calling thread's stream or, with `beside`, on the download stream
+/// (see [`PendingRead`]); gives the tensor back if it is not one.
 pub(crate) fn try_start_read<X: Backend, const D: usize>(
     tensor: Tensor<X, D>,
-    issue_later: bool,
+    beside: bool,
 ) -> Result<PendingRead, Tensor<X, D>> {
     let dtype = tensor.dtype();
     if !matches!(dtype, DType::F32 | DType::BF16) {
@@ -623,13 +737,13 @@ pub(crate) fn try_start_read<X: Backend, const D: usize>(
     let cube = burn_cubecl::kernel::into_contiguous(tensor.into_primitive().tensor());
     let len = cube.meta.shape().num_elements();
     let device = cube.device.clone();
-    let state = if issue_later {
-        ReadState::Unissued(Box::new(cube))
+    let future = if beside {
+        download_stream().executes(|| issue_read(&cube, dtype))
     } else {
-        ReadState::Queued(issue_read(&cube, dtype))
+        issue_read(&cube, dtype)
     };
     Ok(PendingRead {
-        state,
+        future,
         dtype,
         len,
         device,
@@ -684,6 +798,10 @@ impl Drop for Pinned {
 impl Drop for Copier {
     fn drop(&mut self) {
         if self.context.bind_to_thread().is_ok() {
+            // Waiting is what destroys a fence's event.
+            for (fence, _) in self.pool.retired.drain(..) {
+                let _ = burn_cubecl::cubecl::future::block_on(fence);
+            }
             // SAFETY: resources created by this copier in this context.
             unsafe {
                 let _ = sys::cuStreamDestroy_v2(self.up);
@@ -696,6 +814,39 @@ impl Drop for Copier {
             }
         }
     }
+}
+
+/// Makes the threads that wait for CUDA device `X::Device` sleep until the
+/// device is done instead of spinning on a core (the driver's default with
+/// fewer contexts than cores). The engine's host work (the AdamW update, the
+/// gradient folding) runs on every core while the device computes; spinning
+/// waiters (the driving thread at each copy wait, cubecl's fence thread, the
+/// worker's reads) took cores from it and from the thread that launches the
+/// kernels. Applies to the primary context cubecl uses, also when it is
+/// already active. A no-op off CUDA; a driver that refuses is not an error
+/// (the waits then spin as before), so only the outcome is returned.
+pub(crate) fn blocking_sync<X: Backend>(device: &X::Device) -> bool {
+    let Some(device) = (device as &dyn Any).downcast_ref::<CudaDevice>() else {
+        return false;
+    };
+    if !is_cuda::<X>() {
+        return false;
+    }
+    with_copier(device, |copier| {
+        let dev = copier.context.cu_device();
+        let (mut flags, mut active) = (0u32, 0i32);
+        // SAFETY: a device handle from a live context; valid out-pointers.
+        unsafe {
+            if sys::cuDevicePrimaryCtxGetState(dev, &mut flags, &mut active)
+                != CUresult::CUDA_SUCCESS
+            {
+                return false;
+            }
+            let mask = sys::CUctx_flags::CU_CTX_SCHED_MASK as u32;
+            let flags = (flags & !mask) | sys::CUctx_flags::CU_CTX_SCHED_BLOCKING_SYNC as u32;
+            sys::cuDevicePrimaryCtxSetFlags_v2(dev, flags) == CUresult::CUDA_SUCCESS
+        }
+    })
 }
 
 /// Free memory on CUDA device `index`, in bytes (before this process
@@ -711,12 +862,18 @@ pub fn free_device_bytes(index: usize) -> Result<u64, String> {
     Ok(free as u64)
 }
 
-/// `(bytes in use, bytes reserved)` by cubecl's memory pools on `device`.
+/// `(bytes in use, bytes reserved)` by cubecl's memory pools on `device`:
+/// the calling thread's and its upload pool's.
 pub fn pool_bytes(device: &CudaDevice) -> (u64, u64) {
-    match CudaRuntime::client(device).memory_usage() {
+    let client = CudaRuntime::client(device);
+    let usage = |client: &ComputeClient<CudaRuntime>| match client.memory_usage() {
         Ok(usage) => (usage.bytes_in_use, usage.bytes_reserved),
         Err(_) => (0, 0),
-    }
+    };
+    let (used, reserved) = usage(&client);
+    let upload = with_copier(device, |copier| copier.pool.stream);
+    let (up_used, up_reserved) = upload.executes(|| usage(&client));
+    (used + up_used, reserved + up_reserved)
 }
 
 /// Returns the allocator's free pages to the driver when `X` is the CUDA
@@ -727,8 +884,14 @@ pub(crate) fn release_free_memory<X: Backend>(device: &X::Device) {
         return;
     };
     if is_cuda::<X>() {
+        let client = CudaRuntime::client(device);
+        let upload = with_copier(device, |copier| {
+            copier.pool.release_all(&client);
+            copier.pool.stream
+        });
         block_on_sync(device);
-        CudaRuntime::client(device).memory_cleanup();
+        client.memory_cleanup();
+        upload.executes(|| client.memory_cleanup());
         block_on_sync(device);
     }
 }

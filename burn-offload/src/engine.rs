@@ -9,7 +9,7 @@
 //!    `dL/dx_L` and adds to the head's parameter gradients.
 //! 3. **Backward, one block at a time,** L-1..0: recompute block i under
 //!    `Autodiff` from its checkpoint, seed it with the incoming gradient
-//!    (`(y · dy).sum().backward()`), take `dx_i` and the block's parameter
+//!    (`(y ⊙ dy).backward()`: the seed of ones hands `dy` to `y`), take `dx_i` and the block's parameter
 //!    gradients; the gradients go to the host at once and the graph is dropped.
 //! 4. **Embedding backward** from `dx_0`.
 //!
@@ -113,6 +113,11 @@ pub struct EngineConfig {
     /// for the whole step (and keeps its weights bound); 0 recomputes every
     /// block. A GPU with memory to spare trades it for the recompute.
     pub kept_graphs: usize,
+    /// On CUDA, have threads that wait for the device sleep instead of
+    /// spinning (the primary context's scheduling flag), leaving the cores to
+    /// the host work that overlaps the device. `false` keeps the driver's
+    /// default (a benchmark baseline).
+    pub blocking_sync: bool,
 }
 
 impl Default for EngineConfig {
@@ -127,6 +132,7 @@ impl Default for EngineConfig {
             host_checkpoints: true,
             compute: Compute::Fp32,
             kept_graphs: 0,
+            blocking_sync: true,
         }
     }
 }
@@ -402,6 +408,11 @@ where
         let template = model.map(&mut ToPlaceholders);
         // Uploads read the parameter slabs; page-locked, they run at DMA speed.
         let mut pager = Pager::new(!config.overlap, config.host_checkpoints);
+        // Host work runs on every core beside the device: waiting threads
+        // must not spin (measured in run21: the GPU was busy 74% of a step).
+        if config.blocking_sync {
+            pager.blocking_sync::<B>(device);
+        }
         let bf16 = (config.compute == Compute::Bf16).then(|| Bf16Weights::new(&store));
         // What is uploaded: the f32 slabs, or in bf16 mode the bf16 copies
         // and the stem's f32 slab (the embedding phases bind it in f32).
@@ -731,6 +742,7 @@ where
         };
         self.updates += 1;
         self.update_all(self.updates, lr, scale as f32);
+        self.mark("updates handed out");
         Ok(StepReport {
             loss,
             grad_norm: norm,
@@ -776,8 +788,10 @@ where
                 sum_sq = s;
             }
         }
+        self.mark("loss read");
         // The blocks' share of the norm comes back with their gradients.
         self.settle_all();
+        self.mark("gradients settled");
         Ok((loss, sum_sq + std::mem::take(&mut self.lent_sum_sq)))
     }
 
@@ -966,14 +980,15 @@ where
         let phase = Instant::now();
         // 3. Backward, one block at a time, recomputed from its checkpoint.
         // Block i's gradients are handed on once block i-1's backward is
-        // submitted. In overlap mode the host worker issues their copy on its
-        // own stream and folds them into the buffer. Otherwise the copies are
+        // submitted. In overlap mode their copies start at once on a stream
+        // beside the compute stream (ordered right behind block i's backward)
+        // and the host worker folds them into the buffer. Otherwise the copies are
         // queued right behind block i's backward, block i-1's backward right
         // behind them (no host round trip between), and the host takes them
         // (fused: the optimizer its share) while block i-1 computes. One
         // buffer serves the fused sinks, kept across steps.
         let mut block_grads = std::mem::take(&mut self.grad_buffer);
-        let issue_later = self.worker.is_some() && matches!(sink, Sink::Accumulate { .. });
+        let beside = self.worker.is_some() && matches!(sink, Sink::Accumulate { .. });
         let mut queued: Option<(usize, PendingGradients)> = None;
         for i in (0..num_blocks).rev() {
             let bind = Instant::now();
@@ -1002,7 +1017,9 @@ where
                 (block, x_in, y)
             };
             self.split.backward_bind_s += (launch - bind).as_secs_f64();
-            let grads = (y * Tensor::from_inner(dy)).sum().backward();
+            // Seeded with ones, `y ⊙ dy` hands `dy` to `y`: no full sum (a
+            // reduction over the block's output) before the backward.
+            let grads = (y * Tensor::from_inner(dy)).backward();
             dy = x_in.grad(&grads).expect("a block depends on its input");
             self.pager.flush::<B>(&self.device);
             self.split.backward_launch_s += launch.elapsed().as_secs_f64();
@@ -1019,7 +1036,7 @@ where
                 &block,
                 &self.store.groups[i + 1],
                 &grads,
-                issue_later,
+                beside,
             );
             queued = Some((i + 1, pending));
             drop(block);
@@ -1043,7 +1060,7 @@ where
         self.pager.ready::<B>(&self.device);
         let tokens = Tensor::<AD<B>, 2, Int>::from_inner(inputs.clone());
         let embedded = cast_to(stem_ad.embed(tokens), self.config.compute.dtype());
-        let grads = (embedded * Tensor::from_inner(dy)).sum().backward();
+        let grads = (embedded * Tensor::from_inner(dy)).backward();
         // While the device runs that, the head's gradients (copied long ago)
         // go into the buffer, every slot written over.
         let mut buffer = std::mem::take(&mut self.grad_buffer);
@@ -1115,6 +1132,7 @@ where
         };
         let stem = self.bind_stem::<B, M>(self.template.clone(), false, true);
         self.pager.ready::<B>(&self.device);
+        self.mark("stem bound");
         let mut x = cast_to(stem.embed(inputs.clone()), self.config.compute.dtype());
         drop(stem);
         self.pager.evict(0);

@@ -134,6 +134,18 @@ impl Pager {
         }
     }
 
+    /// Has threads that wait for the device sleep instead of spinning (see
+    /// `cuda::blocking_sync`); a no-op off CUDA. Returns whether it took.
+    pub fn blocking_sync<B: Backend>(&self, device: &B::Device) -> bool {
+        #[cfg(feature = "cuda")]
+        return crate::cuda::blocking_sync::<B>(device);
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = device;
+            false
+        }
+    }
+
     /// Page-locks `data` (a parameter slab or its bf16 copy) so uploads from
     /// it run at DMA speed; a no-op off CUDA. Returns whether it is now page-locked.
     pub fn pin<B: Backend>(&mut self, data: &[u8], device: &B::Device) -> bool {
@@ -299,21 +311,21 @@ impl Pager {
     /// visit order) to the host without waiting for the device: on CUDA they
     /// run behind the backward that produces them, and whatever is submitted
     /// next runs behind them. [`PendingGradients::finish`] waits and writes.
-    /// Other backends read at once. With `issue_later` the CUDA copies are
-    /// only issued by the thread that finishes them (the engine's host worker:
-    /// its own stream, beside the compute stream).
+    /// Other backends read at once. With `beside` the CUDA copies run on a
+    /// stream of their own, ordered behind the backward, while the next
+    /// kernels compute (for the engine's host worker, which finishes them).
     pub fn start_gradients<B: AutodiffBackend, M: Module<B>>(
         &mut self,
         module: &M,
         group: &ParamGroup,
         grads: &B::Gradients,
-        issue_later: bool,
+        beside: bool,
     ) -> PendingGradients {
         let mut visit = GradsStart {
             group,
             next: 0,
             grads,
-            issue_later,
+            beside,
             slots: Vec::with_capacity(group.slots.len()),
             stats: &mut self.stats,
         };
@@ -367,7 +379,7 @@ struct GradsStart<'a, B: AutodiffBackend> {
     group: &'a ParamGroup,
     next: usize,
     grads: &'a B::Gradients,
-    issue_later: bool,
+    beside: bool,
     slots: Vec<(std::ops::Range<usize>, Option<PendingGrad>)>,
     stats: &'a mut PagerStats,
 }
@@ -380,7 +392,7 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for GradsStart<'_, B> {
         let grad = param
             .val()
             .grad(self.grads)
-            .map(|grad| start_read(grad, self.issue_later, self.stats));
+            .map(|grad| start_read(grad, self.beside, self.stats));
         self.slots.push((range, grad));
     }
 }
@@ -389,13 +401,13 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for GradsStart<'_, B> {
 /// produces it on CUDA, read at once elsewhere.
 fn start_read<X: Backend, const D: usize>(
     grad: Tensor<X, D>,
-    issue_later: bool,
+    beside: bool,
     stats: &mut PagerStats,
 ) -> PendingGrad {
     #[cfg(not(feature = "cuda"))]
-    let _ = issue_later;
+    let _ = beside;
     #[cfg(feature = "cuda")]
-    let grad = match crate::cuda::try_start_read(grad, issue_later) {
+    let grad = match crate::cuda::try_start_read(grad, beside) {
         Ok(read) => {
             stats.bytes_to_host += read.bytes();
             return PendingGrad::Queued(read);

@@ -370,10 +370,17 @@ impl Plan {
                 "download staging (largest tensor)",
                 F32 * s.largest_tensor,
             ));
-            // The embedding phases bind the stem from the f32 weights.
+            // The embedding phases bind the stem from the f32 weights. On a
+            // GPU a dropped block's buffers stay reserved until a later bind
+            // has waited for its last kernels (`cuda::UploadPool`).
+            let blocks = if job.gpu { 3 } else { 2 };
             device.push(Item::held(
-                "weights: stem + two blocks",
-                F32 * s.stem_params + width * 2 * s.block_params,
+                if job.gpu {
+                    "weights: stem + three blocks (bound, copying, retiring)"
+                } else {
+                    "weights: stem + two blocks"
+                },
+                F32 * s.stem_params + width * blocks * s.block_params,
             ));
             let checkpoints = width * (s.layers + 1) * tokens * s.d;
             if job.gpu && job.block_inputs == BlockInputs::Host {

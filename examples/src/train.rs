@@ -59,6 +59,9 @@ pub struct TrainOptions {
     /// lands before compute goes on, and the CPU handles a block's gradients
     /// only once the device is idle.
     pub serial_copies: bool,
+    /// Engine on CUDA: let threads that wait for the device spin (the
+    /// driver's default) instead of sleeping; a benchmark baseline.
+    pub spin_waits: bool,
     /// Engine: update without first checking the gradients for non-finite
     /// values (fused mode then runs the backward once instead of twice).
     pub no_guard: bool,
@@ -126,6 +129,7 @@ impl Default for TrainOptions {
             resident: false,
             fused: false,
             serial_copies: false,
+            spin_waits: false,
             no_guard: false,
             accum: 1,
             compute: Compute::Fp32,
@@ -656,6 +660,7 @@ impl Job<'_> {
             host_checkpoints: self.block_inputs == BlockInputs::Host,
             compute: opts.compute,
             kept_graphs: self.kept_graphs,
+            blocking_sync: !opts.spin_waits,
         };
         let mut engine = Engine::new(model, config, device)?;
         drop(rng);

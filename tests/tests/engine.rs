@@ -53,6 +53,7 @@ fn engine_config(fused: bool) -> EngineConfig {
         host_checkpoints: true,
         compute: Compute::Fp32,
         kept_graphs: 0,
+        blocking_sync: true,
     }
 }
 

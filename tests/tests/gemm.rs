@@ -35,6 +35,7 @@ fn engine_config() -> EngineConfig {
         host_checkpoints: true,
         compute: Compute::Fp32,
         kept_graphs: 0,
+        blocking_sync: true,
     }
 }
 

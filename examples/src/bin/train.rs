@@ -79,6 +79,10 @@ struct Cli {
     /// a block's gradients only while the GPU is idle.
     #[arg(long)]
     serial_copies: bool,
+    /// Engine on CUDA: let threads that wait for the device spin on a core
+    /// (the driver's default) instead of sleeping; a benchmark baseline.
+    #[arg(long)]
+    spin_waits: bool,
     /// Engine: update without first checking the gradients for non-finite
     /// values. With --fused and --grad-clip 0 the backward then runs once per
     /// step instead of twice; a non-finite loss stops the run after the fact.
@@ -177,6 +181,7 @@ fn main() -> ExitCode {
         resident: cli.resident,
         fused: cli.fused,
         serial_copies: cli.serial_copies,
+        spin_waits: cli.spin_waits,
         no_guard: cli.no_guard,
         accum: cli.accum,
         compute: cli.compute,
