@@ -248,7 +248,11 @@ impl Pager {
         // One wait for the device per bind instead of one per tensor (see
         // `cuda::UploadBatch`).
         #[cfg(feature = "cuda")]
-        let batch = crate::cuda::UploadBatch::begin::<B>(device);
+        let batch = {
+            let width = if bf16.is_some() { 2 } else { 4 };
+            let sizes: Vec<usize> = group.slots.iter().map(|s| s.len * width).collect();
+            crate::cuda::UploadBatch::begin::<B>(device, &sizes)
+        };
         let module = template.map(&mut bind);
         #[cfg(feature = "cuda")]
         drop(batch);
