@@ -415,9 +415,15 @@ mod tests {
                 Tensor::<AD, 4>::random(shape, Distribution::Normal(0.0, 1.0), &q.device());
             let got = ours(q.clone(), k.clone(), v.clone());
             let want = burns(q.clone(), k.clone(), v.clone());
+            // Scores grow as std² (q and k both have it), and so does the
+            // f32 rounding of each score, which `exp` turns into a relative
+            // error of the weights: about 1.5e-4 at std 30 (scores near 2500).
+            // Two formulations then agree only to that; the draws are random,
+            // so a fixed 1e-5 failed now and then (run21's CI: 2.7e-5).
+            let scale = (1.0 + std * std / 10.0) as f32;
             let diff = max_abs_diff(got.clone().inner(), want.clone().inner());
             assert!(
-                diff < 1e-5,
+                diff < 1e-5 * scale,
                 "{shape:?}/{kv_heads} std {std}: values differ by {diff}"
             );
             let got = (got * weights.clone()).sum().backward();
@@ -428,7 +434,7 @@ mod tests {
                 assert_eq!(g.dims(), w.dims());
                 let diff = max_abs_diff(g, w);
                 assert!(
-                    diff < 1e-4,
+                    diff < 1e-4 * scale,
                     "{shape:?}/{kv_heads} std {std}: d{name} differs by {diff}"
                 );
             }
