@@ -238,10 +238,23 @@ fn buffer_ptr(client: &ComputeClient<CudaRuntime>, handle: &Handle) -> u64 {
 }
 
 pub(crate) fn block_on_sync(device: &CudaDevice) {
-    let client = CudaRuntime::client(device);
-    burn::tensor::try_read_sync(client.sync())
+    wait_fence(CudaRuntime::client(device).sync());
+}
+
+/// Blocks until `fence` (from `client.sync()`, on the stream current then) is reached.
+fn wait_fence(fence: ComputeFence) {
+    burn::tensor::try_read_sync(fence)
         .expect("blocking reads are supported on this platform")
         .unwrap_or_else(|e| panic!("CUDA stream sync failed: {e:?}"));
+}
+
+/// A cubecl stream no thread computes on: cubecl numbers a thread's stream
+/// when the thread first uses one, so a thread that only asks for its number
+/// leaves that stream to us.
+fn spare_stream() -> StreamId {
+    std::thread::spawn(StreamId::current)
+        .join()
+        .expect("a thread that only reads its stream id does not panic")
 }
 
 /// A fence on the calling thread's cubecl stream: it resolves once every
@@ -279,13 +292,8 @@ struct UploadPool {
 
 impl UploadPool {
     fn new() -> Self {
-        // cubecl numbers a thread's stream when the thread first uses one; a
-        // thread that only asks for its number leaves that stream to us.
-        let stream = std::thread::spawn(StreamId::current)
-            .join()
-            .expect("a thread that only reads its stream id does not panic");
         Self {
-            stream,
+            stream: spare_stream(),
             live: Vec::new(),
             retired: VecDeque::new(),
         }
@@ -320,8 +328,7 @@ impl UploadPool {
 
     fn release_oldest(&mut self) {
         if let Some((fence, handles)) = self.retired.pop_front() {
-            burn_cubecl::cubecl::future::block_on(fence)
-                .unwrap_or_else(|e| panic!("CUDA stream sync failed: {e:?}"));
+            wait_fence(fence);
             drop(handles);
         }
     }
@@ -346,9 +353,7 @@ impl UploadPool {
             // A new page is allocated in the stream's order (cuMemAllocAsync):
             // wait for it before another stream writes there. Nothing else
             // runs on this stream, so the wait is a host round trip.
-            burn::tensor::try_read_sync(client.sync())
-                .expect("blocking reads are supported on this platform")
-                .unwrap_or_else(|e| panic!("CUDA stream sync failed: {e:?}"));
+            wait_fence(client.sync());
             buffers
         })
     }
@@ -443,8 +448,8 @@ fn upload_cube(
         // SAFETY: `ptr` is a live device allocation of `len` bytes (the
         // handle is held by the tensor we return, and by the upload pool,
         // which keeps kernels that read it from overlapping a later copy into
-        // the same memory); `bytes` is a host slice of
-        // the same size that its owner keeps alive and unchanged until the
+        // the same memory); `bytes` is a host slice of the same size that its
+        // owner keeps alive and unchanged until the
         // engine's next `wait_uploads`: parameter slabs and their bf16
         // copies are only written for groups that are not in flight (a
         // group's deferred update runs before its bind), and the pager
@@ -696,16 +701,10 @@ type ReadFuture = std::pin::Pin<
     >,
 >;
 
-/// The cubecl stream downloads beside compute run on: one no thread computes
-/// on (cubecl numbers a thread's stream when it first uses one, so a thread
-/// that only asks for its number leaves that stream to us).
+/// The cubecl stream downloads beside compute run on (a [`spare_stream`]).
 fn download_stream() -> StreamId {
     static STREAM: std::sync::OnceLock<StreamId> = std::sync::OnceLock::new();
-    *STREAM.get_or_init(|| {
-        std::thread::spawn(StreamId::current)
-            .join()
-            .expect("a thread that only reads its stream id does not panic")
-    })
+    *STREAM.get_or_init(spare_stream)
 }
 
 /// Starts the copy of `cube` (contiguous) on the current cubecl stream; the

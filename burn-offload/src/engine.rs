@@ -9,8 +9,9 @@
 //!    `dL/dx_L` and adds to the head's parameter gradients.
 //! 3. **Backward, one block at a time,** L-1..0: recompute block i under
 //!    `Autodiff` from its checkpoint, seed it with the incoming gradient
-//!    (`(y ⊙ dy).backward()`: the seed of ones hands `dy` to `y`), take `dx_i` and the block's parameter
-//!    gradients; the gradients go to the host at once and the graph is dropped.
+//!    (`(y ⊙ dy).backward()`: the seed of ones hands `dy` to `y`), take
+//!    `dx_i` and the block's parameter gradients; the gradients go to the
+//!    host at once and the graph is dropped.
 //! 4. **Embedding backward** from `dx_0`.
 //!
 //! With [`EngineConfig::kept_graphs`] = k, the last k blocks run step 1 under
@@ -982,11 +983,11 @@ where
         // Block i's gradients are handed on once block i-1's backward is
         // submitted. In overlap mode their copies start at once on a stream
         // beside the compute stream (ordered right behind block i's backward)
-        // and the host worker folds them into the buffer. Otherwise the copies are
-        // queued right behind block i's backward, block i-1's backward right
-        // behind them (no host round trip between), and the host takes them
-        // (fused: the optimizer its share) while block i-1 computes. One
-        // buffer serves the fused sinks, kept across steps.
+        // and the host worker folds them into the buffer. Otherwise the
+        // copies are queued right behind block i's backward, block i-1's
+        // backward right behind them (no host round trip between), and the
+        // host takes them (fused: the optimizer its share) while block i-1
+        // computes. One buffer serves the fused sinks, kept across steps.
         let mut block_grads = std::mem::take(&mut self.grad_buffer);
         let beside = self.worker.is_some() && matches!(sink, Sink::Accumulate { .. });
         let mut queued: Option<(usize, PendingGradients)> = None;

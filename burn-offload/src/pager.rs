@@ -245,11 +245,11 @@ impl Pager {
             device,
             require_grad,
         };
-        // One wait for the device per bind instead of one per tensor (see
+        let width = if bf16.is_some() { 2 } else { 4 };
+        // The bind's buffers are allocated ahead, in one go (see
         // `cuda::UploadBatch`).
         #[cfg(feature = "cuda")]
         let batch = {
-            let width = if bf16.is_some() { 2 } else { 4 };
             let sizes: Vec<usize> = group.slots.iter().map(|s| s.len * width).collect();
             crate::cuda::UploadBatch::begin::<B>(device, &sizes)
         };
@@ -257,7 +257,6 @@ impl Pager {
         #[cfg(feature = "cuda")]
         drop(batch);
         debug_assert_eq!(bind.next, group.slots.len(), "template and group disagree");
-        let width = if bf16.is_some() { 2 } else { 4 };
         self.page_in(group_index, (group.numel() * width) as u64);
         if self.serial {
             self.ready::<B>(device);
