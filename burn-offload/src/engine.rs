@@ -99,8 +99,9 @@ pub struct EngineConfig {
     /// norm before the first update, so the backward runs twice (as with clipping).
     pub skip_non_finite: bool,
     /// Overlap copies and CPU work with compute (the pipeline). `false` is the
-    /// serialised baseline of the bench: every bind waits for its copies, and
-    /// the CPU handles a block's gradients only once the device is idle.
+    /// serialised baseline of the bench: every bind first waits for the device
+    /// to go idle and then for its copies, and the CPU handles a block's
+    /// gradients only once the device is idle.
     pub overlap: bool,
     /// Keep block-input checkpoints in host memory on GPU backends, so device
     /// memory stays flat in depth (each costs one small copy each way).
@@ -284,6 +285,10 @@ pub struct Engine<B: Backend, M: BlockModel<B>> {
     block_ids: HashSet<ParamId>,
     /// Parameter id → (group, slot) for export and inspection.
     slot_of: HashMap<ParamId, (usize, usize)>,
+    /// The stem slot of the token-embedding table, where the model's `embed`
+    /// is a plain lookup in it ([`BlockModel::embedding_table`]): its gradient
+    /// is then formed on the host.
+    embedding_slot: Option<usize>,
     /// Declared before `store`: it unlocks page-locked slabs before they are freed.
     pager: Pager,
     store: HostStore,
@@ -299,6 +304,9 @@ pub struct Engine<B: Backend, M: BlockModel<B>> {
     /// kept across steps: a fresh one would fault in its pages every step
     /// (half a gigabyte for the 0.85B Llama's stem).
     grad_buffer: Vec<f32>,
+    /// Host copy of the embedding's output gradient (see
+    /// [`BlockModel::embedding_table`]), kept across steps for the same reason.
+    dy_buffer: Vec<f32>,
     /// Parameters in the store (counted once: lent groups hold empty slabs).
     num_params: usize,
     /// Squared gradient norms measured by the worker, collected as groups come back.
@@ -406,6 +414,11 @@ where
         for (k, p) in collect.out.into_iter().enumerate() {
             slot_of.insert(p.id, (0, k));
         }
+        // Only a 2-D stem slot can take the host's scatter-add.
+        let embedding_slot = model
+            .embedding_table()
+            .and_then(|table| slot_of.get(&table.id))
+            .and_then(|&(g, k)| (g == 0 && store.groups[0].slots[k].shape.len() == 2).then_some(k));
         let template = model.map(&mut ToPlaceholders);
         // Uploads read the parameter slabs; page-locked, they run at DMA speed.
         let mut pager = Pager::new(!config.overlap, config.host_checkpoints);
@@ -438,6 +451,7 @@ where
             template,
             block_ids,
             slot_of,
+            embedding_slot,
             pager,
             store,
             bf16,
@@ -446,6 +460,7 @@ where
             updates: 0,
             split: StepSplit::default(),
             grad_buffer: Vec::new(),
+            dy_buffer: Vec::new(),
             num_params,
             lent_sum_sq: 0.0,
             worker,
@@ -894,6 +909,48 @@ where
             .gradients_to_host::<AD<B>, _>(stem_ad, group, &self.block_ids, grads, out, true);
     }
 
+    /// Phase 4 where `embed` is a lookup in the table at stem slot `slot`:
+    /// the table's gradient is `dy`'s rows added into the rows of their
+    /// tokens, on the host, over the head's gradients. The stem is not bound
+    /// and no table-sized gradient crosses the bus, only `dy`.
+    fn embedding_backward_on_host(
+        &mut self,
+        slot: usize,
+        inputs: &Tensor<B, 2, Int>,
+        dy: Tensor<B, 3>,
+        head_grads: PendingGradients,
+        sink: &mut Sink,
+    ) -> Result<(), EngineError> {
+        let tokens: Vec<i64> = inputs.to_data().iter::<i64>().collect();
+        let mut rows = std::mem::take(&mut self.dy_buffer);
+        rows.resize(dy.shape().num_elements(), 0.0);
+        self.pager.read_into(dy, &mut rows);
+        let mut buffer = std::mem::take(&mut self.grad_buffer);
+        let stem_grads = group_prefix(&mut buffer, self.store.groups[0].numel());
+        head_grads.finish(stem_grads, false);
+        let table = &self.store.groups[0].slots[slot];
+        let width = table.shape[1];
+        let added = crate::pager::scatter_add_rows(
+            &mut stem_grads[table.offset..table.offset + table.len],
+            width,
+            &tokens,
+            &rows,
+        );
+        let result = match added {
+            Ok(()) => {
+                self.sink_group(0, stem_grads, sink);
+                Ok(())
+            }
+            Err(token) => Err(EngineError::Batch(format!(
+                "token id {token} is outside the embedding table's {} rows",
+                table.shape[0]
+            ))),
+        };
+        self.grad_buffer = buffer;
+        self.dy_buffer = rows;
+        result
+    }
+
     /// Phases 1–4 for one micro-batch; parameter gradients of `loss_scale ×
     /// mean loss` go to `sink`. Returns the (unscaled) mean loss.
     ///
@@ -1050,28 +1107,32 @@ where
         self.grad_buffer = block_grads;
         self.split.backward_s += phase.elapsed().as_secs_f64();
 
-        // 4. Embedding backward from dx_0, in f32 (see `bind_stem`), added to
-        // the head's gradients.
+        // 4. Embedding backward from dx_0, added to the head's gradients.
         let phase = Instant::now();
-        let stem_ad = self.bind_stem::<AD<B>, _>(
-            M::TrainModule::from_inner(self.template.clone()),
-            true,
-            true,
-        );
-        self.pager.ready::<B>(&self.device);
-        let tokens = Tensor::<AD<B>, 2, Int>::from_inner(inputs.clone());
-        let embedded = cast_to(stem_ad.embed(tokens), self.config.compute.dtype());
-        let grads = (embedded * Tensor::from_inner(dy)).backward();
-        // While the device runs that, the head's gradients (copied long ago)
-        // go into the buffer, every slot written over.
-        let mut buffer = std::mem::take(&mut self.grad_buffer);
-        let stem_grads = group_prefix(&mut buffer, self.store.groups[0].numel());
-        head_grads.finish(stem_grads, false);
-        self.stem_grads_to_host(&stem_ad, &grads, stem_grads);
-        drop(stem_ad);
-        self.pager.evict(0);
-        self.sink_group(0, stem_grads, sink);
-        self.grad_buffer = buffer;
+        if let Some(slot) = self.embedding_slot {
+            self.embedding_backward_on_host(slot, inputs, dy, head_grads, sink)?;
+        } else {
+            // Burn differentiates `embed`, in f32 (see `bind_stem`).
+            let stem_ad = self.bind_stem::<AD<B>, _>(
+                M::TrainModule::from_inner(self.template.clone()),
+                true,
+                true,
+            );
+            self.pager.ready::<B>(&self.device);
+            let tokens = Tensor::<AD<B>, 2, Int>::from_inner(inputs.clone());
+            let embedded = cast_to(stem_ad.embed(tokens), self.config.compute.dtype());
+            let grads = (embedded * Tensor::from_inner(dy)).backward();
+            // While the device runs that, the head's gradients (copied long
+            // ago) go into the buffer, every slot written over.
+            let mut buffer = std::mem::take(&mut self.grad_buffer);
+            let stem_grads = group_prefix(&mut buffer, self.store.groups[0].numel());
+            head_grads.finish(stem_grads, false);
+            self.stem_grads_to_host(&stem_ad, &grads, stem_grads);
+            drop(stem_ad);
+            self.pager.evict(0);
+            self.sink_group(0, stem_grads, sink);
+            self.grad_buffer = buffer;
+        }
         self.split.head_s += phase.elapsed().as_secs_f64();
         self.split.add_copies(&copies, &self.pager.stats(), false);
         self.mark("embedding backward done");

@@ -14,7 +14,7 @@
 //! - each block maps `[batch, seq, d_model] → [batch, seq, d_model]` and reads
 //!   nothing but its input and its own parameters (no cross-block state).
 
-use burn::module::Module;
+use burn::module::{Module, Param};
 use burn::tensor::{backend::Backend, Int, Tensor};
 
 /// One transformer block: `[batch, seq, d_model] → [batch, seq, d_model]`.
@@ -41,6 +41,17 @@ pub trait BlockModel<B: Backend>: Module<B> {
 
     /// Vocabulary size of the head.
     fn vocab_size(&self) -> usize;
+
+    /// The token-embedding table `[vocab, d_model]`, where
+    /// [`BlockModel::embed`] is exactly a row lookup in it and reads no other
+    /// parameter. The engine then forms the table's gradient on the host, a
+    /// scatter-add of the hidden-state gradient's rows, and leaves the stem
+    /// off the device for the embedding's backward (burn's CUDA
+    /// `embedding_backward` runs one thread per column over every token).
+    /// `None`, the default: burn differentiates `embed`.
+    fn embedding_table(&self) -> Option<&Param<Tensor<B, 2>>> {
+        None
+    }
 
     /// The whole model: token ids `[batch, seq]` → logits `[batch, seq, vocab]`.
     fn forward(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {

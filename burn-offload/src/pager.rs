@@ -61,7 +61,8 @@ pub enum Stash<B: Backend> {
 pub struct Pager {
     resident: Vec<(usize, u64)>,
     stats: PagerStats,
-    /// Wait for each bind's copies before returning (overlap off).
+    /// Overlap off: each bind waits for the device to finish the work
+    /// submitted before it, then for its own copies.
     serial: bool,
     /// Keep block-input checkpoints in host memory (GPU backends).
     host_checkpoints: bool,
@@ -84,8 +85,9 @@ impl std::fmt::Debug for Pager {
 }
 
 impl Pager {
-    /// A pager whose binds return only once their copies have landed
-    /// (`serial`), or that lets copies run behind compute until [`Pager::ready`].
+    /// A pager whose binds wait for the device to be idle and return only once
+    /// their copies have landed (`serial`), or that lets copies run behind
+    /// compute until [`Pager::ready`].
     /// With `host_checkpoints`, [`Pager::stash`] moves activations to host
     /// memory where the backend is a GPU.
     pub fn new(serial: bool, host_checkpoints: bool) -> Self {
@@ -245,6 +247,11 @@ impl Pager {
             device,
             require_grad,
         };
+        if self.serial {
+            // No copy runs behind compute: in the forward, the next block's
+            // copy would otherwise overlap the block still running.
+            self.sync::<B>(device);
+        }
         let width = if bf16.is_some() { 2 } else { 4 };
         // The bind's buffers are allocated ahead, in one go (see
         // `cuda::UploadBatch`).
@@ -353,6 +360,13 @@ impl Pager {
             grads,
             kept,
         });
+    }
+
+    /// Copies `tensor` (f32 or bf16) into `out` as f32, waiting for it: on
+    /// CUDA through page-locked staging (bf16 crosses the bus as bf16).
+    pub fn read_into<X: Backend, const D: usize>(&mut self, tensor: Tensor<X, D>, out: &mut [f32]) {
+        assert_eq!(out.len(), tensor.shape().num_elements(), "host length");
+        start_read(tensor, false, &mut self.stats).finish(out, false);
     }
 
     /// Queues the copies of gradients summed with [`Pager::keep_gradients`],
@@ -488,10 +502,19 @@ impl PendingGradients {
             match grad {
                 None if accumulate => {}
                 None => out.fill(0.0),
-                #[cfg(feature = "cuda")]
-                Some(PendingGrad::Queued(read)) => read.finish(out, accumulate),
-                Some(PendingGrad::Read(values)) => write_into(out, &values, accumulate),
+                Some(grad) => grad.finish(out, accumulate),
             }
+        }
+    }
+}
+
+impl PendingGrad {
+    /// Waits for the values and writes (or adds) them into `out`.
+    fn finish(self, out: &mut [f32], accumulate: bool) {
+        match self {
+            #[cfg(feature = "cuda")]
+            PendingGrad::Queued(read) => read.finish(out, accumulate),
+            PendingGrad::Read(values) => write_into(out, &values, accumulate),
         }
     }
 }
@@ -610,6 +633,50 @@ pub(crate) fn write_into(out: &mut [f32], values: &[f32], accumulate: bool) {
     }
 }
 
+/// Adds row `p` of `values` (`[tokens.len(), width]`) into row `tokens[p]`
+/// of `table` (`[rows, width]`) for every position `p`: the gradient of a
+/// row lookup. Positions are grouped by token (in order) and each table row
+/// goes to one thread whole, so no two threads write a row and the sums come
+/// out the same on every run. A token outside `0..rows` is returned as the
+/// error, before anything is written.
+pub(crate) fn scatter_add_rows(
+    table: &mut [f32],
+    width: usize,
+    tokens: &[i64],
+    values: &[f32],
+) -> Result<(), i64> {
+    assert!(width > 0 && table.len() % width == 0, "table rows");
+    assert_eq!(values.len(), tokens.len() * width, "one row per token");
+    let rows = table.len() / width;
+    if let Some(&bad) = tokens.iter().find(|&&t| t < 0 || t as usize >= rows) {
+        return Err(bad);
+    }
+    // Counting sort: the positions of token r are order[starts[r]..starts[r + 1]].
+    let mut starts = vec![0usize; rows + 1];
+    for &t in tokens {
+        starts[t as usize + 1] += 1;
+    }
+    for r in 0..rows {
+        starts[r + 1] += starts[r];
+    }
+    let mut next = starts.clone();
+    let mut order = vec![0usize; tokens.len()];
+    for (p, &t) in tokens.iter().enumerate() {
+        order[next[t as usize]] = p;
+        next[t as usize] += 1;
+    }
+    table
+        .par_chunks_mut(width)
+        .enumerate()
+        .for_each(|(r, row)| {
+            for &p in &order[starts[r]..starts[r + 1]] {
+                let value = &values[p * width..(p + 1) * width];
+                row.iter_mut().zip(value).for_each(|(o, v)| *o += v);
+            }
+        });
+    Ok(())
+}
+
 /// [`write_into`] from bf16 values (a bf16 gradient), widened to f32 as they
 /// are written or added.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
@@ -659,4 +726,37 @@ fn chunk_pairs<'a, T: Sync>(
         "host range and values differ in length"
     );
     out.par_chunks_mut(CHUNK).zip(values.par_chunks(CHUNK))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::scatter_add_rows;
+
+    #[test]
+    fn scatter_add_rows_sums_the_rows_of_each_token_into_its_row() {
+        let width = 3;
+        let mut table = vec![1.0f32; 4 * width];
+        let tokens = [2i64, 0, 2, 2];
+        let values: Vec<f32> = (0..tokens.len() * width).map(|i| i as f32).collect();
+        scatter_add_rows(&mut table, width, &tokens, &values).unwrap();
+        let mut want = vec![1.0f32; 4 * width];
+        for (p, &t) in tokens.iter().enumerate() {
+            for c in 0..width {
+                want[t as usize * width + c] += values[p * width + c];
+            }
+        }
+        assert_eq!(table, want);
+        // Rows 1 and 3 saw no token and keep what they held.
+        assert_eq!(&table[width..2 * width], &[1.0; 3]);
+    }
+
+    #[test]
+    fn scatter_add_rows_rejects_a_token_outside_the_table_and_writes_nothing() {
+        let mut table = vec![0.0f32; 2 * 2];
+        for bad in [2i64, -1] {
+            let err = scatter_add_rows(&mut table, 2, &[0, bad], &[1.0; 4]);
+            assert_eq!(err, Err(bad));
+            assert_eq!(table, vec![0.0; 4]);
+        }
+    }
 }

@@ -56,8 +56,8 @@ pub struct TrainOptions {
     /// Engine: update each block as its gradient arrives (no gradient buffer).
     pub fused: bool,
     /// Engine: no overlap (the bench's serialised baseline): every weight copy
-    /// lands before compute goes on, and the CPU handles a block's gradients
-    /// only once the device is idle.
+    /// starts once the device is idle and lands before compute goes on, and
+    /// the CPU handles a block's gradients only once the device is idle.
     pub serial_copies: bool,
     /// Engine on CUDA: let threads that wait for the device spin (the
     /// driver's default) instead of sleeping; a benchmark baseline.

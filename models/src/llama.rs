@@ -1,7 +1,7 @@
 //! Llama: RMSNorm, rotary position embeddings (the "rotate half" layout of the
 //! Hugging Face checkpoints), SwiGLU MLP, grouped-query attention, untied head.
 
-use burn::module::{Initializer, Module};
+use burn::module::{Initializer, Module, Param};
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNormConfig};
 use burn::tensor::activation::silu;
 use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
@@ -297,5 +297,9 @@ impl<B: Backend> BlockModel<B> for Llama<B> {
 
     fn vocab_size(&self) -> usize {
         self.lm_head.weight.dims()[1]
+    }
+
+    fn embedding_table(&self) -> Option<&Param<Tensor<B, 2>>> {
+        Some(&self.embed_tokens.weight)
     }
 }
