@@ -95,15 +95,19 @@ enum Kernel {
     Fast(Box<FastKernels>),
 }
 
-/// What `fast` launches. f32: cubek's tensor-core strategies, which stage f32
-/// as tf32 as burn's own f32 matmul does (same numerics, 1.3× the step of
-/// `auto` at 16k tokens, run15); `specialized_tma_mma` first, then
-/// `simple_cyclic_mma_multi_rows` for layouts TMA cannot load. bf16/f16:
-/// cuBLAS (438–582 TFLOPS against burn's 38–95, run14) when libcublas can be
-/// loaded, else `simple_tma_mma`.
+/// What `fast` launches. With libcublas: cuBLAS for every dtype (bf16/f16:
+/// 438–582 TFLOPS against burn's 38–95, run14), f32 with TF32 tensor-core
+/// math (`CUBLAS_COMPUTE_32F_FAST_TF32`). That is the precision burn's own
+/// f32 matmul already computes in on CUDA: cubek's tensor-core strategies,
+/// `Auto`'s included, stage f32 operands as tf32 and accumulate in f32
+/// (run14). Without libcublas, f32 runs cubek's `specialized_tma_mma`, then
+/// `simple_cyclic_mma_multi_rows` for layouts TMA cannot load (1.3× the step
+/// of `auto` at 16k tokens, run15), and bf16/f16 `simple_tma_mma`. A case
+/// cuBLAS declines goes to the cubek strategies.
 struct FastKernels {
     f32: [Strategy; 2],
     half: Option<Strategy>,
+    cublas: bool,
 }
 
 /// The name `set_matmul` takes for the per-dtype choice.
@@ -194,6 +198,7 @@ pub(crate) fn select_matmul(name: Option<&str>) -> Result<(), String> {
                     named("matmul_simple_cyclic_mma_multi_rows"),
                 ],
                 half: (!cublas_present()).then(|| named("matmul_simple_tma_mma")),
+                cublas: cublas_present(),
             })))
         }
         Some(CUBLAS) => {
@@ -262,11 +267,15 @@ pub(crate) fn matmul_selected<B: Backend>(
     let start = Instant::now();
     let out = match kernel {
         Kernel::Cubek(strategy) => launch(strategy, l, r),
-        Kernel::Cublas => cublas::matmul(l, r),
+        Kernel::Cublas => cublas::matmul(l, r, false),
         Kernel::Fast(fast) => match (l.dtype, &fast.half) {
-            (DType::F32, _) => fast.f32.iter().find_map(|s| launch(s, l, r)),
+            (DType::F32, _) => fast
+                .cublas
+                .then(|| cublas::matmul(l, r, true))
+                .flatten()
+                .or_else(|| fast.f32.iter().find_map(|s| launch(s, l, r))),
             (_, Some(strategy)) => launch(strategy, l, r),
-            (_, None) => cublas::matmul(l, r),
+            (_, None) => cublas::matmul(l, r, false),
         },
     };
     CALL_NANOS.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
@@ -329,7 +338,16 @@ pub fn cublas_matmul(
     lhs: &CubeTensor<CudaRuntime>,
     rhs: &CubeTensor<CudaRuntime>,
 ) -> Option<CubeTensor<CudaRuntime>> {
-    cublas::matmul(lhs, rhs)
+    cublas::matmul(lhs, rhs, false)
+}
+
+/// [`cublas_matmul`] with f32 operands in TF32 tensor-core math, as `fast`
+/// launches it.
+pub fn cublas_tf32_matmul(
+    lhs: &CubeTensor<CudaRuntime>,
+    rhs: &CubeTensor<CudaRuntime>,
+) -> Option<CubeTensor<CudaRuntime>> {
+    cublas::matmul(lhs, rhs, true)
 }
 
 /// `lhs @ rhs` through cuBLAS (`cublasGemmStridedBatchedEx`, fp32 accumulation).
@@ -486,11 +504,19 @@ mod cublas {
         })
     }
 
+    /// With `tf32`, f32 operands are multiplied as tf32 on the tensor cores
+    /// (f32 accumulation); other dtypes are unaffected.
     pub(super) fn matmul(
         lhs: &CubeTensor<CudaRuntime>,
         rhs: &CubeTensor<CudaRuntime>,
+        tf32: bool,
     ) -> Option<CubeTensor<CudaRuntime>> {
         let dtype = lhs.dtype;
+        let compute = if tf32 && dtype == DType::F32 {
+            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32
+        } else {
+            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F
+        };
         let data_type = match dtype {
             DType::F32 => sys::cudaDataType::CUDA_R_32F,
             DType::BF16 => sys::cudaDataType::CUDA_R_16BF,
@@ -572,7 +598,7 @@ mod cublas {
                         ldc,
                         plan.strides[2] as c_longlong,
                         bi,
-                        sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                        compute,
                         sys::cublasGemmAlgo_t::CUBLAS_GEMM_DFALT,
                     );
                     if status.is_err() {

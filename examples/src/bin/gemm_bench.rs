@@ -125,14 +125,21 @@ fn time(
 /// As [`time`], for cuBLAS as `Gemm<Cuda>` launches it: each call fenced on
 /// the host (queue drained before, cuBLAS stream waited for after), so the
 /// figure includes the round trips the engine pays.
+/// With `tf32`, f32 goes through TF32 tensor-core math, as `fast` launches it.
 fn time_cublas(
     lhs: &CubeTensor<CudaRuntime>,
     rhs: &CubeTensor<CudaRuntime>,
     flops: f64,
     reps: usize,
+    tf32: bool,
 ) -> Result<f64, String> {
+    let matmul = if tf32 {
+        burn_offload::matmul_cuda::cublas_tf32_matmul
+    } else {
+        burn_offload::matmul_cuda::cublas_matmul
+    };
     let launch = || {
-        burn_offload::matmul_cuda::cublas_matmul(lhs, rhs)
+        matmul(lhs, rhs)
             .map(drop)
             .ok_or_else(|| "cuBLAS declined the case (layout, dtype or a failed call)".to_string())
     };
@@ -242,12 +249,16 @@ fn main() {
                 };
                 println!("{line}");
             }
-            if cli.cublas {
-                let line = match time_cublas(&lhs, &rhs, flops, cli.reps) {
+            let tf32_too = dtype_name == "f32";
+            for (name, tf32) in [("cublas", false), ("cublas-tf32", true)] {
+                if !cli.cublas || (tf32 && !tf32_too) {
+                    continue;
+                }
+                let line = match time_cublas(&lhs, &rhs, flops, cli.reps, tf32) {
                     Ok(tflops) => serde_json::json!({"case": case.name, "m": case.m, "k": case.k,
-                        "n": case.n, "dtype": dtype_name, "strategy": "cublas", "tflops": tflops}),
+                        "n": case.n, "dtype": dtype_name, "strategy": name, "tflops": tflops}),
                     Err(e) => serde_json::json!({"case": case.name, "dtype": dtype_name,
-                        "strategy": "cublas", "error": e}),
+                        "strategy": name, "error": e}),
                 };
                 println!("{line}");
             }
