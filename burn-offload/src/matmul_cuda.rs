@@ -90,24 +90,29 @@ pub fn matmul_strategies() -> Vec<Strategy> {
 /// A matmul kernel other than burn's own.
 enum Kernel {
     Cubek(Strategy),
-    Cublas,
+    /// With `tf32`, f32 in TF32 tensor-core math; else full f32.
+    Cublas {
+        tf32: bool,
+    },
     /// `fast`: the kernel that measured fastest for each dtype on the H100.
     Fast(Box<FastKernels>),
 }
 
-/// What `fast` launches. With libcublas: cuBLAS for every dtype (bf16/f16:
-/// 438–582 TFLOPS against burn's 38–95, run14), f32 with TF32 tensor-core
-/// math (`CUBLAS_COMPUTE_32F_FAST_TF32`). That is the precision burn's own
-/// f32 matmul already computes in on CUDA: cubek's tensor-core strategies,
-/// `Auto`'s included, stage f32 operands as tf32 and accumulate in f32
-/// (run14). Without libcublas, f32 runs cubek's `specialized_tma_mma`, then
-/// `simple_cyclic_mma_multi_rows` for layouts TMA cannot load (1.3× the step
-/// of `auto` at 16k tokens, run15), and bf16/f16 `simple_tma_mma`. A case
-/// cuBLAS declines goes to the cubek strategies.
+/// What `fast` launches. f32: cubek's tensor-core strategies, which stage f32
+/// as tf32 as burn's own f32 matmul does (same numerics, 1.3× the step of
+/// `auto` at 16k tokens, run15); `specialized_tma_mma` first, then
+/// `simple_cyclic_mma_multi_rows` for layouts TMA cannot load. bf16/f16:
+/// cuBLAS (438–582 TFLOPS against burn's 38–95, run14) when libcublas can be
+/// loaded, else `simple_tma_mma`.
+///
+/// cuBLAS in TF32 math (`cublas-tf32`) runs the f32 block shapes at 189–357
+/// TFLOPS against these strategies' 83–94 (run22), but every cuBLAS call is
+/// fenced on the host: at 0.85B and 16k tokens it made resident burn 1.16×
+/// faster and the engine, whose host work keeps every core busy while it
+/// waits on those fences, 0.99–1.10× (run22). So f32 stays on cubek here.
 struct FastKernels {
     f32: [Strategy; 2],
     half: Option<Strategy>,
-    cublas: bool,
 }
 
 /// The name `set_matmul` takes for the per-dtype choice.
@@ -128,8 +133,12 @@ fn cublas_present() -> bool {
 /// The kernel `Gemm<Cuda>` launches; `None`: burn's own matmul.
 static SELECTED: RwLock<Option<Kernel>> = RwLock::new(None);
 
-/// The name `set_matmul` takes for cuBLAS.
+/// The name `set_matmul` takes for cuBLAS (f32 in full f32 math).
 pub const CUBLAS: &str = "cublas";
+
+/// The name `set_matmul` takes for cuBLAS with f32 in TF32 tensor-core math
+/// (the precision cubek's f32 strategies, burn's default included, compute in).
+pub const CUBLAS_TF32: &str = "cublas-tf32";
 
 /// Cases the selected strategy could not run, so that each is tried (and its
 /// setup error paid) once: shapes, strides and dtype of both operands.
@@ -198,19 +207,19 @@ pub(crate) fn select_matmul(name: Option<&str>) -> Result<(), String> {
                     named("matmul_simple_cyclic_mma_multi_rows"),
                 ],
                 half: (!cublas_present()).then(|| named("matmul_simple_tma_mma")),
-                cublas: cublas_present(),
             })))
         }
-        Some(CUBLAS) => {
+        Some(name @ (CUBLAS | CUBLAS_TF32)) => {
             if !cublas_present() {
-                return Err(
-                    "matmul kernel `cublas`: libcublas was not found; put the directory \
+                return Err(format!(
+                    "matmul kernel `{name}`: libcublas was not found; put the directory \
                      holding libcublas.so (CUDA 13; PyTorch's wheel ships one under \
                      site-packages/nvidia/cu13/lib) on LD_LIBRARY_PATH"
-                        .into(),
-                );
+                ));
             }
-            Some(Kernel::Cublas)
+            Some(Kernel::Cublas {
+                tf32: name == CUBLAS_TF32,
+            })
         }
         Some(name) => match strategy_named(name) {
             Some(strategy) => Some(Kernel::Cubek(strategy)),
@@ -218,7 +227,7 @@ pub(crate) fn select_matmul(name: Option<&str>) -> Result<(), String> {
                 let names: Vec<String> =
                     matmul_strategies().iter().map(|s| s.to_string()).collect();
                 return Err(format!(
-                    "unknown matmul kernel `{name}`; one of: auto, {FAST}, {CUBLAS}, {}",
+                    "unknown matmul kernel `{name}`; one of: auto, {FAST}, {CUBLAS}, {CUBLAS_TF32}, {}",
                     names.join(", ")
                 ));
             }
@@ -267,13 +276,9 @@ pub(crate) fn matmul_selected<B: Backend>(
     let start = Instant::now();
     let out = match kernel {
         Kernel::Cubek(strategy) => launch(strategy, l, r),
-        Kernel::Cublas => cublas::matmul(l, r, false),
+        Kernel::Cublas { tf32 } => cublas::matmul(l, r, *tf32),
         Kernel::Fast(fast) => match (l.dtype, &fast.half) {
-            (DType::F32, _) => fast
-                .cublas
-                .then(|| cublas::matmul(l, r, true))
-                .flatten()
-                .or_else(|| fast.f32.iter().find_map(|s| launch(s, l, r))),
+            (DType::F32, _) => fast.f32.iter().find_map(|s| launch(s, l, r)),
             (_, Some(strategy)) => launch(strategy, l, r),
             (_, None) => cublas::matmul(l, r, false),
         },
@@ -341,8 +346,8 @@ pub fn cublas_matmul(
     cublas::matmul(lhs, rhs, false)
 }
 
-/// [`cublas_matmul`] with f32 operands in TF32 tensor-core math, as `fast`
-/// launches it.
+/// [`cublas_matmul`] with f32 operands in TF32 tensor-core math, as
+/// `cublas-tf32` launches it.
 pub fn cublas_tf32_matmul(
     lhs: &CubeTensor<CudaRuntime>,
     rhs: &CubeTensor<CudaRuntime>,

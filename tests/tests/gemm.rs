@@ -141,6 +141,7 @@ fn chosen_cuda_matmul_kernels_match_burns() {
     for name in [
         "fast",
         "cublas",
+        "cublas-tf32",
         "matmul_simple_tma_mma",
         "matmul_specialized_tma_mma",
         "matmul_simple_cyclic_mma_multi_rows",

@@ -80,6 +80,8 @@ pub fn matmul_names() -> Vec<String> {
     #[cfg(feature = "cuda")]
     names.push(crate::matmul_cuda::CUBLAS.to_string());
     #[cfg(feature = "cuda")]
+    names.push(crate::matmul_cuda::CUBLAS_TF32.to_string());
+    #[cfg(feature = "cuda")]
     names.extend(
         crate::matmul_cuda::matmul_strategies()
             .iter()
