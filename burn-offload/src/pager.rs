@@ -645,7 +645,7 @@ pub(crate) fn scatter_add_rows(
     tokens: &[i64],
     values: &[f32],
 ) -> Result<(), i64> {
-    assert!(width > 0 && table.len() % width == 0, "table rows");
+    assert!(width > 0 && table.len().is_multiple_of(width), "table rows");
     assert_eq!(values.len(), tokens.len() * width, "one row per token");
     let rows = table.len() / width;
     if let Some(&bad) = tokens.iter().find(|&&t| t < 0 || t as usize >= rows) {
