@@ -12,7 +12,10 @@
 //!    (`(y ⊙ dy).backward()`: the seed of ones hands `dy` to `y`), take
 //!    `dx_i` and the block's parameter gradients; the gradients go to the
 //!    host at once and the graph is dropped.
-//! 4. **Embedding backward** from `dx_0`.
+//! 4. **Embedding backward** from `dx_0`: on the host, as a scatter-add of
+//!    its rows, where the model's `embed` is a plain table lookup
+//!    ([`BlockModel::embedding_table`]); otherwise burn differentiates `embed`
+//!    with the stem bound on the device.
 //!
 //! With [`EngineConfig::kept_graphs`] = k, the last k blocks run step 1 under
 //! `Autodiff` and keep their graphs on the device through step 2, and step 3
