@@ -913,45 +913,64 @@ where
     }
 
     /// Phase 4 where `embed` is a lookup in the table at stem slot `slot`:
-    /// the table's gradient is `dy`'s rows added into the rows of their
-    /// tokens, on the host, over the head's gradients. The stem is not bound
-    /// and no table-sized gradient crosses the bus, only `dy`.
-    fn embedding_backward_on_host(
+    /// `out` gets the head's gradients, every slot written over, and the
+    /// table's gradient adds `dy`'s rows into the rows of their tokens, on
+    /// the host. The stem is not bound and no table-sized gradient crosses
+    /// the bus, only `dy`.
+    fn embedding_grads_on_host(
         &mut self,
         slot: usize,
         inputs: &Tensor<B, 2, Int>,
         dy: Tensor<B, 3>,
         head_grads: PendingGradients,
-        sink: &mut Sink,
+        out: &mut [f32],
     ) -> Result<(), EngineError> {
         let tokens: Vec<i64> = inputs.to_data().iter::<i64>().collect();
         let mut rows = std::mem::take(&mut self.dy_buffer);
         rows.resize(dy.shape().num_elements(), 0.0);
         self.pager.read_into(dy, &mut rows);
-        let mut buffer = std::mem::take(&mut self.grad_buffer);
-        let stem_grads = group_prefix(&mut buffer, self.store.groups[0].numel());
-        head_grads.finish(stem_grads, false);
+        head_grads.finish(out, false);
         let table = &self.store.groups[0].slots[slot];
-        let width = table.shape[1];
         let added = crate::pager::scatter_add_rows(
-            &mut stem_grads[table.offset..table.offset + table.len],
-            width,
+            &mut out[table.offset..table.offset + table.len],
+            table.shape[1],
             &tokens,
             &rows,
         );
-        let result = match added {
-            Ok(()) => {
-                self.sink_group(0, stem_grads, sink);
-                Ok(())
-            }
-            Err(token) => Err(EngineError::Batch(format!(
+        self.dy_buffer = rows;
+        added.map_err(|token| {
+            EngineError::Batch(format!(
                 "token id {token} is outside the embedding table's {} rows",
                 table.shape[0]
-            ))),
-        };
-        self.grad_buffer = buffer;
-        self.dy_buffer = rows;
-        result
+            ))
+        })
+    }
+
+    /// Phase 4 where burn differentiates `embed` (in f32, see `bind_stem`)
+    /// with the stem bound on the device: `out` gets the head's gradients,
+    /// every slot written over, plus the embedding's.
+    fn embedding_grads_on_device(
+        &mut self,
+        inputs: &Tensor<B, 2, Int>,
+        dy: Tensor<B, 3>,
+        head_grads: PendingGradients,
+        out: &mut [f32],
+    ) {
+        let stem_ad = self.bind_stem::<AD<B>, _>(
+            M::TrainModule::from_inner(self.template.clone()),
+            true,
+            true,
+        );
+        self.pager.ready::<B>(&self.device);
+        let tokens = Tensor::<AD<B>, 2, Int>::from_inner(inputs.clone());
+        let embedded = cast_to(stem_ad.embed(tokens), self.config.compute.dtype());
+        let grads = (embedded * Tensor::from_inner(dy)).backward();
+        // While the device runs that, the head's gradients (copied long ago)
+        // go into the buffer.
+        head_grads.finish(out, false);
+        self.stem_grads_to_host(&stem_ad, &grads, out);
+        drop(stem_ad);
+        self.pager.evict(0);
     }
 
     /// Phases 1–4 for one micro-batch; parameter gradients of `loss_scale ×
@@ -1112,30 +1131,20 @@ where
 
         // 4. Embedding backward from dx_0, added to the head's gradients.
         let phase = Instant::now();
-        if let Some(slot) = self.embedding_slot {
-            self.embedding_backward_on_host(slot, inputs, dy, head_grads, sink)?;
-        } else {
-            // Burn differentiates `embed`, in f32 (see `bind_stem`).
-            let stem_ad = self.bind_stem::<AD<B>, _>(
-                M::TrainModule::from_inner(self.template.clone()),
-                true,
-                true,
-            );
-            self.pager.ready::<B>(&self.device);
-            let tokens = Tensor::<AD<B>, 2, Int>::from_inner(inputs.clone());
-            let embedded = cast_to(stem_ad.embed(tokens), self.config.compute.dtype());
-            let grads = (embedded * Tensor::from_inner(dy)).backward();
-            // While the device runs that, the head's gradients (copied long
-            // ago) go into the buffer, every slot written over.
-            let mut buffer = std::mem::take(&mut self.grad_buffer);
-            let stem_grads = group_prefix(&mut buffer, self.store.groups[0].numel());
-            head_grads.finish(stem_grads, false);
-            self.stem_grads_to_host(&stem_ad, &grads, stem_grads);
-            drop(stem_ad);
-            self.pager.evict(0);
+        let mut buffer = std::mem::take(&mut self.grad_buffer);
+        let stem_grads = group_prefix(&mut buffer, self.store.groups[0].numel());
+        let filled = match self.embedding_slot {
+            Some(slot) => self.embedding_grads_on_host(slot, inputs, dy, head_grads, stem_grads),
+            None => {
+                self.embedding_grads_on_device(inputs, dy, head_grads, stem_grads);
+                Ok(())
+            }
+        };
+        if filled.is_ok() {
             self.sink_group(0, stem_grads, sink);
-            self.grad_buffer = buffer;
         }
+        self.grad_buffer = buffer;
+        filled?;
         self.split.head_s += phase.elapsed().as_secs_f64();
         self.split.add_copies(&copies, &self.pager.stats(), false);
         self.mark("embedding backward done");
