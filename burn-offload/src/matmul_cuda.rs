@@ -336,23 +336,17 @@ fn launch(
     matches!(launched, Ok(Ok(()))).then_some(out)
 }
 
-/// `lhs @ rhs` through cuBLAS, fenced as the module comment says; `None`
-/// when cuBLAS cannot take the operands' dtype or layout, or fails. For
-/// `gemm_bench`, which times it beside cubek's strategies.
+/// `lhs @ rhs` through cuBLAS, fenced as the module comment says, f32 in
+/// TF32 tensor-core math with `tf32` (as `cublas-tf32` launches it) and in
+/// full f32 without (`cublas`); `None` when cuBLAS cannot take the operands'
+/// dtype or layout, or fails. For `gemm_bench`, which times it beside
+/// cubek's strategies.
 pub fn cublas_matmul(
     lhs: &CubeTensor<CudaRuntime>,
     rhs: &CubeTensor<CudaRuntime>,
+    tf32: bool,
 ) -> Option<CubeTensor<CudaRuntime>> {
-    cublas::matmul(lhs, rhs, false)
-}
-
-/// [`cublas_matmul`] with f32 operands in TF32 tensor-core math, as
-/// `cublas-tf32` launches it.
-pub fn cublas_tf32_matmul(
-    lhs: &CubeTensor<CudaRuntime>,
-    rhs: &CubeTensor<CudaRuntime>,
-) -> Option<CubeTensor<CudaRuntime>> {
-    cublas::matmul(lhs, rhs, true)
+    cublas::matmul(lhs, rhs, tf32)
 }
 
 /// `lhs @ rhs` through cuBLAS (`cublasGemmStridedBatchedEx`, fp32 accumulation).

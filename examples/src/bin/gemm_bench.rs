@@ -125,7 +125,8 @@ fn time(
 /// As [`time`], for cuBLAS as `Gemm<Cuda>` launches it: each call fenced on
 /// the host (queue drained before, cuBLAS stream waited for after), so the
 /// figure includes the round trips the engine pays.
-/// With `tf32`, f32 goes through TF32 tensor-core math, as `fast` launches it.
+/// With `tf32`, f32 goes through TF32 tensor-core math, as `--matmul
+/// cublas-tf32` launches it.
 fn time_cublas(
     lhs: &CubeTensor<CudaRuntime>,
     rhs: &CubeTensor<CudaRuntime>,
@@ -133,13 +134,8 @@ fn time_cublas(
     reps: usize,
     tf32: bool,
 ) -> Result<f64, String> {
-    let matmul = if tf32 {
-        burn_offload::matmul_cuda::cublas_tf32_matmul
-    } else {
-        burn_offload::matmul_cuda::cublas_matmul
-    };
     let launch = || {
-        matmul(lhs, rhs)
+        burn_offload::matmul_cuda::cublas_matmul(lhs, rhs, tf32)
             .map(drop)
             .ok_or_else(|| "cuBLAS declined the case (layout, dtype or a failed call)".to_string())
     };
@@ -250,7 +246,11 @@ fn main() {
                 println!("{line}");
             }
             let tf32_too = dtype_name == "f32";
-            for (name, tf32) in [("cublas", false), ("cublas-tf32", true)] {
+            let kernels = [
+                (burn_offload::matmul_cuda::CUBLAS, false),
+                (burn_offload::matmul_cuda::CUBLAS_TF32, true),
+            ];
+            for (name, tf32) in kernels {
                 if !cli.cublas || (tf32 && !tf32_too) {
                     continue;
                 }
