@@ -15,7 +15,11 @@
 //! 4. **Embedding backward** from `dx_0`: on the host, as a scatter-add of
 //!    its rows, where the model's `embed` is a plain table lookup
 //!    ([`BlockModel::embedding_table`]); otherwise burn differentiates `embed`
-//!    with the stem bound on the device.
+//!    with the stem bound on the device. With the host worker and a lookup,
+//!    the head's gradients were folded into the store during step 3, so this
+//!    step is only `dy`'s copy and the scatter: it lies on the path from the
+//!    last block's backward to the next step's first kernel, where the device
+//!    idles (run23: ~90 ms of a 1.85 s step before).
 //!
 //! With [`EngineConfig::kept_graphs`] = k, the last k blocks run step 1 under
 //! `Autodiff` and keep their graphs on the device through step 2, and step 3
@@ -268,12 +272,9 @@ enum Sink {
     /// Into the store's gradient buffer: written over for the first
     /// micro-batch (every slot of every group arrives once per micro-batch,
     /// so no zeroing pass is needed), added for the others. The `last`
-    /// micro-batch adds the squared norm of each finished group to `sum_sq`.
-    Accumulate {
-        first: bool,
-        last: bool,
-        sum_sq: f64,
-    },
+    /// micro-batch measures the squared norm of each finished group
+    /// (`Engine::group_sum_sq`).
+    Accumulate { first: bool, last: bool },
     /// Only add their squared norm (first pass of fused + clipping).
     Norm(f64),
     /// Apply the update at once (fused), with the gradients scaled.
@@ -312,8 +313,10 @@ pub struct Engine<B: Backend, M: BlockModel<B>> {
     dy_buffer: Vec<f32>,
     /// Parameters in the store (counted once: lent groups hold empty slabs).
     num_params: usize,
-    /// Squared gradient norms measured by the worker, collected as groups come back.
-    lent_sum_sq: f64,
+    /// Squared norm of each group's accumulated gradient, as measured (on
+    /// the worker, collected as groups come back, or here); summed in group
+    /// order, so the total does not depend on which thread measured what.
+    group_sum_sq: Vec<f64>,
     /// The thread that runs the host work in overlap mode (not fused). Last,
     /// so it is dropped last: the pager unlocks the slabs lent to it while
     /// they are still allocated.
@@ -465,7 +468,7 @@ where
             grad_buffer: Vec::new(),
             dy_buffer: Vec::new(),
             num_params,
-            lent_sum_sq: 0.0,
+            group_sum_sq: Vec::new(),
             worker,
         })
     }
@@ -519,7 +522,7 @@ where
         let back = worker.take(g);
         self.split.host_wait_s += waited.elapsed().as_secs_f64();
         self.split.optimizer_s += back.busy.as_secs_f64();
-        self.lent_sum_sq += back.sum_sq;
+        self.add_sum_sq(g, back.sum_sq);
         self.restore_group(g, back.lent);
     }
 
@@ -545,7 +548,8 @@ where
         }
         let started = Instant::now();
         let mut lent = lent;
-        self.lent_sum_sq += job(&mut lent);
+        let sum_sq = job(&mut lent);
+        self.add_sum_sq(g, sum_sq);
         self.split.optimizer_s += started.elapsed().as_secs_f64();
         self.restore_group(g, lent);
     }
@@ -580,6 +584,14 @@ where
                     0.0
                 }),
             );
+        }
+    }
+
+    /// Adds to group `g`'s measured squared gradient norm (no-op outside
+    /// [`Engine::accumulate`], whose total it is).
+    fn add_sum_sq(&mut self, g: usize, sum_sq: f64) {
+        if let Some(sum) = self.group_sum_sq.get_mut(g) {
+            *sum += sum_sq;
         }
     }
 
@@ -794,24 +806,19 @@ where
         self.check_batches(micro_batches)?;
         let k = micro_batches.len();
         let mut loss = 0.0;
-        let mut sum_sq = 0.0;
-        self.lent_sum_sq = 0.0;
+        self.group_sum_sq = vec![0.0; self.store.groups.len()];
         for (i, (inputs, targets)) in micro_batches.iter().enumerate() {
             let mut sink = Sink::Accumulate {
                 first: i == 0,
                 last: i + 1 == k,
-                sum_sq: 0.0,
             };
             loss += self.forward_backward(inputs, targets, 1.0 / k as f32, &mut sink)? / k as f32;
-            if let Sink::Accumulate { sum_sq: s, .. } = sink {
-                sum_sq = s;
-            }
         }
         self.mark("loss read");
-        // The blocks' share of the norm comes back with their gradients.
+        // The worker's share of the norm comes back with its groups.
         self.settle_all();
         self.mark("gradients settled");
-        Ok((loss, sum_sq + std::mem::take(&mut self.lent_sum_sq)))
+        Ok((loss, self.group_sum_sq.iter().sum()))
     }
 
     fn check_batches(&self, micro_batches: &[MicroBatch<B>]) -> Result<(), EngineError> {
@@ -912,6 +919,85 @@ where
             .gradients_to_host::<AD<B>, _>(stem_ad, group, &self.block_ids, grads, out, true);
     }
 
+    /// Hands the head's gradients (the stem's, but for the table at stem slot
+    /// `slot`) to the host worker, which writes them into the store's
+    /// gradient buffer while the blocks' backward runs: over it for the first
+    /// micro-batch (the table's slot zeroed, unless the head also reads it),
+    /// added for the others. The last micro-batch measures the squared norm
+    /// of every slot but the table's, which phase 4 completes
+    /// ([`Engine::add_embedding_grads_in_store`]).
+    fn fold_head_grads(&mut self, slot: usize, head_grads: PendingGradients, sink: &Sink) {
+        let Sink::Accumulate { first, last, .. } = *sink else {
+            unreachable!("the head's gradients are folded early only when accumulating")
+        };
+        let table = self.store.groups[0].slots[slot].offset..;
+        let table = table.start..table.start + self.store.groups[0].slots[slot].len;
+        self.run_on_group(
+            0,
+            false,
+            Box::new(move |lent| {
+                let grads = lent
+                    .slabs
+                    .grads
+                    .as_mut()
+                    .expect("gradient buffer")
+                    .as_mut_slice();
+                head_grads.finish(grads, !first);
+                if last {
+                    sum_of_squares(&grads[..table.start]) + sum_of_squares(&grads[table.end..])
+                } else {
+                    0.0
+                }
+            }),
+        );
+    }
+
+    /// Phase 4 after [`Engine::fold_head_grads`]: adds `dy`'s rows into the
+    /// rows of their tokens in the table's slot of the store's gradient
+    /// buffer and, for the last micro-batch, the slot's squared norm to the
+    /// sink's. No stem-sized copy on the way to the optimizer, only `dy`.
+    fn add_embedding_grads_in_store(
+        &mut self,
+        slot: usize,
+        inputs: &Tensor<B, 2, Int>,
+        dy: Tensor<B, 3>,
+        sink: &mut Sink,
+    ) -> Result<(), EngineError> {
+        let (tokens, rows) = self.embedding_rows(inputs, dy);
+        self.settle(0);
+        let started = Instant::now();
+        let group = &mut self.store.groups[0];
+        let table = &group.slots[slot];
+        let grads = &mut group
+            .grads
+            .as_mut()
+            .expect("gradient buffer")
+            .as_mut_slice()[table.offset..table.offset + table.len];
+        let added = scatter_embedding(grads, table.shape.as_slice(), &tokens, &rows);
+        if let (Ok(()), Sink::Accumulate { last: true, .. }) = (&added, sink) {
+            let table_sum_sq = sum_of_squares(grads);
+            self.add_sum_sq(0, table_sum_sq);
+        }
+        self.split.optimizer_s += started.elapsed().as_secs_f64();
+        self.dy_buffer = rows;
+        added
+    }
+
+    /// The token ids of `inputs` and the rows of `dy` (the embedding's output
+    /// gradient), on the host; the rows live in `dy_buffer`'s allocation,
+    /// which the caller puts back.
+    fn embedding_rows(
+        &mut self,
+        inputs: &Tensor<B, 2, Int>,
+        dy: Tensor<B, 3>,
+    ) -> (Vec<i64>, Vec<f32>) {
+        let tokens: Vec<i64> = inputs.to_data().iter::<i64>().collect();
+        let mut rows = std::mem::take(&mut self.dy_buffer);
+        rows.resize(dy.shape().num_elements(), 0.0);
+        self.pager.read_into(dy, &mut rows);
+        (tokens, rows)
+    }
+
     /// Phase 4 where `embed` is a lookup in the table at stem slot `slot`:
     /// `out` gets the head's gradients, every slot written over, and the
     /// table's gradient adds `dy`'s rows into the rows of their tokens, on
@@ -925,25 +1011,17 @@ where
         head_grads: PendingGradients,
         out: &mut [f32],
     ) -> Result<(), EngineError> {
-        let tokens: Vec<i64> = inputs.to_data().iter::<i64>().collect();
-        let mut rows = std::mem::take(&mut self.dy_buffer);
-        rows.resize(dy.shape().num_elements(), 0.0);
-        self.pager.read_into(dy, &mut rows);
+        let (tokens, rows) = self.embedding_rows(inputs, dy);
         head_grads.finish(out, false);
         let table = &self.store.groups[0].slots[slot];
-        let added = crate::pager::scatter_add_rows(
+        let added = scatter_embedding(
             &mut out[table.offset..table.offset + table.len],
-            table.shape[1],
+            table.shape.as_slice(),
             &tokens,
             &rows,
         );
         self.dy_buffer = rows;
-        added.map_err(|token| {
-            EngineError::Batch(format!(
-                "token id {token} is outside the embedding table's {} rows",
-                table.shape[0]
-            ))
-        })
+        added
     }
 
     /// Phase 4 where burn differentiates `embed` (in f32, see `bind_stem`)
@@ -1054,6 +1132,18 @@ where
         let head_grads = self.pager.start_kept(head_grads, &self.store.groups[0]);
         self.pager.evict(0);
         let mut dy = Tensor::cat(dx_chunks, 1);
+        // With the host worker and a lookup embedding, the head's gradients
+        // go into the store now, on the worker while the blocks' backward
+        // runs; phase 4 then only adds the table's rows. Otherwise phase 4
+        // takes them (see `embedding_grads_on_host`).
+        let beside = self.worker.is_some() && matches!(sink, Sink::Accumulate { .. });
+        let head_grads = match (self.embedding_slot, beside) {
+            (Some(slot), true) => {
+                self.fold_head_grads(slot, head_grads, sink);
+                None
+            }
+            _ => Some(head_grads),
+        };
         self.split.head_s += phase.elapsed().as_secs_f64();
         self.mark("head and loss done");
 
@@ -1068,7 +1158,6 @@ where
         // host takes them (fused: the optimizer its share) while block i-1
         // computes. One buffer serves the fused sinks, kept across steps.
         let mut block_grads = std::mem::take(&mut self.grad_buffer);
-        let beside = self.worker.is_some() && matches!(sink, Sink::Accumulate { .. });
         let mut queued: Option<(usize, PendingGradients)> = None;
         for i in (0..num_blocks).rev() {
             let bind = Instant::now();
@@ -1131,20 +1220,33 @@ where
 
         // 4. Embedding backward from dx_0, added to the head's gradients.
         let phase = Instant::now();
-        let mut buffer = std::mem::take(&mut self.grad_buffer);
-        let stem_grads = group_prefix(&mut buffer, self.store.groups[0].numel());
-        let filled = match self.embedding_slot {
-            Some(slot) => self.embedding_grads_on_host(slot, inputs, dy, head_grads, stem_grads),
+        match head_grads {
+            // The head's gradients are in the store already.
             None => {
-                self.embedding_grads_on_device(inputs, dy, head_grads, stem_grads);
-                Ok(())
+                let slot = self
+                    .embedding_slot
+                    .expect("folded early only with a lookup");
+                self.add_embedding_grads_in_store(slot, inputs, dy, sink)?;
             }
-        };
-        if filled.is_ok() {
-            self.sink_group(0, stem_grads, sink);
+            Some(head_grads) => {
+                let mut buffer = std::mem::take(&mut self.grad_buffer);
+                let stem_grads = group_prefix(&mut buffer, self.store.groups[0].numel());
+                let filled = match self.embedding_slot {
+                    Some(slot) => {
+                        self.embedding_grads_on_host(slot, inputs, dy, head_grads, stem_grads)
+                    }
+                    None => {
+                        self.embedding_grads_on_device(inputs, dy, head_grads, stem_grads);
+                        Ok(())
+                    }
+                };
+                if filled.is_ok() {
+                    self.sink_group(0, stem_grads, sink);
+                }
+                self.grad_buffer = buffer;
+                filled?;
+            }
         }
-        self.grad_buffer = buffer;
-        filled?;
         self.split.head_s += phase.elapsed().as_secs_f64();
         self.split.add_copies(&copies, &self.pager.stats(), false);
         self.mark("embedding backward done");
@@ -1327,20 +1429,30 @@ where
     fn sink_group_now(&mut self, g: usize, grads: &[f32], sink: &mut Sink) {
         let group = &mut self.store.groups[g];
         match sink {
-            Sink::Accumulate {
-                first,
-                last,
-                sum_sq,
-            } => {
+            Sink::Accumulate { first, last } => {
                 let buffer = group
                     .grads
                     .as_mut()
                     .expect("gradient buffer")
                     .as_mut_slice();
-                if *last {
-                    *sum_sq += crate::pager::write_into_sum_sq(buffer, grads, !*first);
-                } else {
-                    crate::pager::write_into(buffer, grads, !*first);
+                match (*last, g, self.embedding_slot) {
+                    (false, ..) => crate::pager::write_into(buffer, grads, !*first),
+                    // Measured as the early fold does (head, then table), so
+                    // both modes agree to the bit.
+                    (true, 0, Some(slot)) => {
+                        crate::pager::write_into(buffer, grads, !*first);
+                        let table = &group.slots[slot];
+                        let table = table.offset..table.offset + table.len;
+                        let head = sum_of_squares(&buffer[..table.start])
+                            + sum_of_squares(&buffer[table.end..]);
+                        let table_sum_sq = sum_of_squares(&buffer[table]);
+                        self.add_sum_sq(0, head);
+                        self.add_sum_sq(0, table_sum_sq);
+                    }
+                    (true, ..) => {
+                        let sum_sq = crate::pager::write_into_sum_sq(buffer, grads, !*first);
+                        self.add_sum_sq(g, sum_sq);
+                    }
                 }
             }
             Sink::Norm(sum) => *sum += sum_of_squares(grads),
@@ -1365,6 +1477,22 @@ fn group_prefix(buffer: &mut Vec<f32>, numel: usize) -> &mut [f32] {
         buffer.resize(numel, 0.0);
     }
     &mut buffer[..numel]
+}
+
+/// Adds row `p` of `rows` into row `tokens[p]` of `table` (a gradient of
+/// shape `shape`, `[rows, width]`): the gradient of a lookup in it.
+fn scatter_embedding(
+    table: &mut [f32],
+    shape: &[usize],
+    tokens: &[i64],
+    rows: &[f32],
+) -> Result<(), EngineError> {
+    crate::pager::scatter_add_rows(table, shape[1], tokens, rows).map_err(|token| {
+        EngineError::Batch(format!(
+            "token id {token} is outside the embedding table's {} rows",
+            shape[0]
+        ))
+    })
 }
 
 /// `(norm, scale)`: gradients are multiplied by `clip / norm` when the norm exceeds `clip`.

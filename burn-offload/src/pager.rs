@@ -501,7 +501,7 @@ impl PendingGradients {
             let out = &mut out[range];
             match grad {
                 None if accumulate => {}
-                None => out.fill(0.0),
+                None => out.par_chunks_mut(1 << 16).for_each(|c| c.fill(0.0)),
                 Some(grad) => grad.finish(out, accumulate),
             }
         }
