@@ -649,6 +649,7 @@ fn readers_of_the_store_settle_deferred_updates() {
     let model = config.init::<AD>(&device).valid();
     let mut engine = Engine::new(model, engine_config(false), &device).unwrap();
     let before = engine.store().groups[2].params.as_slice().to_vec();
+    let stem_before = engine.store().groups[0].params.as_slice().to_vec();
     engine
         .step(&[batch(2, 8, config.vocab_size, 5)], 1e-2)
         .unwrap();
@@ -659,4 +660,15 @@ fn readers_of_the_store_settle_deferred_updates() {
         .unwrap();
     assert_eq!(engine.pending_groups(), 0);
     assert_ne!(engine.store().groups[2].params.as_slice(), &before[..]);
+    // The stem's deferred update too: every slot (table and head) moved.
+    let stem = &engine.store().groups[0];
+    for slot in &stem.slots {
+        let range = slot.offset..slot.offset + slot.len;
+        assert_ne!(
+            &stem.params.as_slice()[range.clone()],
+            &stem_before[range],
+            "stem slot {} not updated",
+            slot.name
+        );
+    }
 }
