@@ -118,7 +118,7 @@ fn views<'a>(
         for slot in &group.slots {
             let view = SlabView {
                 shape: &slot.shape,
-                data: &data[slot.offset..slot.offset + slot.len],
+                data: &data[slot.range()],
             };
             out.push((format!("{prefix}{}", tensor_name(g, &slot.name)), view));
         }
@@ -351,7 +351,7 @@ pub fn load_into(checkpoint: &Path, store: &mut HostStore) -> Result<Manifest, C
         for k in 0..group.slots.len() {
             let (name, range) = {
                 let s = &group.slots[k];
-                (tensor_name(g, &s.name), s.offset..s.offset + s.len)
+                (tensor_name(g, &s.name), s.range())
             };
             copy_f32(
                 model_st.tensor(&name).expect("checked").data(),

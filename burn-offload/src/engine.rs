@@ -659,7 +659,7 @@ where
         let (g, k) = *self.slot_of.get(id)?;
         self.settle(g);
         let slot = &self.store.groups[g].slots[k];
-        Some(&self.store.groups[g].params.as_slice()[slot.offset..slot.offset + slot.len])
+        Some(&self.store.groups[g].params.as_slice()[slot.range()])
     }
 
     /// The accumulated gradient of a parameter (`None` in fused mode).
@@ -667,7 +667,7 @@ where
         let (g, k) = *self.slot_of.get(id)?;
         self.settle(g);
         let slot = &self.store.groups[g].slots[k];
-        Some(&self.store.groups[g].grads.as_ref()?.as_slice()[slot.offset..slot.offset + slot.len])
+        Some(&self.store.groups[g].grads.as_ref()?.as_slice()[slot.range()])
     }
 
     /// Adam moments `(m, v)` of a parameter.
@@ -675,7 +675,7 @@ where
         let (g, k) = *self.slot_of.get(id)?;
         self.settle(g);
         let (group, slot) = (&self.store.groups[g], &self.store.groups[g].slots[k]);
-        let range = slot.offset..slot.offset + slot.len;
+        let range = slot.range();
         Some((
             &group.adam_m.as_slice()[range.clone()],
             &group.adam_v.as_slice()[range],
@@ -972,7 +972,7 @@ where
             .grads
             .as_mut()
             .expect("gradient buffer")
-            .as_mut_slice()[table.offset..table.offset + table.len];
+            .as_mut_slice()[table.range()];
         let added = scatter_embedding(grads, table.shape.as_slice(), &tokens, &rows);
         if let (Ok(()), Sink::Accumulate { last: true, .. }) = (&added, sink) {
             let table_sum_sq = sum_of_squares(grads);
@@ -1015,7 +1015,7 @@ where
         head_grads.finish(out, false);
         let table = &self.store.groups[0].slots[slot];
         let added = scatter_embedding(
-            &mut out[table.offset..table.offset + table.len],
+            &mut out[table.range()],
             table.shape.as_slice(),
             &tokens,
             &rows,
@@ -1441,8 +1441,7 @@ where
                     // both modes agree to the bit.
                     (true, 0, Some(slot)) => {
                         crate::pager::write_into(buffer, grads, !*first);
-                        let table = &group.slots[slot];
-                        let table = table.offset..table.offset + table.len;
+                        let table = group.slots[slot].range();
                         let head = sum_of_squares(&buffer[..table.start])
                             + sum_of_squares(&buffer[table.end..]);
                         let table_sum_sq = sum_of_squares(&buffer[table]);
@@ -1527,7 +1526,7 @@ impl<B: Backend> ModuleMapper<B> for Export<'_, B> {
         };
         let group = &self.store.groups[g];
         let slot = &group.slots[k];
-        let values = group.params.as_slice()[slot.offset..slot.offset + slot.len].to_vec();
+        let values = group.params.as_slice()[slot.range()].to_vec();
         Param::initialized(
             param.id,
             Tensor::from_data(TensorData::new(values, slot.shape.clone()), self.device),

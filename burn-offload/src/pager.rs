@@ -381,7 +381,7 @@ impl Pager {
             .iter()
             .zip(kept.sums)
             .map(|(slot, sum)| {
-                let range = slot.offset..slot.offset + slot.len;
+                let range = slot.range();
                 (
                     range,
                     sum.map(|sum| start_read(sum, false, &mut self.stats)),
@@ -405,7 +405,7 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for GradsStart<'_, B> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         let slot = &self.group.slots[self.next];
         self.next += 1;
-        let range = slot.offset..slot.offset + slot.len;
+        let range = slot.range();
         let grad = param
             .val()
             .grad(self.grads)
@@ -562,7 +562,7 @@ impl<B: Backend> ModuleMapper<B> for Bind<'_, B> {
         }
         let slot = &self.group.slots[self.next];
         self.next += 1;
-        let range = slot.offset..slot.offset + slot.len;
+        let range = slot.range();
         let (bytes, dtype): (&[u8], DType) = match self.bf16 {
             Some(values) => (bytemuck::cast_slice(&values[range]), DType::BF16),
             None => (
@@ -599,7 +599,7 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for GradsOut<'_, B> {
         }
         let slot = &self.group.slots[self.next];
         self.next += 1;
-        let out = &mut self.out[slot.offset..slot.offset + slot.len];
+        let out = &mut self.out[slot.range()];
         let Some(grad) = param.val().grad(self.grads) else {
             if !self.accumulate {
                 out.fill(0.0);

@@ -113,6 +113,13 @@ pub struct ParamSlot {
     pub len: usize,
 }
 
+impl ParamSlot {
+    /// Its range in the group's slabs.
+    pub fn range(&self) -> std::ops::Range<usize> {
+        self.offset..self.offset + self.len
+    }
+}
+
 /// The state of one group (the stem, or one block).
 pub struct ParamGroup {
     pub slots: Vec<ParamSlot>,
@@ -238,7 +245,7 @@ impl<B: Backend> ModuleMapper<B> for Fill<'_> {
         let (g, k) = self.slot_of[&id];
         let group = &mut self.groups[g];
         let slot = &group.slots[k];
-        let range = slot.offset..slot.offset + slot.len;
+        let range = slot.range();
         let (shape, device) = (tensor.dims(), tensor.device());
         read_into(tensor, &mut group.params.as_mut_slice()[range]);
         Param::initialized(id, crate::pager::placeholder::<B, D>(shape, &device))
