@@ -927,13 +927,27 @@ where
     /// of every slot but the table's, which phase 4 completes
     /// ([`Engine::add_embedding_grads_in_store`]).
     fn fold_head_grads(&mut self, slot: usize, head_grads: PendingGradients, sink: &Sink) {
-        let Sink::Accumulate { first, last, .. } = *sink else {
-            unreachable!("the head's gradients are folded early only when accumulating")
+        let table = self.store.groups[0].slots[slot].range();
+        self.fold_into_store(0, head_grads, sink, table);
+    }
+
+    /// Hands group `g`'s gradient copies to the host worker (or runs it
+    /// here without one), which writes them into the group's gradient buffer:
+    /// over it for the first micro-batch, added for the others. The last
+    /// micro-batch measures the squared norm of everything but `unmeasured`
+    /// (a range of the group; empty for a whole block).
+    fn fold_into_store(
+        &mut self,
+        g: usize,
+        pending: PendingGradients,
+        sink: &Sink,
+        unmeasured: std::ops::Range<usize>,
+    ) {
+        let Sink::Accumulate { first, last } = *sink else {
+            unreachable!("gradients are folded into the store only when accumulating")
         };
-        let table = self.store.groups[0].slots[slot].offset..;
-        let table = table.start..table.start + self.store.groups[0].slots[slot].len;
         self.run_on_group(
-            0,
+            g,
             false,
             Box::new(move |lent| {
                 let grads = lent
@@ -942,9 +956,9 @@ where
                     .as_mut()
                     .expect("gradient buffer")
                     .as_mut_slice();
-                head_grads.finish(grads, !first);
+                pending.finish(grads, !first);
                 if last {
-                    sum_of_squares(&grads[..table.start]) + sum_of_squares(&grads[table.end..])
+                    sum_of_squares_outside(grads, unmeasured)
                 } else {
                     0.0
                 }
@@ -1392,25 +1406,8 @@ where
         buffer: &mut Vec<f32>,
         sink: &mut Sink,
     ) {
-        if let Sink::Accumulate { first, last, .. } = *sink {
-            self.run_on_group(
-                g,
-                false,
-                Box::new(move |lent| {
-                    let grads = lent
-                        .slabs
-                        .grads
-                        .as_mut()
-                        .expect("gradient buffer")
-                        .as_mut_slice();
-                    pending.finish(grads, !first);
-                    if last {
-                        sum_of_squares(grads)
-                    } else {
-                        0.0
-                    }
-                }),
-            );
+        if let Sink::Accumulate { .. } = sink {
+            self.fold_into_store(g, pending, sink, 0..0);
             return;
         }
         let download = Instant::now();
@@ -1442,8 +1439,7 @@ where
                     (true, 0, Some(slot)) => {
                         crate::pager::write_into(buffer, grads, !*first);
                         let table = group.slots[slot].range();
-                        let head = sum_of_squares(&buffer[..table.start])
-                            + sum_of_squares(&buffer[table.end..]);
+                        let head = sum_of_squares_outside(buffer, table.clone());
                         let table_sum_sq = sum_of_squares(&buffer[table]);
                         self.add_sum_sq(0, head);
                         self.add_sum_sq(0, table_sum_sq);
@@ -1492,6 +1488,12 @@ fn scatter_embedding(
             shape[0]
         ))
     })
+}
+
+/// The squared norm of `x` outside `range`, as two sums (before it, then
+/// after it: an empty range at 0 gives exactly `sum_of_squares(x)`).
+fn sum_of_squares_outside(x: &[f32], range: std::ops::Range<usize>) -> f64 {
+    sum_of_squares(&x[..range.start]) + sum_of_squares(&x[range.end..])
 }
 
 /// `(norm, scale)`: gradients are multiplied by `clip / norm` when the norm exceeds `clip`.
