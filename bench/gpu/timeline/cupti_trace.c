@@ -6,7 +6,7 @@
 //   A start end thread name          driver calls of 50 us or more, and every
 //                                    synchronisation call, by host thread
 // into $CUPTI_TRACE_OUT (one text line each; timestamps in ns on CUPTI's
-// clock, shared by all three). bench/gpu/timeline.py reads it.
+// clock, shared by all three). bench/gpu/timeline/timeline.py reads it.
 //
 // Built on the dev machine against the CUPTI 13.0 wheel's headers
 // (bench/gpu/timeline/build.sh); libcupti.so.13 travels beside it.

@@ -9,10 +9,9 @@ the last kernel (the trainer reads the loss), and each boundary is the
 longest stretch with no kernel running within 50 ms of where the step times
 put it, so nothing may run on the device after the last step (run.sh passes
 `--sample-tokens 0`). The start of the trace (autotuning, module loads) is
-left out. For
-each step after the first two: wall span, time with at least one kernel
-running, idle time split by gap length, the longest gaps with what the host
-was blocked in meanwhile, and kernel time by kernel.
+left out. For each step after the first two: wall span, time with at least
+one kernel running, idle time split by gap length, the longest gaps with what
+the host was blocked in meanwhile, and kernel time by kernel.
 """
 import collections
 import json
