@@ -1,9 +1,11 @@
 //! Phase markers for finding where time and host memory go inside a step.
 //!
 //! With `BURN_OFFLOAD_TRACE=1` in the environment, each [`mark`] prints one
-//! line to stderr: milliseconds since the previous mark, the process's
-//! resident memory now and its peak so far (`VmRSS`, `VmHWM` from
-//! `/proc/self/status`). A peak that jumps between two marks locates a
+//! line to stderr: milliseconds since the previous mark (on any thread) and
+//! since the first, the process's resident memory now and its peak so far
+//! (`VmRSS`, `VmHWM` from `/proc/self/status`), and the marking thread's name
+//! where it has one other than `main` (the host worker's marks interleave with
+//! the driving thread's). A peak that jumps between two marks locates a
 //! transient allocation. Without the variable a mark costs one relaxed load.
 
 use std::fmt::Display;
@@ -13,7 +15,8 @@ use std::time::Instant;
 
 /// 0: not yet read from the environment, 1: off, 2: on.
 static STATE: AtomicU8 = AtomicU8::new(0);
-static LAST: Mutex<Option<Instant>> = Mutex::new(None);
+/// The first mark's time and the previous one's.
+static LAST: Mutex<Option<(Instant, Instant)>> = Mutex::new(None);
 
 /// Whether `BURN_OFFLOAD_TRACE` is set to something other than `0`.
 pub fn enabled() -> bool {
@@ -33,14 +36,21 @@ pub fn mark(what: impl Display) {
         return;
     }
     let now = Instant::now();
-    let since = LAST
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .replace(now)
-        .map_or(0.0, |last| (now - last).as_secs_f64() * 1e3);
+    let (first, last) = {
+        let mut times = LAST
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (first, last) = times.unwrap_or((now, now));
+        *times = Some((first, now));
+        (first, last)
+    };
+    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+    let (since, at) = (ms(now - last), ms(now - first));
     let (rss, peak) = host_memory();
+    let thread = std::thread::current();
+    let thread = thread.name().filter(|&n| n != "main").unwrap_or("");
     eprintln!(
-        "[trace] +{since:9.1} ms  rss {:7.2} GiB  peak {:7.2} GiB  {what}",
+        "[trace] +{since:9.1} ms  @{at:10.1}  rss {:7.2} GiB  peak {:7.2} GiB  {thread:>5} {what}",
         rss as f64 / (1u64 << 30) as f64,
         peak as f64 / (1u64 << 30) as f64
     );

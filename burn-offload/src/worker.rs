@@ -56,7 +56,9 @@ impl HostWorker {
             .spawn(move || {
                 for (group, mut lent, job) in inbox {
                     let started = Instant::now();
+                    crate::trace::mark(format_args!("group {group}: job started"));
                     let sum_sq = job(&mut lent);
+                    crate::trace::mark(format_args!("group {group}: job done"));
                     let back = Returned {
                         group,
                         lent,

@@ -741,6 +741,7 @@ impl Job<'_> {
             }
             engine.reset_pager_counters();
             let peak_reset = trace::reset_peak();
+            trace::mark(format_args!("step {step}: batches ready"));
             let report = engine.step(&batches, lr)?;
             if report.skipped {
                 consecutive_skips += 1;
@@ -789,6 +790,7 @@ impl Job<'_> {
                     step + 1 - consecutive_skips
                 );
             }
+            trace::mark(format_args!("step {step}: logged"));
             bar.set_message(format!("loss {:.4} · {tokens_per_s:.0} tok/s", report.loss));
             bar.inc(1);
             let done = step + 1;
