@@ -50,11 +50,13 @@ use burn::module::{AutodiffModule, HasAutodiffModule, Module, ModuleMapper, Para
 use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, ElementConversion, Int, Tensor, TensorData};
+use rayon::prelude::*;
 
 use crate::checkpoint::{self, CheckpointError};
-use crate::optim::{check_lr, sum_of_squares, OptimizerConfig, OptimizerError, UpdateSlices};
+use crate::optim::{check_lr, sum_of_squares, OptimizerConfig, OptimizerError, Rows, UpdateSlices};
 use crate::pager::{
-    add_to, DeviceGrads, Pager, PagerStats, PendingGradients, Stash, ToPlaceholders,
+    add_to, check_tokens, gather_rows, DeviceGrads, Pager, PagerStats, PendingGradients, Stash,
+    ToPlaceholders,
 };
 use crate::precision::{cast_to, Bf16Weights, Compute};
 use crate::store::{Collect, HostStore, StoreError, StoreLayout};
@@ -281,6 +283,85 @@ enum Sink {
     Update { step: u64, lr: f64, scale: f32 },
 }
 
+/// One optimizer update of a group, as `OptimizerConfig::update` takes it.
+#[derive(Debug, Clone, Copy)]
+struct Update {
+    step: u64,
+    lr: f64,
+    scale: f32,
+}
+
+/// Which of a group's elements an update job covers: all of them, or, for
+/// the stem, the rows of its embedding table that a forward reads (`Picked`),
+/// then everything else (`Rest`).
+enum Part {
+    Whole,
+    Picked(TableRows),
+    Rest(TableRows),
+}
+
+/// Rows of the embedding table inside the stem's slabs.
+#[derive(Clone)]
+struct TableRows {
+    /// The table's elements in the stem group.
+    range: std::ops::Range<usize>,
+    width: usize,
+    /// Per table row: whether it is one of the rows.
+    picked: Vec<bool>,
+}
+
+/// The embedding-table rows whose gradient a step has written, for the
+/// table's squared norm: where the head leaves the table alone (no tied
+/// weights), every other row of its gradient is zero, so the norm reads only
+/// these (a few hundred of 32000 rows with the byte tokenizer, where reading
+/// the whole table's 262 MB lay on the path to the next step).
+#[derive(Default)]
+struct TableTouch {
+    rows: Vec<bool>,
+    /// The head wrote into the table's gradient too: every row counts.
+    dense: bool,
+}
+
+impl TableTouch {
+    /// Starts a micro-batch whose head did (`head`) or did not write a
+    /// gradient into the table of `rows` rows; the first one of a step resets.
+    fn begin(&mut self, first: bool, rows: usize, head: bool) {
+        if first {
+            self.rows.clear();
+            self.rows.resize(rows, false);
+            self.dense = false;
+        }
+        self.dense |= head;
+    }
+
+    /// Records the rows of `tokens` (checked against the table already).
+    fn add(&mut self, tokens: &[i64]) {
+        for &t in tokens {
+            self.rows[t as usize] = true;
+        }
+    }
+
+    /// The squared norm of the table's accumulated gradient `grads` (rows of
+    /// `width`), the same sum whichever mode measures it.
+    fn sum_sq(&self, grads: &[f32], width: usize) -> f64 {
+        if self.dense {
+            return sum_of_squares(grads);
+        }
+        let per_row: Vec<f64> = grads
+            .par_chunks(width)
+            .zip(self.rows.par_iter())
+            .map(|(row, &touched)| {
+                if touched {
+                    row.iter().map(|&v| (v as f64) * (v as f64)).sum()
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        per_row.iter().sum()
+    }
+}
+
 /// Trains a [`BlockModel`] whose parameters live in a [`HostStore`].
 pub struct Engine<B: Backend, M: BlockModel<B>> {
     /// Stateless template: the model with every parameter a zero-cost placeholder.
@@ -313,6 +394,18 @@ pub struct Engine<B: Backend, M: BlockModel<B>> {
     dy_buffer: Vec<f32>,
     /// Parameters in the store (counted once: lent groups hold empty slabs).
     num_params: usize,
+    /// The step's update, not yet handed to the worker (overlap mode, with a
+    /// lookup embedding): the next forward first updates only the table rows
+    /// it reads, on this thread, looks them up on the host, and then hands
+    /// the worker every block's update and the rest of the stem's. The next
+    /// step so starts without waiting for the stem's whole update and its
+    /// upload (run24: ~50 ms at 0.85B), and nothing else holds the cores
+    /// meanwhile (lent first, the blocks' updates delayed that lookup by
+    /// ~40 ms). Anything else that takes a group back hands them all out
+    /// first, the stem's whole ([`Engine::settle`]).
+    deferred: Option<Update>,
+    /// The table rows the step's embedding gradients wrote (lookup embedding).
+    table_touch: TableTouch,
     /// Squared norm of each group's accumulated gradient, as measured (on
     /// the worker, collected as groups come back, or here); summed in group
     /// order, so the total does not depend on which thread measured what.
@@ -468,6 +561,8 @@ where
             grad_buffer: Vec::new(),
             dy_buffer: Vec::new(),
             num_params,
+            deferred: None,
+            table_touch: TableTouch::default(),
             group_sum_sq: Vec::new(),
             worker,
         })
@@ -499,10 +594,14 @@ where
         self.bf16.as_ref().map_or(0, Bf16Weights::bytes)
     }
 
-    /// Parameter groups (stem, then blocks) lent to the host worker and not
-    /// taken back: after a step, those whose update is still deferred.
+    /// Parameter groups (stem, then blocks) whose update is still deferred
+    /// after a step (lent to the host worker and not taken back, or the stem
+    /// waiting for the next forward, see [`Engine::deferred`]).
     pub fn pending_groups(&self) -> usize {
-        self.worker.as_ref().map_or(0, HostWorker::away_count)
+        match self.deferred {
+            Some(_) => self.store.groups.len(),
+            None => self.worker.as_ref().map_or(0, HostWorker::away_count),
+        }
     }
 
     /// Takes every group back from the host worker (every deferred update applied).
@@ -513,8 +612,29 @@ where
     }
 
     /// Takes group `g` back from the host worker once its job is done (a no-op
-    /// when it is not lent).
+    /// when it is not lent), with its deferred update applied.
     fn settle(&mut self, g: usize) {
+        if let Some(update) = self.deferred.take() {
+            self.hand_out(update, Part::Whole);
+        }
+        self.take_back(g);
+    }
+
+    /// Lends every group to the worker for `update`: the blocks in the order
+    /// the forward binds them, then `stem` of the stem, which the forward
+    /// reads last (the head).
+    fn hand_out(&mut self, update: Update, stem: Part) {
+        for g in 1..self.store.groups.len() {
+            self.take_back(g);
+            self.run_update(g, update, Part::Whole);
+        }
+        self.take_back(0);
+        self.run_update(0, update, stem);
+    }
+
+    /// Takes group `g` back from the host worker once its job is done (a no-op
+    /// when it is not lent); an update not handed out stays deferred.
+    fn take_back(&mut self, g: usize) {
         let Some(worker) = self.worker.as_mut().filter(|w| w.is_away(g)) else {
             return;
         };
@@ -538,16 +658,30 @@ where
     /// the host worker in overlap mode, else here and now.
     fn run_on_group(&mut self, g: usize, bf16: bool, job: Job) {
         self.settle(g);
-        let lent = Lent {
-            slabs: self.store.groups[g].lend(),
-            bf16: self.bf16.as_mut().filter(|_| bf16).map(|c| c.take(g)),
-        };
+        self.run_on_settled(g, bf16, job);
+    }
+
+    /// [`Engine::run_on_group`] on a group that is not lent, leaving a
+    /// deferred stem update deferred.
+    fn run_on_settled(&mut self, g: usize, bf16: bool, job: Job) {
         if let Some(worker) = self.worker.as_mut() {
+            let lent = Lent {
+                slabs: self.store.groups[g].lend(),
+                bf16: self.bf16.as_mut().filter(|_| bf16).map(|c| c.take(g)),
+            };
             worker.lend(g, lent, job);
             return;
         }
+        self.run_here(g, bf16, job);
+    }
+
+    /// Runs `job` on group `g` (not lent) on this thread.
+    fn run_here(&mut self, g: usize, bf16: bool, job: Job) {
         let started = Instant::now();
-        let mut lent = lent;
+        let mut lent = Lent {
+            slabs: self.store.groups[g].lend(),
+            bf16: self.bf16.as_mut().filter(|_| bf16).map(|c| c.take(g)),
+        };
         let sum_sq = job(&mut lent);
         self.add_sum_sq(g, sum_sq);
         self.split.optimizer_s += started.elapsed().as_secs_f64();
@@ -556,35 +690,69 @@ where
 
     /// Starts the update of every group from the gradient buffer: deferred
     /// on the worker in overlap mode (in the order the next forward binds
-    /// the groups), else applied at once.
+    /// the groups; with a lookup embedding, handed out by that forward, see
+    /// [`Engine::deferred`]), else applied at once.
     fn update_all(&mut self, step: u64, lr: f64, scale: f32) {
-        let optimizer = self.config.optimizer;
-        for g in 0..self.store.groups.len() {
-            let len = self.store.groups[g].numel();
-            self.run_on_group(
-                g,
-                true,
-                Box::new(move |lent| {
-                    let slabs = &mut lent.slabs;
-                    let slices = UpdateSlices {
-                        params: slabs.params.as_mut_slice(),
-                        m: slabs.adam_m.as_mut_slice(),
-                        v: slabs.adam_v.as_mut_slice(),
-                        grads: slabs
-                            .grads
-                            .as_ref()
-                            .expect("gradient buffer in non-fused mode")
-                            .as_slice(),
-                        bf16: lent
-                            .bf16
-                            .as_mut()
-                            .map(|slab| Bf16Weights::values_in(slab, len)),
-                    };
-                    optimizer.update(step, lr, scale, slices);
-                    0.0
-                }),
-            );
+        let update = Update { step, lr, scale };
+        if self.worker.is_some() && self.embedding_slot.is_some() {
+            self.settle_all();
+            self.deferred = Some(update);
+            return;
         }
+        for g in 0..self.store.groups.len() {
+            self.run_update(g, update, Part::Whole);
+        }
+    }
+
+    /// Runs `update` over `part` of group `g` ([`Engine::run_on_settled`]).
+    fn run_update(&mut self, g: usize, update: Update, part: Part) {
+        let job = self.update_job(g, update, part);
+        self.run_on_settled(g, true, job);
+    }
+
+    /// The job that applies `update` to `part` of group `g` (its bf16 copy too).
+    fn update_job(&self, g: usize, update: Update, part: Part) -> Job {
+        let optimizer = self.config.optimizer;
+        let len = self.store.groups[g].numel();
+        Box::new(move |lent| {
+            let slabs = &mut lent.slabs;
+            let slices = UpdateSlices {
+                params: slabs.params.as_mut_slice(),
+                m: slabs.adam_m.as_mut_slice(),
+                v: slabs.adam_v.as_mut_slice(),
+                grads: slabs
+                    .grads
+                    .as_ref()
+                    .expect("gradient buffer in non-fused mode")
+                    .as_slice(),
+                bf16: lent
+                    .bf16
+                    .as_mut()
+                    .map(|slab| Bf16Weights::values_in(slab, len)),
+            };
+            let Update { step, lr, scale } = update;
+            let (rows, pick) = match &part {
+                Part::Whole => {
+                    optimizer.update(step, lr, scale, slices);
+                    return 0.0;
+                }
+                Part::Picked(rows) => (rows, true),
+                Part::Rest(rows) => (rows, false),
+            };
+            let (before, rest) = slices.split_at(rows.range.start);
+            let (table, after) = rest.split_at(rows.range.len());
+            let picked = Rows::Picked {
+                width: rows.width,
+                picked: &rows.picked,
+                pick,
+            };
+            optimizer.update_rows(step, lr, scale, table, picked);
+            if !pick {
+                optimizer.update(step, lr, scale, before);
+                optimizer.update(step, lr, scale, after);
+            }
+            0.0
+        })
     }
 
     /// Adds to group `g`'s measured squared gradient norm (no-op outside
@@ -978,6 +1146,7 @@ where
         sink: &mut Sink,
     ) -> Result<(), EngineError> {
         let (tokens, rows) = self.embedding_rows(inputs, dy);
+        self.mark("dy read");
         self.settle(0);
         let started = Instant::now();
         let group = &mut self.store.groups[0];
@@ -988,8 +1157,11 @@ where
             .expect("gradient buffer")
             .as_mut_slice()[table.range()];
         let added = scatter_embedding(grads, table.shape.as_slice(), &tokens, &rows);
+        if added.is_ok() {
+            self.table_touch.add(&tokens);
+        }
         if let (Ok(()), Sink::Accumulate { last: true, .. }) = (&added, sink) {
-            let table_sum_sq = sum_of_squares(grads);
+            let table_sum_sq = self.table_touch.sum_sq(grads, table.shape[1]);
             self.add_sum_sq(0, table_sum_sq);
         }
         self.split.optimizer_s += started.elapsed().as_secs_f64();
@@ -1034,6 +1206,9 @@ where
             &tokens,
             &rows,
         );
+        if added.is_ok() {
+            self.table_touch.add(&tokens);
+        }
         self.dy_buffer = rows;
         added
     }
@@ -1099,9 +1274,9 @@ where
             now
         };
         self.mark("forward done");
-        // Every group was bound above, so no update is left; the backward
-        // writes over the gradients a deferred update would read.
-        debug_assert_eq!(self.pending_groups(), 0);
+        // Every block was bound above, so no update is left but, after a host
+        // embedding, the rest of the stem's; the backward writes over the
+        // gradients a deferred update reads.
         self.settle_all();
 
         // 2. Head + loss in chunks of positions, each chunk its own small graph.
@@ -1145,6 +1320,12 @@ where
         drop(stem_ad);
         let head_grads = self.pager.start_kept(head_grads, &self.store.groups[0]);
         self.pager.evict(0);
+        if let Some(slot) = self.embedding_slot {
+            let first = !matches!(sink, Sink::Accumulate { first: false, .. });
+            let rows = self.store.groups[0].slots[slot].shape[0];
+            self.table_touch
+                .begin(first, rows, head_grads.has_gradient(slot));
+        }
         let mut dy = Tensor::cat(dx_chunks, 1);
         // With the host worker and a lookup embedding, the head's gradients
         // go into the store now, on the worker while the blocks' backward
@@ -1296,11 +1477,22 @@ where
         i: usize,
         first_kept: usize,
     ) -> ForwardBlock<M::Block, BlockAd<B, M>> {
-        if i >= first_kept {
+        // Trace marks for the first blocks, whose binds follow the step
+        // boundary: the wait for the update, then the copies' issue.
+        let marked = i < 2 && trace::enabled();
+        if marked {
+            self.settle(i + 1);
+            self.mark(format_args!("block {i} updated"));
+        }
+        let bound = if i >= first_kept {
             ForwardBlock::Graph(self.bind_block_ad(blocks, i))
         } else {
             ForwardBlock::Plain(self.bind_block(blocks, i))
+        };
+        if marked {
+            self.mark(format_args!("block {i} copies issued"));
         }
+        bound
     }
 
     /// Streams the blocks forward: the stem embeds `inputs`, then each block
@@ -1320,12 +1512,19 @@ where
         } else {
             num_blocks
         };
-        let stem = self.bind_stem::<B, M>(self.template.clone(), false, true);
-        self.pager.ready::<B>(&self.device);
-        self.mark("stem bound");
-        let mut x = cast_to(stem.embed(inputs.clone()), self.config.compute.dtype());
-        drop(stem);
-        self.pager.evict(0);
+        let embedded = match self.embedding_slot {
+            Some(slot) => self.embed_on_host(slot, inputs)?,
+            None => {
+                let stem = self.bind_stem::<B, M>(self.template.clone(), false, true);
+                self.pager.ready::<B>(&self.device);
+                let embedded = stem.embed(inputs.clone());
+                drop(stem);
+                self.pager.evict(0);
+                embedded
+            }
+        };
+        let mut x = cast_to(embedded, self.config.compute.dtype());
+        self.mark("embedded");
         let mut state = ForwardState {
             checkpoints: Vec::with_capacity(first_kept),
             graphs: Vec::with_capacity(num_blocks - first_kept),
@@ -1333,8 +1532,12 @@ where
         let mut next = (num_blocks > 0).then(|| self.bind_forward(blocks, 0, first_kept));
         for i in 0..num_blocks {
             let block = next.take().expect("block bound ahead");
-            // Block i's weights have landed; block i+1's copy runs behind its compute.
+            // Block i's weights have landed.
             self.pager.ready::<B>(&self.device);
+            if i < 2 {
+                self.mark(format_args!("block {i} landed"));
+            }
+            // Block i+1's copy runs behind block i's compute.
             if i + 1 < num_blocks {
                 next = Some(self.bind_forward(blocks, i + 1, first_kept));
             }
@@ -1371,6 +1574,56 @@ where
             }
         }
         Ok((x, state))
+    }
+
+    /// The embedding of `inputs` where `embed` is a lookup in the table at
+    /// stem slot `slot`: its rows, gathered from the store on the host and
+    /// uploaded (at 0.85B and 16k tokens, 134 MB instead of the stem's
+    /// 524 MB). With the step's update deferred ([`Engine::deferred`]), the
+    /// rows read here are updated first, on this thread, then the host
+    /// worker gets the blocks' updates and the rest of the stem's, which the
+    /// head binds only after the forward.
+    fn embed_on_host(
+        &mut self,
+        slot: usize,
+        inputs: &Tensor<B, 2, Int>,
+    ) -> Result<Tensor<B, 3>, EngineError> {
+        let [batch, seq] = inputs.dims();
+        let tokens: Vec<i64> = inputs.to_data().iter::<i64>().collect();
+        self.take_back(0);
+        let table = &self.store.groups[0].slots[slot];
+        let (range, [rows, width]) = (table.range(), [table.shape[0], table.shape[1]]);
+        // Before any update: a bad batch leaves the stem's update deferred whole.
+        check_tokens(&tokens, rows).map_err(|bad| token_error(bad, rows))?;
+        let deferred = self.deferred.take().map(|update| {
+            let mut picked = vec![false; rows];
+            for &t in &tokens {
+                picked[t as usize] = true;
+            }
+            let read = TableRows {
+                range: range.clone(),
+                width,
+                picked,
+            };
+            let job = self.update_job(0, update, Part::Picked(read.clone()));
+            self.run_here(0, true, job);
+            (update, read)
+        });
+        let table = &self.store.groups[0].params.as_slice()[range];
+        let embedded = self
+            .pager
+            .upload_filled::<B, _>([batch, seq, width], &self.device, |out| {
+                gather_rows(table, width, &tokens, out)
+            })
+            .map_err(|bad| token_error(bad, rows))?;
+        if let Some((update, read)) = deferred {
+            self.hand_out(update, Part::Rest(read));
+        }
+        // Landed before block 0's weights are copied, which wait for its
+        // update: one span of copy time each, no idle gap between them
+        // counted as copying.
+        self.pager.ready::<B>(&self.device);
+        Ok(embedded)
     }
 
     /// Logits at the last position of each sequence, `[batch, vocab]`, with
@@ -1438,9 +1691,10 @@ where
                     // both modes agree to the bit.
                     (true, 0, Some(slot)) => {
                         crate::pager::write_into(buffer, grads, !*first);
-                        let table = group.slots[slot].range();
+                        let (table, width) =
+                            (group.slots[slot].range(), group.slots[slot].shape[1]);
                         let head = sum_of_squares_outside(buffer, table.clone());
-                        let table_sum_sq = sum_of_squares(&buffer[table]);
+                        let table_sum_sq = self.table_touch.sum_sq(&buffer[table], width);
                         self.add_sum_sq(0, head);
                         self.add_sum_sq(0, table_sum_sq);
                     }
@@ -1482,12 +1736,14 @@ fn scatter_embedding(
     tokens: &[i64],
     rows: &[f32],
 ) -> Result<(), EngineError> {
-    crate::pager::scatter_add_rows(table, shape[1], tokens, rows).map_err(|token| {
-        EngineError::Batch(format!(
-            "token id {token} is outside the embedding table's {} rows",
-            shape[0]
-        ))
-    })
+    crate::pager::scatter_add_rows(table, shape[1], tokens, rows)
+        .map_err(|token| token_error(token, shape[0]))
+}
+
+fn token_error(token: i64, rows: usize) -> EngineError {
+    EngineError::Batch(format!(
+        "token id {token} is outside the embedding table's {rows} rows"
+    ))
 }
 
 /// The squared norm of `x` outside `range`, as two sums (before it, then

@@ -110,27 +110,92 @@ pub struct UpdateSlices<'a> {
     pub bf16: Option<&'a mut [bf16]>,
 }
 
-/// Runs `update` on matching chunks of the slices in parallel. With a bf16
-/// copy, each chunk's new parameters are rounded into it while they are
-/// still in cache (no second pass over the slab).
-fn par_update<F>(s: UpdateSlices<'_>, update: F)
+impl<'a> UpdateSlices<'a> {
+    /// The first `mid` elements and the rest, as two updates' slices.
+    pub fn split_at(self, mid: usize) -> (Self, Self) {
+        let (p0, p1) = self.params.split_at_mut(mid);
+        let (m0, m1) = self.m.split_at_mut(mid);
+        let (v0, v1) = self.v.split_at_mut(mid);
+        let (g0, g1) = self.grads.split_at(mid);
+        let (b0, b1) = match self.bf16 {
+            Some(b) => {
+                let (b0, b1) = b.split_at_mut(mid);
+                (Some(b0), Some(b1))
+            }
+            None => (None, None),
+        };
+        let slices = |params, m, v, grads, bf16| UpdateSlices {
+            params,
+            m,
+            v,
+            grads,
+            bf16,
+        };
+        (slices(p0, m0, v0, g0, b0), slices(p1, m1, v1, g1, b1))
+    }
+}
+
+/// Which elements of a group an update touches.
+#[derive(Debug, Clone, Copy)]
+pub enum Rows<'a> {
+    /// Every element.
+    All,
+    /// The slices are a `[rows, width]` matrix: only the rows `r` with
+    /// `picked[r] == pick` (an embedding table's rows that the next forward
+    /// reads first, then the others).
+    Picked {
+        width: usize,
+        picked: &'a [bool],
+        pick: bool,
+    },
+}
+
+/// Runs `update` on matching pieces of the slices in parallel: chunks of
+/// [`CHUNK`], or the selected rows. With a bf16 copy, each piece's new
+/// parameters are rounded into it while they are still in cache (no second
+/// pass over the slab). The update is elementwise, so how the slices are cut
+/// changes no result.
+fn par_update<F>(s: UpdateSlices<'_>, rows: Rows<'_>, update: F)
 where
     F: Fn(&mut [f32], &mut [f32], &mut [f32], &[f32]) + Sync + Send,
 {
-    let chunks = s
+    let (piece, selected): (usize, Box<dyn Fn(usize) -> bool + Sync>) = match rows {
+        Rows::All => (CHUNK, Box::new(|_| true)),
+        Rows::Picked {
+            width,
+            picked,
+            pick,
+        } => {
+            assert!(
+                width > 0 && s.params.len() == picked.len() * width,
+                "rows of {width} do not tile the slices"
+            );
+            (width, Box::new(move |r| picked[r] == pick))
+        }
+    };
+    let pieces = s
         .params
-        .par_chunks_mut(CHUNK)
-        .zip(s.m.par_chunks_mut(CHUNK))
-        .zip(s.v.par_chunks_mut(CHUNK))
-        .zip(s.grads.par_chunks(CHUNK));
+        .par_chunks_mut(piece)
+        .zip(s.m.par_chunks_mut(piece))
+        .zip(s.v.par_chunks_mut(piece))
+        .zip(s.grads.par_chunks(piece))
+        .enumerate();
     match s.bf16 {
-        Some(out) => chunks
-            .zip(out.par_chunks_mut(CHUNK))
-            .for_each(|((((p, m), v), g), o)| {
+        Some(out) => {
+            pieces
+                .zip(out.par_chunks_mut(piece))
+                .for_each(|((r, (((p, m), v), g)), o)| {
+                    if selected(r) {
+                        update(p, m, v, g);
+                        crate::precision::round_into(o, p);
+                    }
+                })
+        }
+        None => pieces.for_each(|(r, (((p, m), v), g))| {
+            if selected(r) {
                 update(p, m, v, g);
-                crate::precision::round_into(o, p);
-            }),
-        None => chunks.for_each(|(((p, m), v), g)| update(p, m, v, g)),
+            }
+        }),
     }
 }
 
@@ -139,6 +204,20 @@ impl OptimizerConfig {
     /// learning rate `lr` to one group; gradients are multiplied by
     /// `grad_scale` first (global-norm clipping, accumulation averaging).
     pub fn update(&self, step: u64, lr: f64, grad_scale: f32, s: UpdateSlices<'_>) {
+        self.update_rows(step, lr, grad_scale, s, Rows::All);
+    }
+
+    /// [`OptimizerConfig::update`] of the elements `rows` selects only. An
+    /// element's update does not depend on the others', so updating a table's
+    /// rows in two selections gives the bits one update gives.
+    pub fn update_rows(
+        &self,
+        step: u64,
+        lr: f64,
+        grad_scale: f32,
+        s: UpdateSlices<'_>,
+        rows: Rows<'_>,
+    ) {
         let n = s.params.len();
         assert!(
             s.m.len() == n
@@ -148,13 +227,20 @@ impl OptimizerConfig {
             "slab lengths differ"
         );
         match *self {
-            OptimizerConfig::AdamW(c) => adamw(&c, step, lr, grad_scale, s),
-            OptimizerConfig::Sgd(c) => sgd(&c, step, lr, grad_scale, s),
+            OptimizerConfig::AdamW(c) => adamw(&c, step, lr, grad_scale, s, rows),
+            OptimizerConfig::Sgd(c) => sgd(&c, step, lr, grad_scale, s, rows),
         }
     }
 }
 
-fn adamw(c: &AdamWConfig, step: u64, lr: f64, grad_scale: f32, s: UpdateSlices<'_>) {
+fn adamw(
+    c: &AdamWConfig,
+    step: u64,
+    lr: f64,
+    grad_scale: f32,
+    s: UpdateSlices<'_>,
+    rows: Rows<'_>,
+) {
     // Scalars exactly as burn-optim computes them (f32 bias corrections, f64
     // decay factor rounded to f32), so results agree to rounding.
     let time = step.min(i32::MAX as u64) as i32;
@@ -164,7 +250,7 @@ fn adamw(c: &AdamWConfig, step: u64, lr: f64, grad_scale: f32, s: UpdateSlices<'
     let bias_2 = 1.0 - b2.powi(time);
     let decay = (1.0 - lr * c.weight_decay as f64) as f32;
     let lr = lr as f32;
-    par_update(s, |p, m, v, g| {
+    par_update(s, rows, |p, m, v, g| {
         for i in 0..p.len() {
             let g = g[i] * grad_scale;
             let mi = m[i] * b1 + g * f1;
@@ -177,12 +263,12 @@ fn adamw(c: &AdamWConfig, step: u64, lr: f64, grad_scale: f32, s: UpdateSlices<'
     });
 }
 
-fn sgd(c: &SgdConfig, step: u64, lr: f64, grad_scale: f32, s: UpdateSlices<'_>) {
+fn sgd(c: &SgdConfig, step: u64, lr: f64, grad_scale: f32, s: UpdateSlices<'_>, rows: Rows<'_>) {
     let (mu, wd, lr) = (c.momentum, c.weight_decay, lr as f32);
     // The first step starts the momentum buffer at the gradient itself.
     let keep = if step <= 1 { 0.0 } else { mu };
     // SGD keeps one buffer; the second moment slab goes unused.
-    par_update(s, |p, buf, _, g| {
+    par_update(s, rows, |p, buf, _, g| {
         for i in 0..p.len() {
             let g = g[i] * grad_scale + wd * p[i];
             let b = keep * buf[i] + g;
@@ -273,6 +359,58 @@ mod tests {
             }
         }
         assert_eq!(p, want_p);
+    }
+
+    /// Updating a table's picked rows, then the others, gives the bits of one
+    /// update of the whole table, bf16 copy included, for both optimizers.
+    #[test]
+    fn rows_updated_in_two_selections_equal_one_update() {
+        let (rows, width) = (7, 5);
+        let n = rows * width;
+        let grads: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
+        let start: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos()).collect();
+        let picked = [true, false, false, true, true, false, true];
+        let sgd = OptimizerConfig::Sgd(SgdConfig {
+            momentum: 0.9,
+            weight_decay: 0.01,
+        });
+        for config in [OptimizerConfig::AdamW(AdamWConfig::default()), sgd] {
+            let run = |selections: &[Rows<'_>]| {
+                let (mut p, mut m, mut v) = (start.clone(), vec![0.1; n], vec![0.2; n]);
+                let mut copy = vec![bf16::ZERO; n];
+                for step in 1..=2 {
+                    for &rows in selections {
+                        let slices = UpdateSlices {
+                            params: &mut p,
+                            m: &mut m,
+                            v: &mut v,
+                            grads: &grads,
+                            bf16: Some(&mut copy),
+                        };
+                        config.update_rows(step, 1e-2, 0.5, slices, rows);
+                    }
+                }
+                (p, m, v, copy)
+            };
+            let pick = |pick| Rows::Picked {
+                width,
+                picked: &picked,
+                pick,
+            };
+            let whole = run(&[Rows::All]);
+            assert_eq!(run(&[pick(true), pick(false)]), whole);
+            // One selection alone leaves the other rows as they were.
+            let (p, ..) = run(&[pick(true)]);
+            for (r, &was_picked) in picked.iter().enumerate() {
+                let row = r * width..(r + 1) * width;
+                let want = if was_picked {
+                    &whole.0[row.clone()]
+                } else {
+                    &start[row.clone()]
+                };
+                assert_eq!(&p[row], want, "row {r}");
+            }
+        }
     }
 
     /// The bf16 copy written during the update is the rounding of the new

@@ -299,6 +299,24 @@ where
         let err = rel_err(small.grad(id).unwrap(), large.grad(id).unwrap());
         assert!(err <= TOL, "gradient of {id}: relative error {err}");
     }
+    // The global norm (what clipping scales by) measures the accumulated
+    // gradient: every micro-batch's rows of the table, in both modes.
+    for overlap in [true, false] {
+        let norm = |batches: &[Batch]| {
+            let config = EngineConfig {
+                overlap,
+                ..engine_config(false)
+            };
+            let mut engine = Engine::new(model.clone(), config, &device).unwrap();
+            engine.step(batches, 1e-3).unwrap().grad_norm
+        };
+        let (whole, accumulated) = (norm(&[(x.clone(), y.clone())]), norm(&micro));
+        let err = ((whole - accumulated) / whole).abs();
+        assert!(
+            err <= TOL as f64,
+            "overlap {overlap}: norm {accumulated} accumulated, {whole} in one batch"
+        );
+    }
 }
 
 #[test]
@@ -444,6 +462,105 @@ fn engine_trains_a_model_initialised_on_offload_like_one_on_the_inner_backend() 
     {
         let err = rel_err(a.params.as_slice(), b.params.as_slice());
         assert!(err <= TOL, "group {g}: relative error {err}");
+    }
+}
+
+/// A model whose `embed` is a lookup in a table its head reads too (tied
+/// weights): the table's gradient is the head's plus the embedding's
+/// scatter-add, and its norm counts every row, not only the looked-up ones.
+mod tied {
+    use burn::module::Param;
+    use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig};
+    use burn::prelude::*;
+    use burn_offload::{BlockModel, DecoderBlock};
+
+    pub const VOCAB: usize = 16;
+
+    #[derive(Module, Debug)]
+    pub struct Mix<B: Backend> {
+        pub proj: Linear<B>,
+    }
+
+    impl<B: Backend> DecoderBlock<B> for Mix<B> {
+        fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+            x.clone() + self.proj.forward(x).tanh()
+        }
+    }
+
+    #[derive(Module, Debug)]
+    pub struct Model<B: Backend> {
+        pub embed: Embedding<B>,
+        pub blocks: Vec<Mix<B>>,
+    }
+
+    impl<B: Backend> Model<B> {
+        pub fn new(device: &B::Device) -> Self {
+            Self {
+                embed: EmbeddingConfig::new(VOCAB, 8).init(device),
+                blocks: (0..2)
+                    .map(|_| Mix {
+                        proj: LinearConfig::new(8, 8).init(device),
+                    })
+                    .collect(),
+            }
+        }
+    }
+
+    impl<B: Backend> BlockModel<B> for Model<B> {
+        type Block = Mix<B>;
+        fn embed(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
+            self.embed.forward(tokens)
+        }
+        fn blocks(&self) -> &[Mix<B>] {
+            &self.blocks
+        }
+        fn head(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
+            hidden.matmul(self.embed.weight.val().transpose().unsqueeze())
+        }
+        fn vocab_size(&self) -> usize {
+            VOCAB
+        }
+        fn embedding_table(&self) -> Option<&Param<Tensor<B, 2>>> {
+            Some(&self.embed.weight)
+        }
+    }
+}
+
+#[test]
+fn a_head_tied_to_the_lookup_table_trains_like_plain_burn() {
+    let device = Default::default();
+    let model = tied::Model::<AD>::new(&device);
+    check_gradients(model.clone(), tied::VOCAB);
+    // The global norm of accumulated micro-batches, in both modes, against
+    // the reference's: the head's gradient fills every row of the table.
+    let data = batch(4, 8, tied::VOCAB, 11);
+    let (x, y) = lift(&data);
+    let grads = cross_entropy(model.forward(x), y).backward();
+    let want = values::<AD, _>(&model, Some(&grads))
+        .values()
+        .flat_map(|g| g.iter().map(|&v| (v as f64) * (v as f64)))
+        .sum::<f64>()
+        .sqrt();
+    let micro: Vec<Batch> = (0..2)
+        .map(|i| {
+            (
+                data.0.clone().narrow(0, 2 * i, 2),
+                data.1.clone().narrow(0, 2 * i, 2),
+            )
+        })
+        .collect();
+    for overlap in [true, false] {
+        let config = EngineConfig {
+            overlap,
+            ..engine_config(false)
+        };
+        let mut engine = Engine::new(model.valid(), config, &device).unwrap();
+        let got = engine.step(&micro, 1e-3).unwrap().grad_norm;
+        let err = ((got - want) / want).abs();
+        assert!(
+            err <= TOL as f64,
+            "overlap {overlap}: norm {got}, reference {want}"
+        );
     }
 }
 
@@ -630,6 +747,47 @@ fn deferred_updates_equal_immediate_ones_bit_for_bit() {
         "the forward settles every group"
     );
     let (a, b) = (deferred.into_store(), immediate.into_store());
+    for (g, (a, b)) in a.groups.iter().zip(&b.groups).enumerate() {
+        assert!(
+            a.params.as_slice() == b.params.as_slice(),
+            "group {g} params"
+        );
+        assert!(a.adam_m.as_slice() == b.adam_m.as_slice(), "group {g} m");
+        assert!(a.adam_v.as_slice() == b.adam_v.as_slice(), "group {g} v");
+    }
+}
+
+/// A token id outside the vocabulary is a clear error, raised before the
+/// forward touches the store: the stem's update deferred from the step
+/// before is still applied whole by the next good step.
+#[test]
+fn a_token_outside_the_vocabulary_is_a_clear_error_and_changes_nothing() {
+    let device = Default::default();
+    let config = LlamaConfig::tiny();
+    let vocab = config.vocab_size;
+    let model = config.init::<AD>(&device).valid();
+    let mut failed = Engine::new(model.clone(), engine_config(false), &device).unwrap();
+    let mut clean = Engine::new(model, engine_config(false), &device).unwrap();
+    let (first, second) = (batch(2, 8, vocab, 1), batch(2, 8, vocab, 2));
+    for engine in [&mut failed, &mut clean] {
+        engine.step(std::slice::from_ref(&first), 1e-2).unwrap();
+    }
+    let (inputs, targets) = batch(2, 8, vocab, 3);
+    let mut ids: Vec<i64> = inputs.to_data().iter::<i64>().collect();
+    ids[5] = vocab as i64;
+    let inputs = Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [2, 8]), &device);
+    let err = failed.step(&[(inputs, targets)], 1e-2).unwrap_err();
+    assert!(matches!(err, EngineError::Batch(_)), "{err}");
+    assert!(
+        err.to_string().contains(&format!(
+            "token id {vocab} is outside the embedding table's {vocab} rows"
+        )),
+        "{err}"
+    );
+    for engine in [&mut failed, &mut clean] {
+        engine.step(std::slice::from_ref(&second), 1e-2).unwrap();
+    }
+    let (a, b) = (failed.into_store(), clean.into_store());
     for (g, (a, b)) in a.groups.iter().zip(&b.groups).enumerate() {
         assert!(
             a.params.as_slice() == b.params.as_slice(),
