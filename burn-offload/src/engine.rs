@@ -33,7 +33,11 @@
 //! end of the step every group is lent to it for its update, in the order the
 //! next forward binds them. A bind takes its group back (waiting only if the
 //! worker has not got that far), so the update is **deferred** to the next
-//! step and overlaps its forward. Everything that reads the store takes every
+//! step and overlaps its forward. Where `embed` is a table lookup, that
+//! forward embeds on the host (the table's rows gathered and uploaded, the
+//! stem not bound) and hands the update out itself: first the rows it reads
+//! are updated, on its own thread, then the blocks and the rest of the stem
+//! go to the worker (`Engine::deferred`). Everything that reads the store takes every
 //! group back first. With overlap off (the bench's serialised baseline) the
 //! same work runs inline, the update right after the backward. In **fused** mode each block is
 //! updated as soon as its gradient arrives and no gradient buffer exists (12
@@ -596,7 +600,7 @@ where
 
     /// Parameter groups (stem, then blocks) whose update is still deferred
     /// after a step (lent to the host worker and not taken back, or the stem
-    /// waiting for the next forward, see [`Engine::deferred`]).
+    /// waiting for the next forward).
     pub fn pending_groups(&self) -> usize {
         match self.deferred {
             Some(_) => self.store.groups.len(),
