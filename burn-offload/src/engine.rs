@@ -599,8 +599,8 @@ where
     }
 
     /// Parameter groups (stem, then blocks) whose update is still deferred
-    /// after a step (lent to the host worker and not taken back, or the stem
-    /// waiting for the next forward).
+    /// after a step: lent to the host worker and not taken back, or, with a
+    /// lookup embedding, every group until the next forward hands the update out.
     pub fn pending_groups(&self) -> usize {
         match self.deferred {
             Some(_) => self.store.groups.len(),
@@ -665,8 +665,8 @@ where
         self.run_on_settled(g, bf16, job);
     }
 
-    /// [`Engine::run_on_group`] on a group that is not lent, leaving a
-    /// deferred stem update deferred.
+    /// [`Engine::run_on_group`] on a group that is not lent, leaving an
+    /// update not handed out yet deferred.
     fn run_on_settled(&mut self, g: usize, bf16: bool, job: Job) {
         if let Some(worker) = self.worker.as_mut() {
             let lent = Lent {
