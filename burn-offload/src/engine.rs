@@ -338,11 +338,20 @@ impl TableTouch {
         self.dense |= head;
     }
 
-    /// Records the rows of `tokens` (checked against the table already).
-    fn add(&mut self, tokens: &[i64]) {
+    /// Adds row `p` of `rows` into row `tokens[p]` of the table's gradient
+    /// `grads` (shape `shape`) and records the rows it wrote.
+    fn scatter(
+        &mut self,
+        grads: &mut [f32],
+        shape: &[usize],
+        tokens: &[i64],
+        rows: &[f32],
+    ) -> Result<(), EngineError> {
+        scatter_embedding(grads, shape, tokens, rows)?;
         for &t in tokens {
             self.rows[t as usize] = true;
         }
+        Ok(())
     }
 
     /// The squared norm of the table's accumulated gradient `grads` (rows of
@@ -1160,10 +1169,9 @@ where
             .as_mut()
             .expect("gradient buffer")
             .as_mut_slice()[table.range()];
-        let added = scatter_embedding(grads, table.shape.as_slice(), &tokens, &rows);
-        if added.is_ok() {
-            self.table_touch.add(&tokens);
-        }
+        let added = self
+            .table_touch
+            .scatter(grads, table.shape.as_slice(), &tokens, &rows);
         if let (Ok(()), Sink::Accumulate { last: true, .. }) = (&added, sink) {
             let table_sum_sq = self.table_touch.sum_sq(grads, table.shape[1]);
             self.add_sum_sq(0, table_sum_sq);
@@ -1204,15 +1212,12 @@ where
         let (tokens, rows) = self.embedding_rows(inputs, dy);
         head_grads.finish(out, false);
         let table = &self.store.groups[0].slots[slot];
-        let added = scatter_embedding(
+        let added = self.table_touch.scatter(
             &mut out[table.range()],
             table.shape.as_slice(),
             &tokens,
             &rows,
         );
-        if added.is_ok() {
-            self.table_touch.add(&tokens);
-        }
         self.dy_buffer = rows;
         added
     }
@@ -1597,7 +1602,7 @@ where
         self.take_back(0);
         let table = &self.store.groups[0].slots[slot];
         let (range, [rows, width]) = (table.range(), [table.shape[0], table.shape[1]]);
-        // Before any update: a bad batch leaves the stem's update deferred whole.
+        // Before any update: a bad batch leaves the step's update deferred whole.
         check_tokens(&tokens, rows).map_err(|bad| token_error(bad, rows))?;
         let deferred = self.deferred.take().map(|update| {
             let mut picked = vec![false; rows];
@@ -1618,11 +1623,13 @@ where
             .pager
             .upload_filled::<B, _>([batch, seq, width], &self.device, |out| {
                 gather_rows(table, width, &tokens, out)
-            })
-            .map_err(|bad| token_error(bad, rows))?;
+            });
+        // The rest of the update is handed out whatever the lookup returned:
+        // a partial update must not be left behind.
         if let Some((update, read)) = deferred {
             self.hand_out(update, Part::Rest(read));
         }
+        let embedded = embedded.map_err(|bad| token_error(bad, rows))?;
         // Landed before block 0's weights are copied, which wait for its
         // update: one span of copy time each, no idle gap between them
         // counted as copying.
