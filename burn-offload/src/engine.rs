@@ -645,6 +645,11 @@ where
         self.run_update(0, update, stem);
     }
 
+    /// Whether the host worker is still running a job on group `g`.
+    fn update_running(&mut self, g: usize) -> bool {
+        self.worker.as_mut().is_some_and(|w| w.is_running(g))
+    }
+
     /// Takes group `g` back from the host worker once its job is done (a no-op
     /// when it is not lent); an update not handed out stays deferred.
     fn take_back(&mut self, g: usize) {
@@ -1546,8 +1551,12 @@ where
             if i < 2 {
                 self.mark(format_args!("block {i} landed"));
             }
-            // Block i+1's copy runs behind block i's compute.
-            if i + 1 < num_blocks {
+            // Block i+1's copy runs behind block i's compute: bound before
+            // block i's kernels are submitted, unless the host worker is still
+            // updating it (after the step boundary), where waiting for it
+            // would keep block i's kernels from a device with nothing to do.
+            let bind_after = i + 1 < num_blocks && self.update_running(i + 2);
+            if i + 1 < num_blocks && !bind_after {
                 next = Some(self.bind_forward(blocks, i + 1, first_kept));
             }
             let want = x.dims();
@@ -1567,6 +1576,10 @@ where
                     x = output.clone().inner();
                     state.graphs.push((block, input, output));
                 }
+            }
+            if bind_after {
+                self.pager.flush::<B>(&self.device);
+                next = Some(self.bind_forward(blocks, i + 1, first_kept));
             }
             if x.dims() != want {
                 // Later blocks and the recompute would read a mis-shaped checkpoint.

@@ -103,6 +103,19 @@ impl HostWorker {
         }
     }
 
+    /// Whether group `group` is lent and its job has not finished yet (it is
+    /// never waited for).
+    pub fn is_running(&mut self, group: usize) -> bool {
+        if !self.away[group] {
+            return false;
+        }
+        while let Ok(back) = self.done.try_recv() {
+            let g = back.group;
+            self.parked[g] = Some(back);
+        }
+        self.parked[group].is_none()
+    }
+
     /// Waits until group `group` (lent) is back and returns it.
     pub fn take(&mut self, group: usize) -> Returned {
         assert!(self.away[group], "group {group} is not lent");
@@ -172,6 +185,17 @@ mod tests {
             );
         }
         assert_eq!(worker.away_count(), 3);
+        // The jobs are done once a later one is taken; none ran twice.
+        let _ = worker.take(2);
+        assert!(!worker.is_running(0) && !worker.is_running(1) && !worker.is_running(2));
+        worker.lend(
+            2,
+            lent(4),
+            Box::new(|l| {
+                l.slabs.params.as_mut_slice().fill(3.0);
+                2.0
+            }),
+        );
         for g in [2, 0, 1] {
             let back = worker.take(g);
             assert_eq!(back.group, g);
@@ -180,6 +204,25 @@ mod tests {
             assert!(!worker.is_away(g));
         }
         assert_eq!(worker.away_count(), 0);
+    }
+
+    #[test]
+    fn a_job_is_running_until_it_returns() {
+        let mut worker = HostWorker::spawn(2);
+        assert!(!worker.is_running(0), "not lent");
+        let (go, wait) = channel::<()>();
+        worker.lend(
+            0,
+            lent(1),
+            Box::new(move |_| wait.recv().map_or(-1.0, |_| 1.0)),
+        );
+        assert!(worker.is_running(0));
+        go.send(()).unwrap();
+        while worker.is_running(0) {
+            std::thread::yield_now();
+        }
+        assert!(worker.is_away(0), "done but not taken back");
+        assert_eq!(worker.take(0).sum_sq, 1.0);
     }
 
     #[test]

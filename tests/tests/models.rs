@@ -5,7 +5,7 @@ use burn::prelude::*;
 use burn::tensor::{Distribution, TensorData};
 use burn_offload::{BlockModel, DecoderBlock};
 use burn_offload_tests::{max_rel_err, random_tokens, TestBackend as B};
-use models::llama::{apply_rope, rope_tables, LlamaAttention};
+use models::llama::{apply_rope, cached_rope_tables, rope_tables, LlamaAttention};
 use models::{Gpt2Config, LlamaConfig};
 
 fn check_shapes_and_causality<M: BlockModel<B>>(model: &M, vocab: usize) {
@@ -44,6 +44,36 @@ fn llama_forward_shapes_and_causality() {
     let model = config.init::<B>(&Default::default());
     assert_eq!(model.num_params(), config.num_params());
     check_shapes_and_causality(&model, config.vocab_size);
+}
+
+#[test]
+fn cached_rope_tables_are_the_tables_built_for_that_length() {
+    let device = Default::default();
+    let values = |(cos, sin): (Tensor<B, 2>, Tensor<B, 2>)| {
+        assert_eq!(cos.dims(), sin.dims());
+        (
+            cos.dims(),
+            cos.into_data().to_vec::<f32>().unwrap(),
+            sin.into_data().to_vec::<f32>().unwrap(),
+        )
+    };
+    // A head size and θ no other test uses: this test sees the cache empty
+    // for them. Shorter after longer (narrowed), longer (rebuilt), exact
+    // powers of two, and a second θ beside the first.
+    let head_dim = 6;
+    for (seq, theta) in [
+        (7, 500.0),
+        (3, 500.0),
+        (8, 500.0),
+        (21, 500.0),
+        (5, 500.0),
+        (5, 900.0),
+        (21, 500.0),
+    ] {
+        let got = values(cached_rope_tables::<B>(seq, head_dim, theta, &device));
+        let want = values(rope_tables::<B>(seq, head_dim, theta, &device));
+        assert_eq!(got, want, "seq {seq}, θ {theta}");
+    }
 }
 
 #[test]
