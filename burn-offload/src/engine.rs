@@ -339,7 +339,8 @@ impl TableTouch {
     }
 
     /// Adds row `p` of `rows` into row `tokens[p]` of the table's gradient
-    /// `grads` (shape `shape`) and records the rows it wrote.
+    /// `grads` (shape `shape`, `[rows, width]`: the gradient of a lookup in
+    /// it) and records the rows it wrote.
     fn scatter(
         &mut self,
         grads: &mut [f32],
@@ -347,7 +348,8 @@ impl TableTouch {
         tokens: &[i64],
         rows: &[f32],
     ) -> Result<(), EngineError> {
-        scatter_embedding(grads, shape, tokens, rows)?;
+        crate::pager::scatter_add_rows(grads, shape[1], tokens, rows)
+            .map_err(|token| token_error(token, shape[0]))?;
         for &t in tokens {
             self.rows[t as usize] = true;
         }
@@ -664,6 +666,15 @@ where
         self.restore_group(g, back.lent);
     }
 
+    /// Takes group `g`'s slabs (and, with `bf16`, its bf16 copy) out of the
+    /// store for a job; [`Engine::restore_group`] puts them back.
+    fn lend_group(&mut self, g: usize, bf16: bool) -> Lent {
+        Lent {
+            slabs: self.store.groups[g].lend(),
+            bf16: self.bf16.as_mut().filter(|_| bf16).map(|c| c.take(g)),
+        }
+    }
+
     /// Puts group `g`'s lent slabs (and bf16 copy) back in place.
     fn restore_group(&mut self, g: usize, lent: Lent) {
         self.store.groups[g].restore(lent.slabs);
@@ -682,12 +693,12 @@ where
     /// [`Engine::run_on_group`] on a group that is not lent, leaving an
     /// update not handed out yet deferred.
     fn run_on_settled(&mut self, g: usize, bf16: bool, job: Job) {
-        if let Some(worker) = self.worker.as_mut() {
-            let lent = Lent {
-                slabs: self.store.groups[g].lend(),
-                bf16: self.bf16.as_mut().filter(|_| bf16).map(|c| c.take(g)),
-            };
-            worker.lend(g, lent, job);
+        if self.worker.is_some() {
+            let lent = self.lend_group(g, bf16);
+            self.worker
+                .as_mut()
+                .expect("checked above")
+                .lend(g, lent, job);
             return;
         }
         self.run_here(g, bf16, job);
@@ -696,10 +707,7 @@ where
     /// Runs `job` on group `g` (not lent) on this thread.
     fn run_here(&mut self, g: usize, bf16: bool, job: Job) {
         let started = Instant::now();
-        let mut lent = Lent {
-            slabs: self.store.groups[g].lend(),
-            bf16: self.bf16.as_mut().filter(|_| bf16).map(|c| c.take(g)),
-        };
+        let mut lent = self.lend_group(g, bf16);
         let sum_sq = job(&mut lent);
         self.add_sum_sq(g, sum_sq);
         self.split.optimizer_s += started.elapsed().as_secs_f64();
@@ -1750,18 +1758,6 @@ fn group_prefix(buffer: &mut Vec<f32>, numel: usize) -> &mut [f32] {
         buffer.resize(numel, 0.0);
     }
     &mut buffer[..numel]
-}
-
-/// Adds row `p` of `rows` into row `tokens[p]` of `table` (a gradient of
-/// shape `shape`, `[rows, width]`): the gradient of a lookup in it.
-fn scatter_embedding(
-    table: &mut [f32],
-    shape: &[usize],
-    tokens: &[i64],
-    rows: &[f32],
-) -> Result<(), EngineError> {
-    crate::pager::scatter_add_rows(table, shape[1], tokens, rows)
-        .map_err(|token| token_error(token, shape[0]))
 }
 
 fn token_error(token: i64, rows: usize) -> EngineError {
