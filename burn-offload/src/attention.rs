@@ -12,8 +12,14 @@
 //!   `exp`) and applies the softmax gradient in closed form,
 //!   `dS = P ⊙ (dP − rowsum(dO ⊙ O))`.
 //!
-//! Both passes work through the batch in chunks whose scores hold at most
-//! [`SCORE_CHUNK_ELEMENTS`], so the score-sized temporaries stay bounded too.
+//! Both passes split each sequence's queries into [`QUERY_BLOCKS`] blocks of
+//! consecutive positions; a block's queries see only the keys up to its last
+//! position, so the scores of block `r` are `len × (r+1)·len`, not `len × seq`:
+//! with four blocks the score-sized passes (matmuls, mask, `exp`, the row
+//! reductions, the softmax gradient) cover 10/16 of the square instead of all
+//! of it, the masked half being mostly skipped. They work through the batch in
+//! chunks whose scores hold at most [`SCORE_CHUNK_ELEMENTS`], so the
+//! score-sized temporaries stay bounded too.
 //! Grouped-query attention needs no repeated keys and values: the `g` query
 //! heads of one key/value head are laid end to end (`[b, kv, g·s, d]`), and
 //! one matmul serves the group (its key and value gradients come out summed
@@ -35,15 +41,31 @@ use burn::tensor::{Bool, Tensor, TensorPrimitive};
 
 use crate::{Gemm, Offload};
 
-/// Most elements of one chunk's `[chunk, heads, seq, seq]` scores; a chunk
-/// has at least one sequence. 2^27 is 512 MiB in f32: at 16k tokens of the
-/// 0.85B Llama (16 × 1024) a chunk is 4 sequences, whose batched matmuls
-/// still fill the GPU.
+/// Most elements of one chunk's largest scores, `[chunk, heads, block, seq]`
+/// (the last query block's); a chunk has at least one sequence. 2^27 is
+/// 512 MiB in f32: at 16k tokens of the 0.85B Llama (16 × 1024, blocks of
+/// 256) a chunk is the whole batch.
 pub const SCORE_CHUNK_ELEMENTS: usize = 1 << 27;
+
+/// How many blocks of consecutive query positions each sequence's causal
+/// square is cut into. More blocks skip more of the masked half (`(n+1)/2n`
+/// of the square is computed) but launch more, smaller kernels: at 4 the
+/// 0.85B Llama's blocks are 256 queries, whose matmuls still fill the GPU.
+pub const QUERY_BLOCKS: usize = 4;
+
+/// Query positions per block for sequences of length `seq`.
+pub fn query_block(seq: usize) -> usize {
+    seq.div_ceil(QUERY_BLOCKS).max(1)
+}
+
+/// Elements of one sequence's largest score block: `heads × block × seq`.
+pub fn score_elements_per_sequence(heads: usize, seq: usize) -> usize {
+    heads * query_block(seq).min(seq) * seq
+}
 
 /// Sequences per chunk for `heads` query heads of length `seq`.
 pub fn sequences_per_chunk(heads: usize, seq: usize) -> usize {
-    (SCORE_CHUNK_ELEMENTS / (heads * seq * seq).max(1)).max(1)
+    (SCORE_CHUNK_ELEMENTS / score_elements_per_sequence(heads, seq).max(1)).max(1)
 }
 
 /// `softmax(q·kᵀ / √d + causal mask) · v` for `q: [batch, heads, seq, d]` and
@@ -71,7 +93,7 @@ pub fn causal_attention<B: Backend>(
     } else {
         let [batch, heads, seq, head_dim] = q.dims();
         let chunk = sequences_per_chunk(heads, seq);
-        attention_forward(q, k, v, chunk)
+        attention_forward(q, k, v, chunk, query_block(seq))
             .0
             .reshape([batch, heads, seq, head_dim])
     }
@@ -138,35 +160,92 @@ fn grouped<B: Backend>(q: Tensor<B, 4>, kv_heads: usize) -> Tensor<B, 4> {
     q.reshape([b, kv_heads, h / kv_heads * s, d])
 }
 
-/// `true` above the diagonal of `[seq, seq]`: position i attends to positions
-/// ≤ i (the diagonal is never masked, so every row has a finite maximum).
-/// Built once per pass and shared by its chunks.
-fn future_mask<B: Backend>(k: &Tensor<B, 4>) -> Tensor<B, 2, Bool> {
-    let seq = k.dims()[2];
-    Tensor::tril_mask([seq, seq], 0, &k.device())
+/// Rows `start..start + len` of each query head in the grouped layout
+/// `[b, kv, g·seq, w]`, as `[b, kv, g·len, w]`.
+fn query_rows<B: Backend>(x: &Tensor<B, 4>, seq: usize, start: usize, len: usize) -> Tensor<B, 4> {
+    let [b, kv, rows, w] = x.dims();
+    if len == seq {
+        return x.clone();
+    }
+    let groups = rows / seq;
+    x.clone()
+        .reshape([b, kv, groups, seq, w])
+        .narrow(3, start, len)
+        .reshape([b, kv, groups * len, w])
 }
 
-/// Scaled, causally masked scores of one chunk, `[b, kv, g·s, s]`, for grouped
-/// queries `q` and keys `k`.
+/// The query blocks' rows, `[b, kv, g·len, w]` each, joined back into the
+/// grouped layout of `groups` heads (the inverse of [`query_rows`] over
+/// consecutive blocks).
+fn join_rows<B: Backend>(parts: Vec<Tensor<B, 4>>, groups: usize) -> Tensor<B, 4> {
+    if parts.len() == 1 {
+        return parts.into_iter().next().expect("one part");
+    }
+    let [b, kv, _, w] = parts[0].dims();
+    let parts: Vec<_> = parts
+        .into_iter()
+        .map(|p| {
+            let len = p.dims()[2] / groups;
+            p.reshape([b, kv, groups, len, w])
+        })
+        .collect();
+    let joined = Tensor::cat(parts, 3);
+    let seq = joined.dims()[3];
+    joined.reshape([b, kv, groups * seq, w])
+}
+
+/// One block of queries, positions `start..start + len`, and the keys it sees
+/// (`0..start + len`); `future` is `true` where a query must not see a key.
+struct QueryBlock<B: Backend> {
+    start: usize,
+    len: usize,
+    future: Tensor<B, 2, Bool>,
+}
+
+impl<B: Backend> QueryBlock<B> {
+    /// The blocks of `block` positions that cover `seq` (the last may be
+    /// shorter), each with its mask, built once per pass and shared by the
+    /// chunks.
+    fn cover(seq: usize, block: usize, device: &B::Device) -> Vec<Self> {
+        (0..seq)
+            .step_by(block.max(1))
+            .map(|start| {
+                let len = block.min(seq - start);
+                // Query i (at start + i) sees keys ≤ start + i: the diagonal
+                // is never masked, so every row has a finite maximum.
+                let future = Tensor::tril_mask([len, start + len], start as i64, device);
+                QueryBlock { start, len, future }
+            })
+            .collect()
+    }
+
+    fn keys(&self) -> usize {
+        self.start + self.len
+    }
+}
+
+/// Scaled, causally masked scores of one query block, `[b, kv, g·len, keys]`,
+/// for its grouped queries `q` and the keys it sees `k`.
 fn masked_scores<B: Backend>(
     q: Tensor<B, 4>,
     k: Tensor<B, 4>,
-    future: &Tensor<B, 2, Bool>,
+    block: &QueryBlock<B>,
     scale: f64,
 ) -> Tensor<B, 4> {
     let [b, kv, rows, _] = q.dims();
-    let seq = k.dims()[2];
-    let groups = rows / seq;
+    let (len, keys) = (block.len, block.keys());
+    let groups = rows / len;
     let scores = (q * scale).matmul(k.swap_dims(2, 3));
     // Each query head of a group has the same mask.
-    let future = future
+    let future = block
+        .future
         .clone()
         .unsqueeze::<5>()
-        .expand([b, kv, groups, seq, seq]);
+        .expand([b, kv, groups, len, keys]);
     scores
-        .reshape([b, kv, groups, seq, seq])
+        .reshape([b, kv, groups, len, keys])
         .mask_fill(future, f32::NEG_INFINITY)
-        .reshape([b, kv, rows, seq])
+        .reshape([b, kv, rows, keys])
 }
 
 /// Runs `f` on each chunk of sequences of the tensors and joins the results
@@ -194,54 +273,96 @@ fn by_chunks<B: Backend, const N: usize, const M: usize>(
 }
 
 /// The forward: the output in the grouped layout `[b, kv, g·s, d]` and each
-/// row's log-sum-exp `[b, kv, g·s, 1]` (what the backward needs).
+/// row's log-sum-exp `[b, kv, g·s, 1]` (what the backward needs), in query
+/// blocks of `block` positions.
 fn attention_forward<B: Backend>(
     q: Tensor<B, 4>,
     k: Tensor<B, 4>,
     v: Tensor<B, 4>,
     chunk: usize,
+    block: usize,
 ) -> (Tensor<B, 4>, Tensor<B, 4>) {
-    let head_dim = q.dims()[3];
+    let [_, heads, seq, head_dim] = q.dims();
+    let groups = heads / k.dims()[1];
     let scale = 1.0 / (head_dim as f64).sqrt();
     let q = grouped(q, k.dims()[1]);
-    let future = future_mask(&k);
+    let blocks = QueryBlock::cover(seq, block, &k.device());
     let [output, lse] = by_chunks([q, k, v], chunk, |[q, k, v]| {
-        let scores = masked_scores(q, k, &future, scale);
-        let max = scores.clone().max_dim(3);
-        let weights = (scores - max.clone()).exp();
-        let sums = weights.clone().sum_dim(3);
-        let output = weights.matmul(v) / sums.clone();
-        [output, max + sums.log()]
+        let (mut outputs, mut lses) = (Vec::new(), Vec::new());
+        for block in &blocks {
+            let keys = block.keys();
+            let q = query_rows(&q, seq, block.start, block.len);
+            let (k, v) = (k.clone().narrow(2, 0, keys), v.clone().narrow(2, 0, keys));
+            let scores = masked_scores(q, k, block, scale);
+            let max = scores.clone().max_dim(3);
+            let weights = (scores - max.clone()).exp();
+            let sums = weights.clone().sum_dim(3);
+            outputs.push(weights.matmul(v) / sums.clone());
+            lses.push(max + sums.log());
+        }
+        [join_rows(outputs, groups), join_rows(lses, groups)]
     });
     (output, lse)
 }
 
 /// The backward: `(dq, dk, dv)` for the output gradient `grad` in the grouped
-/// layout, from the forward's inputs, output and log-sum-exp.
+/// layout, from the forward's inputs, output and log-sum-exp, in query
+/// blocks of `block` positions.
 fn attention_backward<B: Backend>(
     [q, k, v, output, lse]: [Tensor<B, 4>; 5],
     grad: Tensor<B, 4>,
     chunk: usize,
+    block: usize,
 ) -> [Tensor<B, 4>; 3] {
     let [batch, heads, seq, head_dim] = q.dims();
+    let groups = heads / k.dims()[1];
     let scale = 1.0 / (head_dim as f64).sqrt();
     let q = grouped(q, k.dims()[1]);
-    let future = future_mask(&k);
+    let blocks = QueryBlock::cover(seq, block, &k.device());
     let [dq, dk, dv] = by_chunks(
         [q, k, v, output, lse, grad],
         chunk,
         |[q, k, v, output, lse, grad]| {
-            // The forward's probabilities, recomputed (masked entries: exp(−∞) = 0).
-            let probs = (masked_scores(q.clone(), k.clone(), &future, scale) - lse).exp();
-            let dv = probs.clone().swap_dims(2, 3).matmul(grad.clone());
             let row_dot = (grad.clone() * output).sum_dim(3);
-            let dscores = probs * (grad.matmul(v.swap_dims(2, 3)) - row_dot);
-            let dq = dscores.clone().matmul(k) * scale;
-            let dk = dscores.swap_dims(2, 3).matmul(q) * scale;
-            [dq, dk, dv]
+            let mut dqs = Vec::with_capacity(blocks.len());
+            // The last block sees every key, so its key and value gradients
+            // start the sums the earlier blocks add their leading rows to.
+            let (mut dk, mut dv): (Option<Tensor<B, 4>>, Option<Tensor<B, 4>>) = (None, None);
+            for block in blocks.iter().rev() {
+                let (start, len, keys) = (block.start, block.len, block.keys());
+                let rows = |x: &Tensor<B, 4>| query_rows(x, seq, start, len);
+                let (q, grad) = (rows(&q), rows(&grad));
+                let (k, v) = (k.clone().narrow(2, 0, keys), v.clone().narrow(2, 0, keys));
+                // The forward's probabilities, recomputed (masked entries: exp(−∞) = 0).
+                let probs = (masked_scores(q.clone(), k.clone(), block, scale) - rows(&lse)).exp();
+                let dv_part = probs.clone().swap_dims(2, 3).matmul(grad.clone());
+                let dscores = probs * (grad.matmul(v.swap_dims(2, 3)) - rows(&row_dot));
+                dqs.push(dscores.clone().matmul(k));
+                let dk_part = dscores.swap_dims(2, 3).matmul(q);
+                dk = Some(add_leading(dk, dk_part));
+                dv = Some(add_leading(dv, dv_part));
+            }
+            dqs.reverse();
+            [
+                join_rows(dqs, groups) * scale,
+                dk.expect("at least one block") * scale,
+                dv.expect("at least one block"),
+            ]
         },
     );
     [dq.reshape([batch, heads, seq, head_dim]), dk, dv]
+}
+
+/// `sum` with `part` added to its leading rows (dimension 2); `part` itself
+/// when there is no sum yet.
+fn add_leading<B: Backend>(sum: Option<Tensor<B, 4>>, part: Tensor<B, 4>) -> Tensor<B, 4> {
+    let Some(sum) = sum else {
+        return part;
+    };
+    let [b, kv, rows, w] = part.dims();
+    let ranges = [0..b, 0..kv, 0..rows, 0..w];
+    let leading = sum.clone().slice(ranges.clone()) + part;
+    sum.slice_assign(ranges, leading)
 }
 
 fn float<B: Backend, const D: usize>(t: Tensor<B, D>) -> FloatTensor<B> {
@@ -264,7 +385,8 @@ impl<B: Backend> Backward<B, 3> for CausalAttention {
         let saved = ops.state.map(tensor::<B, 4>);
         let [_, heads, seq, _] = saved[0].dims();
         let grad = grouped(tensor::<B, 4>(grad), saved[1].dims()[1]);
-        let inputs = attention_backward(saved, grad, sequences_per_chunk(heads, seq));
+        let chunk = sequences_per_chunk(heads, seq);
+        let inputs = attention_backward(saved, grad, chunk, query_block(seq));
         for (parent, gradient) in ops.parents.into_iter().zip(inputs) {
             if let Some(node) = parent {
                 grads.register::<B>(node.id, float(gradient));
@@ -286,6 +408,7 @@ fn tracked<B: Backend>(
         tensor(k.primitive.clone()),
         tensor(v.primitive.clone()),
         sequences_per_chunk(heads, seq),
+        query_block(seq),
     );
     let result = float(output.clone().reshape([batch, heads, seq, head_dim]));
     let nodes = [q.node.clone(), k.node.clone(), v.node.clone()];
@@ -452,31 +575,53 @@ mod tests {
         check(reference_causal_attention);
     }
 
-    /// Chunked over the batch, both passes give what one chunk gives.
+    /// Chunked over the batch and cut into query blocks, both passes give
+    /// what one chunk of whole sequences gives.
     #[test]
-    fn chunks_join_to_the_whole_batch() {
+    fn chunks_and_query_blocks_join_to_the_whole() {
         let device = Default::default();
         let randn =
             |shape| Tensor::<Flex, 4>::random(shape, Distribution::Normal(0.0, 1.0), &device);
         let (q, k, v) = (
-            randn([5, 4, 6, 8]),
-            randn([5, 2, 6, 8]),
-            randn([5, 2, 6, 8]),
+            randn([5, 4, 7, 8]),
+            randn([5, 2, 7, 8]),
+            randn([5, 2, 7, 8]),
         );
-        let grad = randn([5, 2, 12, 8]);
-        let passes = |chunk| {
-            let (o, lse) = attention_forward(q.clone(), k.clone(), v.clone(), chunk);
+        let grad = randn([5, 2, 14, 8]);
+        let passes = |chunk, block| {
+            let (o, lse) = attention_forward(q.clone(), k.clone(), v.clone(), chunk, block);
             let saved = [q.clone(), k.clone(), v.clone(), o.clone(), lse.clone()];
-            let [dq, dk, dv] = attention_backward(saved, grad.clone(), chunk);
+            let [dq, dk, dv] = attention_backward(saved, grad.clone(), chunk, block);
             [o, lse, dq, dk, dv]
         };
-        let whole = passes(5);
-        for chunk in [1, 2, 3] {
-            for (part, all) in passes(chunk).into_iter().zip(whole.clone()) {
+        let whole = passes(5, 7);
+        for (chunk, block) in [
+            (1, 7),
+            (2, 7),
+            (3, 7),
+            (5, 1),
+            (5, 2),
+            (2, 3),
+            (5, 6),
+            (5, 9),
+        ] {
+            for (part, all) in passes(chunk, block).into_iter().zip(whole.clone()) {
                 assert_eq!(part.dims(), all.dims());
-                assert!(max_abs_diff(part, all) < 1e-6, "chunks of {chunk}");
+                let diff = max_abs_diff(part, all);
+                assert!(diff < 1e-5, "chunks of {chunk}, blocks of {block}: {diff}");
             }
         }
+    }
+
+    /// Sequences of 1024 are cut into four blocks of 256, whose largest
+    /// scores let a chunk hold 32 sequences of 16 heads.
+    #[test]
+    fn query_blocks_size_the_chunks() {
+        assert_eq!(query_block(1024), 256);
+        assert_eq!(query_block(7), 2);
+        assert_eq!(query_block(1), 1);
+        assert_eq!(sequences_per_chunk(16, 1024), 32);
+        assert_eq!(sequences_per_chunk(1, 1 << 20), 1);
     }
 
     /// A query never sees a later position: changing the last key and value

@@ -302,7 +302,8 @@ impl Plan {
         // Attention's score-sized temporaries (scores, probabilities and
         // their gradients), one chunk of sequences at a time.
         let chunk_seqs = attention::sequences_per_chunk(s.heads as usize, t as usize) as u64;
-        let scores = width * 4 * chunk_seqs.min(b) * s.heads * t * t;
+        let per_seq = attention::score_elements_per_sequence(s.heads as usize, t as usize) as u64;
+        let scores = width * 4 * chunk_seqs.min(b) * per_seq;
         let block_saved = width * tokens * s.saved_per_token;
         // Beside the saved values, a block's backward holds their gradients
         // and its temporaries: 1.25 times the saved values (the whole
