@@ -62,6 +62,10 @@ pub struct TrainOptions {
     /// Engine on CUDA: let threads that wait for the device spin (the
     /// driver's default) instead of sleeping; a benchmark baseline.
     pub spin_waits: bool,
+    /// Engine: run the blocks' deferred updates back to back as the step
+    /// starts, beside the forward's weight copies, instead of holding each
+    /// until the block before it has landed; a benchmark baseline.
+    pub updates_during_copies: bool,
     /// Engine: update without first checking the gradients for non-finite
     /// values (fused mode then runs the backward once instead of twice).
     pub no_guard: bool,
@@ -130,6 +134,7 @@ impl Default for TrainOptions {
             fused: false,
             serial_copies: false,
             spin_waits: false,
+            updates_during_copies: false,
             no_guard: false,
             accum: 1,
             compute: Compute::Fp32,
@@ -661,6 +666,7 @@ impl Job<'_> {
             compute: opts.compute,
             kept_graphs: self.kept_graphs,
             blocking_sync: !opts.spin_waits,
+            hold_updates_for_copies: !opts.updates_during_copies,
         };
         let mut engine = Engine::new(model, config, device)?;
         drop(rng);

@@ -54,6 +54,7 @@ fn engine_config(fused: bool) -> EngineConfig {
         compute: Compute::Fp32,
         kept_graphs: 0,
         blocking_sync: true,
+        hold_updates_for_copies: true,
     }
 }
 
@@ -722,6 +723,13 @@ fn deferred_updates_equal_immediate_ones_bit_for_bit() {
     cfg.grad_clip = Some(0.5);
     let model = model.valid();
     let mut deferred = Engine::new(model.clone(), cfg.clone(), &device).unwrap();
+    // The same deferred updates, run back to back instead of each held
+    // until the forward has the block before it.
+    let unheld_cfg = EngineConfig {
+        hold_updates_for_copies: false,
+        ..cfg.clone()
+    };
+    let mut unheld = Engine::new(model.clone(), unheld_cfg, &device).unwrap();
     cfg.overlap = false;
     let mut immediate = Engine::new(model, cfg, &device).unwrap();
     let groups = config.n_layer + 1;
@@ -729,8 +737,15 @@ fn deferred_updates_equal_immediate_ones_bit_for_bit() {
         let data = [batch(2, 8, config.vocab_size, 40 + step)];
         let a = deferred.step(&data, 1e-2).unwrap();
         let b = immediate.step(&data, 1e-2).unwrap();
+        let c = unheld.step(&data, 1e-2).unwrap();
         assert_eq!(a.loss.to_bits(), b.loss.to_bits(), "step {step}");
         assert_eq!(a.grad_norm.to_bits(), b.grad_norm.to_bits(), "step {step}");
+        assert_eq!(c.loss.to_bits(), b.loss.to_bits(), "step {step}, unheld");
+        assert_eq!(
+            c.grad_norm.to_bits(),
+            b.grad_norm.to_bits(),
+            "step {step}, unheld"
+        );
         assert_eq!(deferred.pending_groups(), groups, "step {step}");
         assert_eq!(immediate.pending_groups(), 0, "step {step}");
         if step == 1 {
@@ -746,8 +761,17 @@ fn deferred_updates_equal_immediate_ones_bit_for_bit() {
         0,
         "the forward settles every group"
     );
-    let (a, b) = (deferred.into_store(), immediate.into_store());
+    unheld.settle_all();
+    let (a, b, c) = (
+        deferred.into_store(),
+        immediate.into_store(),
+        unheld.into_store(),
+    );
     for (g, (a, b)) in a.groups.iter().zip(&b.groups).enumerate() {
+        assert!(
+            c.groups[g].params.as_slice() == b.params.as_slice(),
+            "group {g} params, unheld"
+        );
         assert!(
             a.params.as_slice() == b.params.as_slice(),
             "group {g} params"

@@ -36,6 +36,7 @@ fn engine_config() -> EngineConfig {
         compute: Compute::Fp32,
         kept_graphs: 0,
         blocking_sync: true,
+        hold_updates_for_copies: true,
     }
 }
 

@@ -83,6 +83,12 @@ struct Cli {
     /// (the driver's default) instead of sleeping; a benchmark baseline.
     #[arg(long)]
     spin_waits: bool,
+    /// Engine: run the blocks' updates back to back as the step starts,
+    /// beside the forward's weight copies (which then share host memory
+    /// bandwidth with them), instead of holding each block's update until
+    /// the block before it has landed; a benchmark baseline.
+    #[arg(long)]
+    updates_during_copies: bool,
     /// Engine: update without first checking the gradients for non-finite
     /// values. With --fused and --grad-clip 0 the backward then runs once per
     /// step instead of twice; a non-finite loss stops the run after the fact.
@@ -183,6 +189,7 @@ fn main() -> ExitCode {
         fused: cli.fused,
         serial_copies: cli.serial_copies,
         spin_waits: cli.spin_waits,
+        updates_during_copies: cli.updates_during_copies,
         no_guard: cli.no_guard,
         accum: cli.accum,
         compute: cli.compute,
