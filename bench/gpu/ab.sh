@@ -30,7 +30,12 @@ rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()][2:]
 if not rows:
     print(sys.argv[2], "no steady steps")
 else:
-    print(sys.argv[2], "tok/s median %.0f" % statistics.median(r["tokens_per_s"] for r in rows),
+    med = lambda f: statistics.median(f(r) for r in rows)
+    h2d = med(lambda r: r["split"]["forward_h2d_bytes"] / max(r["split"]["forward_h2d_copy_s"], 1e-9) / 1e9)
+    print(sys.argv[2], "tok/s median %.0f" % med(lambda r: r["tokens_per_s"]),
+          "forward %.3f s" % med(lambda r: r["split"]["forward_s"]),
+          "backward %.3f s" % med(lambda r: r["split"]["backward_s"]),
+          "forward H2D %.1f GB/s" % h2d,
           "steps", [round(r["step_s"], 3) for r in rows])
 PY
   tar czf $OUT/ab.tgz -C $W .
