@@ -550,6 +550,44 @@ pub(crate) fn wait_uploads<X: Backend>(device: &X::Device) -> UploadWait {
     })
 }
 
+/// A callback the copy stream runs once the uploads before it have landed.
+type Landed = Box<dyn FnOnce() + Send>;
+
+/// Has a driver thread run `landed` once every upload started so far on this
+/// thread has landed (`landed` must not call into CUDA); `Err(landed)` when
+/// `X` is not the CUDA backend or `Autodiff` over it.
+pub(crate) fn after_uploads<X: Backend>(device: &X::Device, landed: Landed) -> Result<(), Landed> {
+    let Some(device) = (device as &dyn Any).downcast_ref::<CudaDevice>() else {
+        return Err(landed);
+    };
+    if !is_cuda::<X>() {
+        return Err(landed);
+    }
+    with_copier(device, |copier| {
+        let data = Box::into_raw(Box::new(landed)).cast::<c_void>();
+        // SAFETY: `run_landed` takes back the box made here, once: the
+        // driver calls a host function exactly once, after the work queued
+        // before it on `up`; when it refuses the call, the box is ours again.
+        unsafe {
+            let result = sys::cuLaunchHostFunc(copier.up, Some(run_landed), data);
+            if result != CUresult::CUDA_SUCCESS {
+                // Whatever waits for the callback must not wait forever.
+                run_landed(data);
+                check(result, "cuLaunchHostFunc");
+            }
+        };
+    });
+    Ok(())
+}
+
+/// The driver's side of [`after_uploads`].
+unsafe extern "C" fn run_landed(data: *mut c_void) {
+    // SAFETY: `data` is the box `after_uploads` leaked, passed here once.
+    let landed = unsafe { Box::from_raw(data.cast::<Landed>()) };
+    // A panic must not unwind into the driver.
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(landed));
+}
+
 /// Hands cubecl's queued kernels to the GPU (its channel batches up to 32
 /// tasks; a CPU wait before they are issued would leave the GPU idle).
 pub(crate) fn flush(device: &CudaDevice) {

@@ -65,6 +65,7 @@ use crate::pager::{
 use crate::precision::{cast_to, Bf16Weights, Compute};
 use crate::store::{Collect, HostStore, StoreError, StoreLayout};
 use crate::trace;
+use crate::copy_window;
 use crate::worker::{HostWorker, Job, Lent};
 use crate::{BlockModel, DecoderBlock};
 
@@ -133,11 +134,10 @@ pub struct EngineConfig {
     /// the host work that overlaps the device. `false` keeps the driver's
     /// default (a benchmark baseline).
     pub blocking_sync: bool,
-    /// In overlap mode, hold each block's deferred update (from the second
-    /// block on) until the forward has the block before it on the device, so
-    /// the update's pass over host memory does not slow that block's weight
-    /// copy (see `worker::CopyGate`). `false` runs the updates back to back
-    /// as soon as the step starts.
+    /// In overlap mode, have the host optimizer wait while one of the
+    /// forward's weight copies is in flight, so its pass over host memory
+    /// does not slow the copy (see `copy_window`). `false` lets them share
+    /// host memory bandwidth.
     pub hold_updates_for_copies: bool,
 }
 
@@ -426,10 +426,6 @@ pub struct Engine<B: Backend, M: BlockModel<B>> {
     /// ~40 ms). Anything else that takes a group back hands them all out
     /// first, the stem's whole ([`Engine::settle`]).
     deferred: Option<Update>,
-    /// The worker's gate count when the blocks' updates were handed out held
-    /// for the forward's copies ([`EngineConfig::hold_updates_for_copies`]):
-    /// the forward raises it to `base + i + 1` once block i has landed.
-    gate_base: Option<u64>,
     /// The table rows the step's embedding gradients wrote (lookup embedding).
     table_touch: TableTouch,
     /// Squared norm of each group's accumulated gradient, as measured (on
@@ -588,7 +584,6 @@ where
             dy_buffer: Vec::new(),
             num_params,
             deferred: None,
-            gate_base: None,
             table_touch: TableTouch::default(),
             group_sum_sq: Vec::new(),
             worker,
@@ -642,42 +637,21 @@ where
     /// when it is not lent), with its deferred update applied.
     fn settle(&mut self, g: usize) {
         if let Some(update) = self.deferred.take() {
-            self.hand_out(update, Part::Whole, false);
+            self.hand_out(update, Part::Whole);
         }
         self.take_back(g);
     }
 
     /// Lends every group to the worker for `update`: the blocks in the order
     /// the forward binds them, then `stem` of the stem, which the forward
-    /// reads last (the head). With `for_forward` (the forward follows, see
-    /// [`EngineConfig::hold_updates_for_copies`]) each block's update from
-    /// the second on waits until the block before it has landed; the stem's
-    /// follows the last block's, unheld, so the head never waits for it.
-    fn hand_out(&mut self, update: Update, stem: Part, for_forward: bool) {
-        self.gate_base = self
-            .worker
-            .as_ref()
-            .filter(|_| for_forward && self.config.hold_updates_for_copies)
-            .map(|w| w.gate().position());
+    /// reads last (the head).
+    fn hand_out(&mut self, update: Update, stem: Part) {
         for g in 1..self.store.groups.len() {
             self.take_back(g);
-            // Group g is block g−1, held until block g−2 has landed.
-            let wait = self
-                .gate_base
-                .filter(|_| g >= 2)
-                .map(|base| base + g as u64 - 1);
-            self.run_update(g, update, Part::Whole, wait);
+            self.run_update(g, update, Part::Whole);
         }
         self.take_back(0);
-        self.run_update(0, update, stem, None);
-    }
-
-    /// Tells the worker that the forward's block `i` has landed: the update
-    /// held for it may start (a no-op unless updates are held).
-    fn block_landed(&mut self, i: usize) {
-        if let (Some(base), Some(worker)) = (self.gate_base, self.worker.as_ref()) {
-            worker.gate().open(base + i as u64 + 1);
-        }
+        self.run_update(0, update, stem);
     }
 
     /// Whether the host worker is still running a job on group `g`.
@@ -720,19 +694,18 @@ where
     /// the host worker in overlap mode, else here and now.
     fn run_on_group(&mut self, g: usize, bf16: bool, job: Job) {
         self.settle(g);
-        self.run_on_settled(g, bf16, job, None);
+        self.run_on_settled(g, bf16, job);
     }
 
     /// [`Engine::run_on_group`] on a group that is not lent, leaving an
-    /// update not handed out yet deferred; on the worker, the job waits for
-    /// the gate to reach `wait` (when given).
-    fn run_on_settled(&mut self, g: usize, bf16: bool, job: Job, wait: Option<u64>) {
+    /// update not handed out yet deferred.
+    fn run_on_settled(&mut self, g: usize, bf16: bool, job: Job) {
         if self.worker.is_some() {
             let lent = self.lend_group(g, bf16);
             self.worker
                 .as_mut()
                 .expect("checked above")
-                .lend(g, lent, job, wait);
+                .lend(g, lent, job);
             return;
         }
         self.run_here(g, bf16, job);
@@ -760,14 +733,14 @@ where
             return;
         }
         for g in 0..self.store.groups.len() {
-            self.run_update(g, update, Part::Whole, None);
+            self.run_update(g, update, Part::Whole);
         }
     }
 
     /// Runs `update` over `part` of group `g` ([`Engine::run_on_settled`]).
-    fn run_update(&mut self, g: usize, update: Update, part: Part, wait: Option<u64>) {
+    fn run_update(&mut self, g: usize, update: Update, part: Part) {
         let job = self.update_job(g, update, part);
-        self.run_on_settled(g, true, job, wait);
+        self.run_on_settled(g, true, job);
     }
 
     /// The job that applies `update` to `part` of group `g` (its bf16 copy too).
@@ -1374,7 +1347,14 @@ where
             );
         }
         drop(stem_ad);
-        let head_grads = self.pager.start_kept(head_grads, &self.store.groups[0]);
+        // With the host worker folding them, the head's gradients (the LM
+        // head's 262 MB at 0.85B) cross on the download stream: on the
+        // compute stream the first block's backward waited for the copy
+        // (run26: the device idled 4.8 ms a step).
+        let beside = self.worker.is_some() && matches!(sink, Sink::Accumulate { .. });
+        let head_grads = self
+            .pager
+            .start_kept(head_grads, &self.store.groups[0], beside);
         self.pager.evict(0);
         if let Some(slot) = self.embedding_slot {
             let first = !matches!(sink, Sink::Accumulate { first: false, .. });
@@ -1387,7 +1367,6 @@ where
         // go into the store now, on the worker while the blocks' backward
         // runs; phase 4 then only adds the table's rows. Otherwise phase 4
         // takes them (see `embedding_grads_on_host`).
-        let beside = self.worker.is_some() && matches!(sink, Sink::Accumulate { .. });
         let head_grads = match (self.embedding_slot, beside) {
             (Some(slot), true) => {
                 self.fold_head_grads(slot, head_grads, sink);
@@ -1540,11 +1519,20 @@ where
             self.settle(i + 1);
             self.mark(format_args!("block {i} updated"));
         }
+        // The copy's window: the host optimizer yields host memory bandwidth
+        // to it until it lands (see `copy_window`). Opened once the block's
+        // own update is back: that update would wait for the window.
+        self.settle(i + 1);
+        let copying = (self.worker.is_some() && self.config.hold_updates_for_copies)
+            .then(copy_window::copy_started);
         let bound = if i >= first_kept {
             ForwardBlock::Graph(self.bind_block_ad(blocks, i))
         } else {
             ForwardBlock::Plain(self.bind_block(blocks, i))
         };
+        if let Some(landed) = copying {
+            self.pager.after_uploads::<B>(&self.device, landed);
+        }
         if marked {
             self.mark(format_args!("block {i} copies issued"));
         }
@@ -1590,7 +1578,6 @@ where
             let block = next.take().expect("block bound ahead");
             // Block i's weights have landed.
             self.pager.ready::<B>(&self.device);
-            self.block_landed(i);
             if i < 2 {
                 self.mark(format_args!("block {i} landed"));
             }
@@ -1638,8 +1625,6 @@ where
                 });
             }
         }
-        // The stem's update, left, is not held; a later hand-out sets its own base.
-        self.gate_base = None;
         Ok((x, state))
     }
 
@@ -1685,7 +1670,7 @@ where
         // The rest of the update is handed out whatever the lookup returned:
         // a partial update must not be left behind.
         if let Some((update, read)) = deferred {
-            self.hand_out(update, Part::Rest(read), true);
+            self.hand_out(update, Part::Rest(read));
         }
         let embedded = embedded.map_err(|bad| token_error(bad, rows))?;
         // Landed before block 0's weights are copied, which wait for its

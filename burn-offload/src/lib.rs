@@ -10,6 +10,7 @@
 pub mod attention;
 pub mod backend;
 pub mod checkpoint;
+mod copy_window;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod engine;

@@ -154,7 +154,8 @@ pub enum Rows<'a> {
 /// [`CHUNK`], or the selected rows. With a bf16 copy, each piece's new
 /// parameters are rounded into it while they are still in cache (no second
 /// pass over the slab). The update is elementwise, so how the slices are cut
-/// changes no result.
+/// changes no result. Each piece first waits while one of the forward's
+/// weight copies is in flight (`copy_window`).
 fn par_update<F>(s: UpdateSlices<'_>, rows: Rows<'_>, update: F)
 where
     F: Fn(&mut [f32], &mut [f32], &mut [f32], &[f32]) + Sync + Send,
@@ -186,6 +187,7 @@ where
                 .zip(out.par_chunks_mut(piece))
                 .for_each(|((r, (((p, m), v), g)), o)| {
                     if selected(r) {
+                        crate::copy_window::wait_for_copies();
                         update(p, m, v, g);
                         crate::precision::round_into(o, p);
                     }
@@ -193,6 +195,7 @@ where
         }
         None => pieces.for_each(|(r, (((p, m), v), g))| {
             if selected(r) {
+                crate::copy_window::wait_for_copies();
                 update(p, m, v, g);
             }
         }),

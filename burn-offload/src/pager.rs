@@ -237,6 +237,23 @@ impl Pager {
         let _ = device;
     }
 
+    /// Runs `landed` once every upload started so far has landed: on CUDA
+    /// from a driver thread when the copy stream gets there (`landed` must
+    /// not call into CUDA), elsewhere now (copies are done when issued).
+    pub fn after_uploads<B: Backend>(
+        &self,
+        device: &B::Device,
+        landed: impl FnOnce() + Send + 'static,
+    ) {
+        #[cfg(feature = "cuda")]
+        let landed = match crate::cuda::after_uploads::<B>(device, Box::new(landed)) {
+            Ok(()) => return,
+            Err(landed) => landed,
+        };
+        let _ = device;
+        landed()
+    }
+
     /// Gives the device allocator's unused memory back (a no-op off CUDA).
     pub fn release_free_memory<B: Backend>(&self, device: &B::Device) {
         #[cfg(feature = "cuda")]
@@ -432,11 +449,13 @@ impl Pager {
     }
 
     /// Queues the copies of gradients summed with [`Pager::keep_gradients`],
-    /// as [`Pager::start_gradients`] does for a bound module's.
+    /// as [`Pager::start_gradients`] does for a bound module's (`beside`
+    /// likewise).
     pub fn start_kept<B: Backend>(
         &mut self,
         kept: DeviceGrads<B>,
         group: &ParamGroup,
+        beside: bool,
     ) -> PendingGradients {
         let slots = group
             .slots
@@ -446,7 +465,7 @@ impl Pager {
                 let range = slot.range();
                 (
                     range,
-                    sum.map(|sum| start_read(sum, false, &mut self.stats)),
+                    sum.map(|sum| start_read(sum, beside, &mut self.stats)),
                 )
             })
             .collect();

@@ -10,15 +10,8 @@
 //! parallel over the rayon pool) and sends each group back. The engine takes
 //! a group back before it touches it again ([`HostWorker::take`]), so a lent
 //! group's memory is only ever reached from one thread: no locks, no unsafe.
-//!
-//! A job may wait at the [`CopyGate`] before it starts: the forward's weight
-//! copies and AdamW both stream host memory, and measured on the H100 a block's
-//! 180 MB copy ran at 33–38 GB/s while the worker updated the next blocks, 49–53
-//! GB/s once it was done. So the update of block `j` is held until block `j−1`'s
-//! weights have landed; it still has block `j−1`'s compute to finish in.
 
 use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -42,73 +35,26 @@ pub(crate) struct Returned {
     pub busy: Duration,
 }
 
-/// A count the driving thread raises (blocks whose forward copies have
-/// landed) and jobs wait on before they start.
-#[derive(Default)]
-pub(crate) struct CopyGate {
-    passed: Mutex<u64>,
-    raised: Condvar,
-}
-
-impl CopyGate {
-    /// The count now.
-    pub fn position(&self) -> u64 {
-        *self.passed.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Raises the count to `n` (never lowers it) and wakes the waiting job.
-    pub fn open(&self, n: u64) {
-        let mut passed = self.passed.lock().unwrap_or_else(|e| e.into_inner());
-        if n > *passed {
-            *passed = n;
-            self.raised.notify_all();
-        }
-    }
-
-    /// Blocks until the count reaches `n`.
-    fn wait_for(&self, n: u64) {
-        let mut passed = self.passed.lock().unwrap_or_else(|e| e.into_inner());
-        while *passed < n {
-            passed = self.raised.wait(passed).unwrap_or_else(|e| e.into_inner());
-        }
-    }
-}
-
-/// A job as queued: the group, its slabs, what to run and the gate count to
-/// wait for first.
-type Queued = (usize, Lent, Job, Option<u64>);
-
 /// One worker thread and the groups lent to it.
 pub(crate) struct HostWorker {
-    jobs: Option<Sender<Queued>>,
+    jobs: Option<Sender<(usize, Lent, Job)>>,
     done: Receiver<Returned>,
     thread: Option<JoinHandle<()>>,
     /// Returned groups not taken back yet, by group.
     parked: Vec<Option<Returned>>,
     /// Groups lent and not taken back.
     away: Vec<bool>,
-    gate: Arc<CopyGate>,
-    /// For each lent group, the gate count that lets its job and every job
-    /// queued before it start (what taking it back opens the gate to).
-    clears: Vec<u64>,
-    /// The highest gate count of a job lent so far.
-    highest: u64,
 }
 
 impl HostWorker {
     /// A worker for `groups` groups.
     pub fn spawn(groups: usize) -> Self {
-        let (jobs, inbox) = channel::<Queued>();
+        let (jobs, inbox) = channel::<(usize, Lent, Job)>();
         let (outbox, done) = channel();
-        let gate = Arc::new(CopyGate::default());
-        let held = gate.clone();
         let thread = std::thread::Builder::new()
             .name("burn-offload-host".into())
             .spawn(move || {
-                for (group, mut lent, job, wait) in inbox {
-                    if let Some(n) = wait {
-                        held.wait_for(n);
-                    }
+                for (group, mut lent, job) in inbox {
                     let started = Instant::now();
                     crate::trace::mark(format_args!("group {group}: job started"));
                     let sum_sq = job(&mut lent);
@@ -131,15 +77,7 @@ impl HostWorker {
             thread: Some(thread),
             parked: (0..groups).map(|_| None).collect(),
             away: vec![false; groups],
-            gate,
-            clears: vec![0; groups],
-            highest: 0,
         }
-    }
-
-    /// The gate jobs lent with a count to wait for wait at.
-    pub fn gate(&self) -> &CopyGate {
-        &self.gate
     }
 
     pub fn is_away(&self, group: usize) -> bool {
@@ -151,18 +89,15 @@ impl HostWorker {
         self.away.iter().filter(|&&a| a).count()
     }
 
-    /// Hands `lent` (group `group`'s slabs) to the worker to run `job` on,
-    /// once the gate has reached `wait` (when given).
-    pub fn lend(&mut self, group: usize, lent: Lent, job: Job, wait: Option<u64>) {
+    /// Hands `lent` (group `group`'s slabs) to the worker to run `job` on.
+    pub fn lend(&mut self, group: usize, lent: Lent, job: Job) {
         assert!(!self.away[group], "group {group} is lent twice");
         self.away[group] = true;
-        self.highest = self.highest.max(wait.unwrap_or(0));
-        self.clears[group] = self.highest;
         let sent = self
             .jobs
             .as_ref()
             .expect("the worker runs until dropped")
-            .send((group, lent, job, wait));
+            .send((group, lent, job));
         if sent.is_err() {
             self.died();
         }
@@ -182,14 +117,8 @@ impl HostWorker {
     }
 
     /// Waits until group `group` (lent) is back and returns it.
-    /// Its job, and every job queued before it, may start now whatever the
-    /// gate says: the caller needs the group, and nothing else will open the
-    /// gate while it waits.
     pub fn take(&mut self, group: usize) -> Returned {
         assert!(self.away[group], "group {group} is not lent");
-        if self.parked[group].is_none() {
-            self.gate.open(self.clears[group]);
-        }
         while self.parked[group].is_none() {
             match self.done.recv() {
                 Ok(back) => {
@@ -206,7 +135,6 @@ impl HostWorker {
     /// The worker thread is gone: a job panicked. Re-raise its panic here.
     fn died(&mut self) -> ! {
         self.jobs = None;
-        self.gate.open(u64::MAX);
         match self.thread.take().map(JoinHandle::join) {
             Some(Err(panic)) => std::panic::resume_unwind(panic),
             _ => panic!("the host worker thread stopped"),
@@ -220,7 +148,6 @@ impl Drop for HostWorker {
     /// unlock), then joins the thread.
     fn drop(&mut self) {
         self.jobs = None;
-        self.gate.open(u64::MAX);
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
@@ -255,7 +182,6 @@ mod tests {
                     l.slabs.params.as_mut_slice().fill(g as f32 + 1.0);
                     g as f64
                 }),
-                None,
             );
         }
         assert_eq!(worker.away_count(), 3);
@@ -269,7 +195,6 @@ mod tests {
                 l.slabs.params.as_mut_slice().fill(3.0);
                 2.0
             }),
-            None,
         );
         for g in [2, 0, 1] {
             let back = worker.take(g);
@@ -290,7 +215,6 @@ mod tests {
             0,
             lent(1),
             Box::new(move |_| wait.recv().map_or(-1.0, |_| 1.0)),
-            None,
         );
         assert!(worker.is_running(0));
         go.send(()).unwrap();
@@ -301,47 +225,10 @@ mod tests {
         assert_eq!(worker.take(0).sum_sq, 1.0);
     }
 
-    /// A held job starts once the gate reaches its count, and not before;
-    /// jobs queued behind it wait with it.
-    #[test]
-    fn a_held_job_waits_for_the_gate() {
-        let mut worker = HostWorker::spawn(3);
-        let base = worker.gate().position();
-        worker.lend(0, lent(1), Box::new(|_| 0.0), Some(base + 2));
-        worker.lend(1, lent(1), Box::new(|_| 1.0), None);
-        worker.lend(2, lent(1), Box::new(|_| 2.0), Some(base + 1));
-        worker.gate().open(base + 1);
-        std::thread::sleep(Duration::from_millis(50));
-        assert!(worker.is_running(0) && worker.is_running(1) && worker.is_running(2));
-        worker.gate().open(base + 2);
-        while worker.is_running(2) {
-            std::thread::yield_now();
-        }
-        for g in 0..3 {
-            assert_eq!(worker.take(g).sum_sq, g as f64);
-        }
-    }
-
-    /// Taking a held group back opens the gate as far as it and the jobs
-    /// before it need, not further: a later held job stays held.
-    #[test]
-    fn taking_a_held_group_back_lets_it_run() {
-        let mut worker = HostWorker::spawn(3);
-        let base = worker.gate().position();
-        worker.lend(0, lent(1), Box::new(|_| 0.0), Some(base + 3));
-        worker.lend(1, lent(1), Box::new(|_| 1.0), Some(base + 1));
-        worker.lend(2, lent(1), Box::new(|_| 2.0), Some(base + 5));
-        assert_eq!(worker.take(1).sum_sq, 1.0);
-        assert_eq!(worker.gate().position(), base + 3);
-        std::thread::sleep(Duration::from_millis(50));
-        assert!(worker.is_running(2));
-        // Dropped with a job still held: the drop opens the gate and joins.
-    }
-
     #[test]
     fn a_panicking_job_panics_the_taker() {
         let mut worker = HostWorker::spawn(1);
-        worker.lend(0, lent(1), Box::new(|_| panic!("job failed")), None);
+        worker.lend(0, lent(1), Box::new(|_| panic!("job failed")));
         let taken = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| worker.take(0)));
         let message = taken
             .err()

@@ -62,9 +62,9 @@ pub struct TrainOptions {
     /// Engine on CUDA: let threads that wait for the device spin (the
     /// driver's default) instead of sleeping; a benchmark baseline.
     pub spin_waits: bool,
-    /// Engine: run the blocks' deferred updates back to back as the step
-    /// starts, beside the forward's weight copies, instead of holding each
-    /// until the block before it has landed; a benchmark baseline.
+    /// Engine: let the host optimizer run while the forward's weight copies
+    /// are in flight (sharing host memory bandwidth with them) instead of
+    /// waiting for each to land; a benchmark baseline.
     pub updates_during_copies: bool,
     /// Engine: update without first checking the gradients for non-finite
     /// values (fused mode then runs the backward once instead of twice).

@@ -83,10 +83,9 @@ struct Cli {
     /// (the driver's default) instead of sleeping; a benchmark baseline.
     #[arg(long)]
     spin_waits: bool,
-    /// Engine: run the blocks' updates back to back as the step starts,
-    /// beside the forward's weight copies (which then share host memory
-    /// bandwidth with them), instead of holding each block's update until
-    /// the block before it has landed; a benchmark baseline.
+    /// Engine: let the host optimizer run while the forward's weight copies
+    /// are in flight (sharing host memory bandwidth with them) instead of
+    /// waiting for each to land; a benchmark baseline.
     #[arg(long)]
     updates_during_copies: bool,
     /// Engine: update without first checking the gradients for non-finite
