@@ -57,6 +57,7 @@ use burn::tensor::{DType, ElementConversion, Int, Tensor, TensorData};
 use rayon::prelude::*;
 
 use crate::checkpoint::{self, CheckpointError};
+use crate::copy_window;
 use crate::optim::{check_lr, sum_of_squares, OptimizerConfig, OptimizerError, Rows, UpdateSlices};
 use crate::pager::{
     add_to, check_tokens, gather_rows, DeviceGrads, Pager, PagerStats, PendingGradients, Stash,
@@ -65,7 +66,6 @@ use crate::pager::{
 use crate::precision::{cast_to, Bf16Weights, Compute};
 use crate::store::{Collect, HostStore, StoreError, StoreLayout};
 use crate::trace;
-use crate::copy_window;
 use crate::worker::{HostWorker, Job, Lent};
 use crate::{BlockModel, DecoderBlock};
 
