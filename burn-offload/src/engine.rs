@@ -1515,14 +1515,13 @@ where
         // Trace marks for the first blocks, whose binds follow the step
         // boundary: the wait for the update, then the copies' issue.
         let marked = i < 2 && trace::enabled();
+        // The block's own update first: it would wait for the copy's window.
+        self.settle(i + 1);
         if marked {
-            self.settle(i + 1);
             self.mark(format_args!("block {i} updated"));
         }
         // The copy's window: the host optimizer yields host memory bandwidth
-        // to it until it lands (see `copy_window`). Opened once the block's
-        // own update is back: that update would wait for the window.
-        self.settle(i + 1);
+        // to it until it lands (see `copy_window`).
         let copying = (self.worker.is_some() && self.config.hold_updates_for_copies)
             .then(copy_window::copy_started);
         let bound = if i >= first_kept {

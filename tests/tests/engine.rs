@@ -723,8 +723,8 @@ fn deferred_updates_equal_immediate_ones_bit_for_bit() {
     cfg.grad_clip = Some(0.5);
     let model = model.valid();
     let mut deferred = Engine::new(model.clone(), cfg.clone(), &device).unwrap();
-    // The same deferred updates, run back to back instead of each held
-    // until the forward has the block before it.
+    // The same deferred updates with the optimizer not waiting for the
+    // forward's weight copies (`hold_updates_for_copies: false`).
     let unheld_cfg = EngineConfig {
         hold_updates_for_copies: false,
         ..cfg.clone()
