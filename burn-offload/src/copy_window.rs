@@ -19,13 +19,22 @@ use std::time::Duration;
 /// process-wide too).
 static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
 
-/// Opens a copy's window; the returned closure closes it (call it once, when
-/// the copy has landed).
-pub(crate) fn copy_started() -> impl FnOnce() + Send + 'static {
-    IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
-    || {
+/// An open window; closed when dropped.
+struct Open;
+
+impl Drop for Open {
+    fn drop(&mut self) {
         IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
     }
+}
+
+/// Opens a copy's window; the returned closure closes it (call it when the
+/// copy has landed). Dropped uncalled, say by a bind that panicked, it closes
+/// the window too: the optimizer, process-wide, must not wait for ever.
+pub(crate) fn copy_started() -> impl FnOnce() + Send + 'static {
+    IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
+    let open = Open;
+    move || drop(open)
 }
 
 /// Returns once no window is open. A copy lasts milliseconds: the waiting
@@ -40,21 +49,34 @@ pub(crate) fn wait_for_copies() {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::mpsc::{channel, Receiver};
 
-    /// A piece started while a copy is in flight waits until it lands.
+    /// A thread that waits for the copies and then reports.
+    fn waiter() -> Receiver<()> {
+        let (tx, rx) = channel();
+        std::thread::spawn(move || {
+            wait_for_copies();
+            let _ = tx.send(());
+        });
+        rx
+    }
+
+    /// A piece started while a copy is in flight waits until it lands; a
+    /// window whose closer is dropped uncalled is closed too. (One test: the
+    /// count is process-wide.)
     #[test]
     fn waits_while_a_window_is_open() {
         let landed = copy_started();
-        let (tx, rx) = std::sync::mpsc::channel();
-        let waiter = std::thread::spawn(move || {
-            wait_for_copies();
-            tx.send(()).unwrap();
-        });
-        assert!(rx.recv_timeout(Duration::from_millis(50)).is_err());
+        let released = waiter();
+        assert!(released.recv_timeout(Duration::from_millis(50)).is_err());
         landed();
-        rx.recv_timeout(Duration::from_secs(5))
+        released
+            .recv_timeout(Duration::from_secs(5))
             .expect("released once the copy landed");
-        waiter.join().unwrap();
-        wait_for_copies();
+
+        drop(copy_started());
+        waiter()
+            .recv_timeout(Duration::from_secs(5))
+            .expect("an abandoned window is closed");
     }
 }
