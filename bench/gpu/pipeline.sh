@@ -237,9 +237,10 @@ for b in ${BENCH_TOKENS:-$tokens}; do for sys in $systems; do
     # tokens at 0.85B fp32 fit the 80 GB, 76 GB peak in run20, and ran 5%
     # faster than 4 micro-batches of 4) it accumulates micro-batches of that
     # size, the same tokens per optimizer step.
-    rb=${RESIDENT_BATCH:-16}; R=$S
-    [ $b -gt $rb ] && R="${S% --batch *} --batch $rb --accum $((b / rb)) --compute $dtype"
-    LIMIT=${LIMIT_ROW:-120} run $name $R --resident ;;
+    # (Its own variable: `R` names the results tarball, which pack() writes.)
+    rb=${RESIDENT_BATCH:-16}; rargs=$S
+    [ $b -gt $rb ] && rargs="${S% --batch *} --batch $rb --accum $((b / rb)) --compute $dtype"
+    LIMIT=${LIMIT_ROW:-120} run $name $rargs --resident ;;
   pipelined) LIMIT=${LIMIT_ROW:-150} run $name $S ;;
   serial) LIMIT=${LIMIT_ROW:-150} run $name $S --serial-copies ;;
   torch-*)
