@@ -230,11 +230,22 @@ pub(crate) fn device_ptr(tensor: &CubeTensor<CudaRuntime>) -> u64 {
 
 /// The device address of the buffer `handle` names (with its offset).
 fn buffer_ptr(client: &ComputeClient<CudaRuntime>, handle: &Handle) -> u64 {
-    client
+    buffer_ptr_and_stream(client, handle).0
+}
+
+/// As [`device_ptr`], with the CUDA stream the calling thread's cubecl
+/// kernels run on, already ordered behind `tensor`'s writers (the field
+/// vendor/cubecl-cuda adds): work enqueued there runs after every kernel this
+/// thread submitted before, and before every one it submits after.
+pub(crate) fn device_ptr_and_stream(tensor: &CubeTensor<CudaRuntime>) -> (u64, CUstream) {
+    buffer_ptr_and_stream(&tensor.client, &tensor.handle)
+}
+
+fn buffer_ptr_and_stream(client: &ComputeClient<CudaRuntime>, handle: &Handle) -> (u64, CUstream) {
+    let resource = client
         .get_resource(handle.clone())
-        .unwrap_or_else(|e| panic!("no device pointer for a CUDA buffer: {e:?}"))
-        .resource()
-        .ptr
+        .unwrap_or_else(|e| panic!("no device pointer for a CUDA buffer: {e:?}"));
+    (resource.resource().ptr, resource.resource().stream)
 }
 
 pub(crate) fn block_on_sync(device: &CudaDevice) {

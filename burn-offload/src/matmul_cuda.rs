@@ -9,10 +9,11 @@
 //! bf16 shapes `auto` ran 82–94 TFLOPS, `simple_tma_mma` and
 //! `specialized_tma_mma` 188–217, cuBLAS through PyTorch 735–803).
 //!
-//! cuBLAS cannot join cubecl's stream (cubecl keeps it private), so a cuBLAS
-//! matmul is fenced on the host: it waits for the work queued before it, runs
-//! on a stream of its own, and is waited for before any later kernel is
-//! submitted. The GPU idles for those round trips; large matmuls amortise them.
+//! cuBLAS runs on cubecl's own stream, which cubecl 0.10 keeps private: the
+//! vendored cubecl-cuda (vendor/cubecl-cuda/PATCH.md) hands it out with a
+//! buffer's device address. Until run27 each cuBLAS matmul was fenced on the
+//! host instead (wait for cubecl's queue, run on a stream of our own, wait
+//! for that), and the GPU idled while the host queued the next kernels.
 
 use std::any::{Any, TypeId};
 use std::collections::HashSet;
@@ -98,21 +99,20 @@ enum Kernel {
     Fast(Box<FastKernels>),
 }
 
-/// What `fast` launches. f32: cubek's tensor-core strategies, which stage f32
-/// as tf32 as burn's own f32 matmul does (same numerics, 1.3× the step of
-/// `auto` at 16k tokens, run15); `specialized_tma_mma` first, then
-/// `simple_cyclic_mma_multi_rows` for layouts TMA cannot load. bf16/f16:
-/// cuBLAS (438–582 TFLOPS against burn's 38–95, run14) when libcublas can be
-/// loaded, else `simple_tma_mma`.
-///
-/// cuBLAS in TF32 math (`cublas-tf32`) runs the f32 block shapes at 189–357
-/// TFLOPS against these strategies' 83–94 (run22), but every cuBLAS call is
-/// fenced on the host: at 0.85B and 16k tokens it made resident burn 1.16×
-/// faster and the engine, whose host work keeps every core busy while it
-/// waits on those fences, 0.99–1.10× (run22). So f32 stays on cubek here.
-struct FastKernels {
-    f32: [Strategy; 2],
-    half: Option<Strategy>,
+/// What `fast` launches: cuBLAS when libcublas can be loaded, f32 in TF32
+/// tensor-core math (the precision burn's own f32 matmul computes in: cubek
+/// stages f32 as tf32) and bf16/f16 with f32 accumulation. On the H100 it ran
+/// the 0.85B engine at 16k tokens 1.65× faster in fp32 than cubek's fastest
+/// f32 strategy, and at 64k tokens in bf16 1.38× faster than when each cuBLAS
+/// call was fenced on the host (run27). Without libcublas, cubek's
+/// tensor-core strategies: for f32 `specialized_tma_mma`, then
+/// `simple_cyclic_mma_multi_rows` for layouts TMA cannot load (1.3× `auto`,
+/// run15); for bf16/f16 `simple_tma_mma`.
+// Held boxed (`Kernel::Fast`), once per process: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
+enum FastKernels {
+    Cublas,
+    Cubek { f32: [Strategy; 2], half: Strategy },
 }
 
 /// The name `set_matmul` takes for the per-dtype choice.
@@ -157,8 +157,8 @@ fn case_key(lhs: &CubeTensor<CudaRuntime>, rhs: &CubeTensor<CudaRuntime>) -> Cas
 }
 
 /// Matmuls the selected kernel ran, matmuls it left to burn's, and the host
-/// time spent in its calls (for cuBLAS the fences included), since the
-/// kernel was selected.
+/// time spent in its calls (launches only: nothing waits on the host), since
+/// the kernel was selected.
 static LAUNCHED: AtomicU64 = AtomicU64::new(0);
 static FELL_BACK: AtomicU64 = AtomicU64::new(0);
 static CALL_NANOS: AtomicU64 = AtomicU64::new(0);
@@ -170,8 +170,7 @@ static CALL_NANOS: AtomicU64 = AtomicU64::new(0);
 pub struct MatmulStats {
     pub launched: u64,
     pub fell_back: u64,
-    /// Host seconds inside the selected kernel's calls (cuBLAS: with the
-    /// waits before and after it; cubek: the launch only).
+    /// Host seconds inside the selected kernel's calls (launches only).
     pub call_s: f64,
     pub declined: Vec<String>,
 }
@@ -201,12 +200,16 @@ pub(crate) fn select_matmul(name: Option<&str>) -> Result<(), String> {
         None => None,
         Some(FAST) => {
             let named = |name| strategy_named(name).expect("a name from matmul_strategies()");
-            Some(Kernel::Fast(Box::new(FastKernels {
-                f32: [
-                    named("matmul_specialized_tma_mma"),
-                    named("matmul_simple_cyclic_mma_multi_rows"),
-                ],
-                half: (!cublas_present()).then(|| named("matmul_simple_tma_mma")),
+            Some(Kernel::Fast(Box::new(if cublas_present() {
+                FastKernels::Cublas
+            } else {
+                FastKernels::Cubek {
+                    f32: [
+                        named("matmul_specialized_tma_mma"),
+                        named("matmul_simple_cyclic_mma_multi_rows"),
+                    ],
+                    half: named("matmul_simple_tma_mma"),
+                }
             })))
         }
         Some(name @ (CUBLAS | CUBLAS_TF32)) => {
@@ -277,10 +280,12 @@ pub(crate) fn matmul_selected<B: Backend>(
     let out = match kernel {
         Kernel::Cubek(strategy) => launch(strategy, l, r),
         Kernel::Cublas { tf32 } => cublas::matmul(l, r, *tf32),
-        Kernel::Fast(fast) => match (l.dtype, &fast.half) {
-            (DType::F32, _) => fast.f32.iter().find_map(|s| launch(s, l, r)),
-            (_, Some(strategy)) => launch(strategy, l, r),
-            (_, None) => cublas::matmul(l, r, false),
+        Kernel::Fast(fast) => match (fast.as_ref(), l.dtype) {
+            (FastKernels::Cublas, _) => cublas::matmul(l, r, true),
+            (FastKernels::Cubek { f32, .. }, DType::F32) => {
+                f32.iter().find_map(|s| launch(s, l, r))
+            }
+            (FastKernels::Cubek { half, .. }, _) => launch(half, l, r),
         },
     };
     CALL_NANOS.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
@@ -336,7 +341,7 @@ fn launch(
     matches!(launched, Ok(Ok(()))).then_some(out)
 }
 
-/// `lhs @ rhs` through cuBLAS, fenced as the module comment says, f32 in
+/// `lhs @ rhs` through cuBLAS on cubecl's stream (the module comment), f32 in
 /// TF32 tensor-core math with `tf32` (as `cublas-tf32` launches it) and in
 /// full f32 without (`cublas`); `None` when cuBLAS cannot take the operands'
 /// dtype or layout, or fails. For `gemm_bench`, which times it beside
@@ -361,7 +366,7 @@ mod cublas {
     use cudarc::cublas::{result, sys};
     use cudarc::driver::sys as driver;
 
-    use crate::cuda::{bind_context, block_on_sync, device_ptr, flush};
+    use crate::cuda::{bind_context, device_ptr_and_stream};
 
     /// One operand as cuBLAS reads it: its matrices' layout and, per batch
     /// dim of the output, the stride between its matrices (0: broadcast).
@@ -466,7 +471,7 @@ mod cublas {
         }
     }
 
-    /// A cuBLAS handle on a stream of its own, per thread.
+    /// A cuBLAS handle per thread, and the stream it was last set to.
     struct Blas {
         handle: sys::cublasHandle_t,
         stream: driver::CUstream,
@@ -476,30 +481,31 @@ mod cublas {
         static BLAS: RefCell<Option<Blas>> = const { RefCell::new(None) };
     }
 
-    fn with_blas<R>(device: &CudaDevice, f: impl FnOnce(&Blas) -> R) -> R {
+    /// Runs `f` with this thread's handle set to `stream`; `None` when cuBLAS
+    /// cannot be initialised or take the stream.
+    fn with_blas<R>(
+        device: &CudaDevice,
+        stream: driver::CUstream,
+        f: impl FnOnce(sys::cublasHandle_t) -> R,
+    ) -> Option<R> {
         bind_context(device);
         BLAS.with(|cell| {
             let mut slot = cell.borrow_mut();
-            let blas = slot.get_or_insert_with(|| {
-                let mut stream: driver::CUstream = std::ptr::null_mut();
-                // SAFETY: valid out-pointers; the primary context is current.
-                unsafe {
-                    let r = driver::cuStreamCreate(
-                        &mut stream,
-                        driver::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
-                    );
-                    assert!(
-                        r == driver::CUresult::CUDA_SUCCESS,
-                        "cuStreamCreate failed: {r:?}"
-                    );
-                    let handle = result::create_handle()
-                        .unwrap_or_else(|e| panic!("cublasCreate failed: {e:?}"));
-                    result::set_stream(handle, stream.cast())
-                        .unwrap_or_else(|e| panic!("cublasSetStream failed: {e:?}"));
-                    Blas { handle, stream }
-                }
-            });
-            f(blas)
+            if slot.is_none() {
+                // The primary context is current (cuBLAS binds the handle to it).
+                let handle = result::create_handle().ok()?;
+                *slot = Some(Blas {
+                    handle,
+                    stream: std::ptr::null_mut(),
+                });
+            }
+            let blas = slot.as_mut().expect("just set");
+            if blas.stream != stream {
+                // SAFETY: a live handle and a live stream of this context.
+                unsafe { result::set_stream(blas.handle, stream.cast()) }.ok()?;
+                blas.stream = stream;
+            }
+            Some(f(blas.handle))
         })
     }
 
@@ -550,11 +556,16 @@ mod cublas {
         }
         let elem = dtype.size() as u64;
         let device = lhs.device.clone();
-        // Everything queued before this matmul (its operands included) must
-        // have run: cuBLAS cannot wait on cubecl's stream.
-        flush(&device);
-        block_on_sync(&device);
-        let (pa, pb, pc) = (device_ptr(lhs), device_ptr(rhs), device_ptr(&out));
+        // Each lookup orders this thread's cubecl stream behind the buffer's
+        // writers and names that stream: queued there, the matmul runs after
+        // the kernels that produce its operands and before those that read
+        // its output, with no host wait.
+        let (pa, stream) = device_ptr_and_stream(lhs);
+        let (pb, _) = device_ptr_and_stream(rhs);
+        let (pc, out_stream) = device_ptr_and_stream(&out);
+        if stream.is_null() || stream != out_stream {
+            return None;
+        }
         let op = |t: bool| {
             if t {
                 sys::cublasOperation_t::CUBLAS_OP_T
@@ -563,20 +574,19 @@ mod cublas {
             }
         };
         let (alpha, beta) = (1.0f32, 0.0f32);
-        let ok = with_blas(&device, |blas| {
+        let ok = with_blas(&device, stream, |handle| {
             // Row-major C[m,n] = A[m,k]·B[k,n] is column-major Cᵀ[n,m] = Bᵀ·Aᵀ,
             // and a row-major matrix read column-major is its transpose: so
             // cuBLAS gets B first, each operand transposed iff it is stored
             // transposed.
             // SAFETY: the pointers address live buffers of the layouts just
             // checked (the tensors are held by the caller, `out` by us), at
-            // offsets within their batch; the stream is synchronised before
-            // they can be freed or read.
+            // offsets within their batch; cubecl frees and reuses buffers in
+            // the order of this stream, after the matmul has run.
             unsafe {
-                let mut status_ok = true;
                 for [oa, ob, oc] in &plan.offsets {
                     let status = result::gemm_strided_batched_ex(
-                        blas.handle,
+                        handle,
                         op(b.transposed),
                         op(a.transposed),
                         ni,
@@ -601,15 +611,13 @@ mod cublas {
                         sys::cublasGemmAlgo_t::CUBLAS_GEMM_DFALT,
                     );
                     if status.is_err() {
-                        status_ok = false;
-                        break;
+                        return false;
                     }
                 }
-                let synced = driver::cuStreamSynchronize(blas.stream);
-                status_ok && synced == driver::CUresult::CUDA_SUCCESS
+                true
             }
         });
-        ok.then_some(out)
+        (ok == Some(true)).then_some(out)
     }
 }
 

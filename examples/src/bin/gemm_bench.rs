@@ -122,9 +122,8 @@ fn time(
     Ok(flops * reps as f64 / start.elapsed().as_secs_f64() / 1e12)
 }
 
-/// As [`time`], for cuBLAS as `Gemm<Cuda>` launches it: each call fenced on
-/// the host (queue drained before, cuBLAS stream waited for after), so the
-/// figure includes the round trips the engine pays.
+/// As [`time`], for cuBLAS as `Gemm<Cuda>` launches it: on cubecl's stream,
+/// nothing waited for until the final sync.
 /// With `tf32`, f32 goes through TF32 tensor-core math, as `--matmul
 /// cublas-tf32` launches it.
 fn time_cublas(
@@ -140,10 +139,12 @@ fn time_cublas(
             .ok_or_else(|| "cuBLAS declined the case (layout, dtype or a failed call)".to_string())
     };
     launch()?;
+    block_on(lhs.client.sync()).map_err(|e| format!("{e:?}"))?;
     let start = Instant::now();
     for _ in 0..reps {
         launch()?;
     }
+    block_on(lhs.client.sync()).map_err(|e| format!("{e:?}"))?;
     Ok(flops * reps as f64 / start.elapsed().as_secs_f64() / 1e12)
 }
 
