@@ -117,7 +117,7 @@ macro_rules! with_custom_backward {
         }
     };
 }
-use with_custom_backward;
+pub(crate) use with_custom_backward;
 
 /// Whether [`causal_attention`] runs as one operation with its own backward
 /// on `B` (rather than as tensor ops that autodiff records one by one).
@@ -133,12 +133,12 @@ pub fn has_custom_backward<B: Backend>() -> bool {
     false
 }
 
-fn same<A: 'static, B: 'static>() -> bool {
+pub(crate) fn same<A: 'static, B: 'static>() -> bool {
     TypeId::of::<A>() == TypeId::of::<B>()
 }
 
 /// `t` as the type it is (checked by [`same`] before).
-fn cast<T: 'static, U: 'static>(t: T) -> U {
+pub(crate) fn cast<T: 'static, U: 'static>(t: T) -> U {
     *(Box::new(t) as Box<dyn Any>)
         .downcast::<U>()
         .unwrap_or_else(|_| unreachable!("cast between different types"))
@@ -224,28 +224,63 @@ impl<B: Backend> QueryBlock<B> {
     }
 }
 
-/// Scaled, causally masked scores of one query block, `[b, kv, g·len, keys]`,
-/// for its grouped queries `q` and the keys it sees `k`.
-fn masked_scores<B: Backend>(
-    q: Tensor<B, 4>,
-    k: Tensor<B, 4>,
-    block: &QueryBlock<B>,
-    scale: f64,
-) -> Tensor<B, 4> {
-    let [b, kv, rows, _] = q.dims();
-    let (len, keys) = (block.len, block.keys());
-    let groups = rows / len;
-    let scores = (q * scale).matmul(k.swap_dims(2, 3));
+/// Scaled scores of one query block, `[b, kv, g·len, keys]`, for its grouped
+/// queries `q` and the keys it sees `k` (unmasked).
+fn scaled_scores<B: Backend>(q: Tensor<B, 4>, k: Tensor<B, 4>, scale: f64) -> Tensor<B, 4> {
+    (q * scale).matmul(k.swap_dims(2, 3))
+}
+
+/// `scores` of one query block with the keys its queries must not see at −∞.
+fn masked<B: Backend>(scores: Tensor<B, 4>, block: &QueryBlock<B>) -> Tensor<B, 4> {
+    let [b, kv, rows, keys] = scores.dims();
+    let groups = rows / block.len;
     // Each query head of a group has the same mask.
     let future = block
         .future
         .clone()
         .unsqueeze::<5>()
-        .expand([b, kv, groups, len, keys]);
+        .expand([b, kv, groups, block.len, keys]);
     scores
-        .reshape([b, kv, groups, len, keys])
+        .reshape([b, kv, groups, block.len, keys])
         .mask_fill(future, f32::NEG_INFINITY)
         .reshape([b, kv, rows, keys])
+}
+
+/// A query block's softmax in one kernel where there is one (CUDA): the
+/// probabilities and each row's log-sum-exp in f32.
+fn fused_softmax<B: Backend>(
+    scores: &Tensor<B, 4>,
+    block: &QueryBlock<B>,
+) -> Option<(Tensor<B, 4>, Tensor<B, 4>)> {
+    #[cfg(feature = "cuda")]
+    return crate::attention_cuda::softmax_forward(scores, block.start, block.len);
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (scores, block);
+        None
+    }
+}
+
+/// A query block's softmax gradient in one kernel where there is one (CUDA):
+/// the probabilities and the scores' gradient.
+fn fused_softmax_grad<B: Backend>(
+    [scores, dprobs, lse, row_dot]: [&Tensor<B, 4>; 4],
+    block: &QueryBlock<B>,
+) -> Option<(Tensor<B, 4>, Tensor<B, 4>)> {
+    #[cfg(feature = "cuda")]
+    return crate::attention_cuda::softmax_backward(
+        scores,
+        dprobs,
+        lse,
+        row_dot,
+        block.start,
+        block.len,
+    );
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (scores, dprobs, lse, row_dot, block);
+        None
+    }
 }
 
 /// Runs `f` on each chunk of sequences of the tensors and joins the results
@@ -293,7 +328,13 @@ fn attention_forward<B: Backend>(
             let keys = block.keys();
             let q = query_rows(&q, seq, block.start, block.len);
             let (k, v) = (k.clone().narrow(2, 0, keys), v.clone().narrow(2, 0, keys));
-            let scores = masked_scores(q, k, block, scale);
+            let scores = scaled_scores(q, k, scale);
+            if let Some((probs, lse)) = fused_softmax(&scores, block) {
+                outputs.push(probs.matmul(v));
+                lses.push(lse);
+                continue;
+            }
+            let scores = masked(scores, block);
             let max = scores.clone().max_dim(3);
             let weights = (scores - max.clone()).exp();
             let sums = weights.clone().sum_dim(3);
@@ -334,9 +375,20 @@ fn attention_backward<B: Backend>(
                 let (q, grad) = (rows(&q), rows(&grad));
                 let (k, v) = (k.clone().narrow(2, 0, keys), v.clone().narrow(2, 0, keys));
                 // The forward's probabilities, recomputed (masked entries: exp(−∞) = 0).
-                let probs = (masked_scores(q.clone(), k.clone(), block, scale) - rows(&lse)).exp();
-                let dv_part = probs.clone().swap_dims(2, 3).matmul(grad.clone());
-                let dscores = probs * (grad.matmul(v.swap_dims(2, 3)) - rows(&row_dot));
+                let scores = scaled_scores(q.clone(), k.clone(), scale);
+                let dprobs = grad.clone().matmul(v.swap_dims(2, 3));
+                let (lse, row_dot) = (rows(&lse), rows(&row_dot));
+                let (probs, dscores) =
+                    match fused_softmax_grad([&scores, &dprobs, &lse, &row_dot], block) {
+                        Some(fused) => fused,
+                        None => {
+                            // A fused forward keeps its log-sum-exp in f32.
+                            let lse = lse.cast(scores.dtype());
+                            let probs = (masked(scores, block) - lse).exp();
+                            (probs.clone(), probs * (dprobs - row_dot))
+                        }
+                    };
+                let dv_part = probs.swap_dims(2, 3).matmul(grad.clone());
                 dqs.push(dscores.clone().matmul(k));
                 let dk_part = dscores.swap_dims(2, 3).matmul(q);
                 dk = Some(add_leading(dk, dk_part));

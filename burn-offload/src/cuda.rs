@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use burn::backend::Autodiff;
 use burn::tensor::backend::Backend;
-use burn::tensor::{bf16, DType, Shape, Tensor, TensorPrimitive};
+use burn::tensor::{bf16, DType, Int, Shape, Tensor, TensorPrimitive};
 use burn_cubecl::cubecl::client::ComputeClient;
 use burn_cubecl::cubecl::cuda::{CudaDevice, CudaRuntime};
 use burn_cubecl::cubecl::future::DynFut;
@@ -989,4 +989,42 @@ pub(crate) fn release_free_memory<X: Backend>(device: &X::Device) {
         upload.executes(|| client.memory_cleanup());
         block_on_sync(device);
     }
+}
+
+/// `t`'s primitive as a CUDA tensor, when `B`'s float tensors are burn-cubecl's
+/// CUDA tensors (burn's CUDA backend, `Gemm` over it), for our own kernels.
+pub(crate) fn float_cube<B: Backend, const D: usize>(
+    t: &Tensor<B, D>,
+) -> Option<CubeTensor<CudaRuntime>> {
+    let primitive = t.clone().into_primitive();
+    let TensorPrimitive::Float(p) = primitive else {
+        return None;
+    };
+    (&p as &dyn Any)
+        .downcast_ref::<CubeTensor<CudaRuntime>>()
+        .filter(|c| c.qparams.is_none())
+        .cloned()
+}
+
+pub(crate) fn int_cube<B: Backend, const D: usize>(
+    t: &Tensor<B, D, Int>,
+) -> Option<CubeTensor<CudaRuntime>> {
+    let p = t.clone().into_primitive();
+    (&p as &dyn Any)
+        .downcast_ref::<CubeTensor<CudaRuntime>>()
+        .cloned()
+}
+
+/// A CUDA tensor back as one of `B` (whose primitive it is).
+pub(crate) fn as_float<B: Backend, const D: usize>(t: CubeTensor<CudaRuntime>) -> Tensor<B, D> {
+    let boxed: Box<dyn Any> = Box::new(t);
+    let p = *boxed
+        .downcast::<B::FloatTensorPrimitive>()
+        .unwrap_or_else(|_| unreachable!("checked by float_cube"));
+    Tensor::from_primitive(TensorPrimitive::Float(p))
+}
+
+/// The float dtypes our kernels read.
+pub(crate) fn is_float(dtype: DType) -> bool {
+    matches!(dtype, DType::F32 | DType::BF16 | DType::F16)
 }

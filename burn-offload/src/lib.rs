@@ -8,9 +8,14 @@
 //! slabs ([`optim`]). Models take part by implementing [`BlockModel`].
 
 pub mod attention;
+#[cfg(feature = "cuda")]
+mod attention_cuda;
 pub mod backend;
 pub mod checkpoint;
 mod copy_window;
+pub mod cross_entropy;
+#[cfg(feature = "cuda")]
+mod cross_entropy_cuda;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod engine;

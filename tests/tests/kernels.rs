@@ -1,0 +1,148 @@
+//! The models' fused operations against their tensor-op formulations on the
+//! test backend (on CUDA, in the GPU parity run, that is our kernels against
+//! burn's): values and gradients, in f32 and bf16.
+//! - The cross-entropy (`burn_offload::cross_entropy`, one autodiff
+//!   operation; one kernel each way on CUDA) against burn's `log_softmax`,
+//!   for logits whose rows are not contiguous and a vocabulary that is not a
+//!   multiple of the kernel's 256 units.
+//! - Causal attention (`burn_offload::attention`, one autodiff operation;
+//!   its softmax one kernel each way on CUDA) against the reference that
+//!   burn differentiates op by op, with grouped-query heads and sequences
+//!   that cut into uneven query blocks.
+
+use burn::prelude::*;
+use burn::tensor::{DType, Distribution};
+use burn_offload::attention::{causal_attention, reference_causal_attention};
+use burn_offload::cross_entropy::{nll_rows, nll_sum, reference_nll_rows};
+use burn_offload_tests::{random_tokens, TestAutodiff as AD};
+
+/// Logits `[rows, vocab]` as a column slice of a wider tensor (rows strided
+/// by `vocab + 3`), spread wide enough that the log-sum-exp needs its shift.
+fn logits(rows: usize, vocab: usize, dtype: DType) -> Tensor<AD, 2> {
+    let device = Default::default();
+    Tensor::<AD, 2>::random([rows, vocab + 3], Distribution::Normal(0.0, 4.0), &device)
+        .cast(dtype)
+        .narrow(1, 2, vocab)
+}
+
+fn max_abs_diff<const D: usize>(a: Tensor<AD, D>, b: Tensor<AD, D>) -> f32 {
+    let f32 = |t: Tensor<AD, D>| t.inner().cast(DType::F32);
+    (f32(a) - f32(b)).abs().max().into_scalar()
+}
+
+fn compare(dtype: DType, value_tolerance: f32, grad_tolerance: f32) {
+    let (rows, vocab) = (45, 1000);
+    let device = Default::default();
+    let x = logits(rows, vocab, dtype);
+    let targets = random_tokens::<AD>(1, rows, vocab, 7, &device).reshape([rows]);
+    // A different upstream gradient per row.
+    let weights = Tensor::<AD, 1, Int>::arange(0..rows as i64, &device).float() * 0.25 + 0.5;
+    let run = |fused: bool| {
+        let x = x.clone().detach().require_grad();
+        let nll = if fused {
+            nll_rows(x.clone(), targets.clone())
+        } else {
+            reference_nll_rows(x.clone(), targets.clone())
+        };
+        let grads = (nll.clone() * weights.clone()).sum().backward();
+        let dx = Tensor::<AD, 2>::from_inner(x.grad(&grads).expect("the loss reads the logits"));
+        (nll, dx)
+    };
+    let ((nll, dx), (want_nll, want_dx)) = (run(true), run(false));
+    assert_eq!(nll.dtype(), DType::F32, "the loss is f32");
+    assert_eq!(dx.dtype(), dtype, "the gradient has the logits' dtype");
+    let value_err = max_abs_diff(nll, want_nll);
+    let grad_err = max_abs_diff(dx, want_dx);
+    println!("{dtype:?}: loss error {value_err:e}, gradient error {grad_err:e}");
+    assert!(
+        value_err <= value_tolerance,
+        "{dtype:?}: loss off by {value_err}"
+    );
+    assert!(
+        grad_err <= grad_tolerance,
+        "{dtype:?}: gradient off by {grad_err}"
+    );
+}
+
+#[test]
+fn cross_entropy_matches_log_softmax_in_f32() {
+    // Losses are ~10; f32 sums of 1000 terms in two orders.
+    compare(DType::F32, 2e-5, 1e-5);
+}
+
+#[test]
+fn cross_entropy_matches_log_softmax_in_bf16() {
+    // Both sides compute in f32 from the same bf16 logits; the gradients
+    // (at most 11.5 in size) are rounded to bf16 at the end, where one unit
+    // of the last place at 8–16 is 0.0625.
+    compare(DType::BF16, 2e-5, 0.07);
+}
+
+#[test]
+fn the_sum_over_positions_is_the_sum_of_the_rows() {
+    let device = Default::default();
+    let x = logits(12, 300, DType::F32);
+    let targets = random_tokens::<AD>(3, 4, 300, 11, &device);
+    let sum = nll_sum(x.clone().reshape([3, 4, 300]), targets.clone());
+    let rows = reference_nll_rows(x, targets.reshape([12])).sum();
+    assert!(max_abs_diff(sum, rows) < 1e-3);
+}
+
+/// Attention output and the gradients of `q`, `k`, `v` under a fixed random
+/// upstream gradient, fused against reference; the largest error of each
+/// relative to the reference's largest magnitude.
+fn compare_attention(dtype: DType, tolerance: f32) {
+    let device = Default::default();
+    // 2 sequences of 37 positions (query blocks of 10, 10, 10, 7), 8 query
+    // heads on 2 key/value heads, head size 16.
+    let (batch, heads, kv_heads, seq, dim) = (2, 8, 2, 37, 16);
+    let random = |h| {
+        Tensor::<AD, 4>::random(
+            [batch, h, seq, dim],
+            Distribution::Normal(0.0, 1.5),
+            &device,
+        )
+        .cast(dtype)
+    };
+    let (q, k, v) = (random(heads), random(kv_heads), random(kv_heads));
+    let upstream = random(heads).detach();
+    type Attention = fn(Tensor<AD, 4>, Tensor<AD, 4>, Tensor<AD, 4>) -> Tensor<AD, 4>;
+    let run = |attention: Attention| {
+        let (q, k, v) = (
+            q.clone().detach().require_grad(),
+            k.clone().detach().require_grad(),
+            v.clone().detach().require_grad(),
+        );
+        let out = attention(q.clone(), k.clone(), v.clone());
+        let grads = (out.clone() * upstream.clone()).sum().backward();
+        let grad = |t: &Tensor<AD, 4>| Tensor::<AD, 4>::from_inner(t.grad(&grads).expect("used"));
+        [out, grad(&q), grad(&k), grad(&v)]
+    };
+    let fused = run(causal_attention);
+    let reference = run(reference_causal_attention);
+    for (name, (a, b)) in ["output", "dq", "dk", "dv"]
+        .iter()
+        .zip(fused.into_iter().zip(reference))
+    {
+        assert_eq!(a.dtype(), dtype, "{name} keeps the inputs' dtype");
+        let scale = b.clone().inner().cast(DType::F32).abs().max().into_scalar();
+        let err = max_abs_diff(a, b) / scale.max(1e-6);
+        println!("{dtype:?} attention {name}: error {err:e} of the largest magnitude {scale:e}");
+        assert!(
+            err <= tolerance,
+            "{dtype:?}: attention {name} off by {err} of {scale}"
+        );
+    }
+}
+
+#[test]
+fn attention_matches_the_reference_in_f32() {
+    // On CUDA both sides' matmuls stage f32 as tf32 (10 bits).
+    compare_attention(DType::F32, 1e-2);
+}
+
+#[test]
+fn attention_matches_the_reference_in_bf16() {
+    // Different roundings of bf16 (8 bits) intermediates on each side.
+    compare_attention(DType::BF16, 5e-2);
+}
