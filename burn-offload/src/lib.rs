@@ -26,6 +26,9 @@ pub mod optim;
 pub mod pager;
 pub mod precision;
 pub mod store;
+pub mod swiglu;
+#[cfg(feature = "cuda")]
+mod swiglu_cuda;
 pub mod trace;
 mod worker;
 

@@ -6,7 +6,6 @@ use std::sync::Mutex;
 
 use burn::module::{Initializer, Module, Param};
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNormConfig};
-use burn::tensor::activation::silu;
 use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
 use burn_offload::{BlockModel, DecoderBlock};
 use serde::{Deserialize, Serialize};
@@ -14,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::{check_heads, check_positive, ConfigError};
 use crate::tokens::forward_tokens;
 use burn_offload::attention::causal_attention;
+use burn_offload::swiglu::swiglu;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -341,8 +341,11 @@ impl<B: Backend> DecoderBlock<B> for LlamaBlock<B> {
     fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         let x = x.clone() + self.attn.forward(self.input_layernorm.forward(x));
         let h = self.post_attention_layernorm.forward(x.clone());
-        let gated = silu(forward_tokens(&self.mlp.gate_proj, h.clone()))
-            * forward_tokens(&self.mlp.up_proj, h);
+        // `silu(gate) ⊙ up` as one operation (one kernel each way on CUDA).
+        let gated = swiglu(
+            forward_tokens(&self.mlp.gate_proj, h.clone()),
+            forward_tokens(&self.mlp.up_proj, h),
+        );
         x + forward_tokens(&self.mlp.down_proj, gated)
     }
 }

@@ -9,11 +9,14 @@
 //!   its softmax one kernel each way on CUDA) against the reference that
 //!   burn differentiates op by op, with grouped-query heads and sequences
 //!   that cut into uneven query blocks.
+//! - The SwiGLU gate (`burn_offload::swiglu`, one kernel each way on CUDA)
+//!   against burn's `silu(gate) * up`.
 
 use burn::prelude::*;
 use burn::tensor::{DType, Distribution};
 use burn_offload::attention::{causal_attention, reference_causal_attention};
 use burn_offload::cross_entropy::{nll_rows, nll_sum, reference_nll_rows};
+use burn_offload::swiglu::swiglu;
 use burn_offload_tests::{random_tokens, TestAutodiff as AD};
 
 /// Logits `[rows, vocab]` as a column slice of a wider tensor (rows strided
@@ -145,4 +148,50 @@ fn attention_matches_the_reference_in_f32() {
 fn attention_matches_the_reference_in_bf16() {
     // Different roundings of bf16 (8 bits) intermediates on each side.
     compare_attention(DType::BF16, 5e-2);
+}
+
+fn compare_swiglu(dtype: DType, tolerance: f32) {
+    let device = Default::default();
+    let random = || {
+        Tensor::<AD, 3>::random([3, 7, 300], Distribution::Normal(0.0, 3.0), &device).cast(dtype)
+    };
+    let (gate, up, upstream) = (random(), random(), random().detach());
+    let run = |fused: bool| {
+        let (g, u) = (
+            gate.clone().detach().require_grad(),
+            up.clone().detach().require_grad(),
+        );
+        let out = if fused {
+            swiglu(g.clone(), u.clone())
+        } else {
+            burn::tensor::activation::silu(g.clone()) * u.clone()
+        };
+        let grads = (out.clone() * upstream.clone()).sum().backward();
+        let grad = |t: &Tensor<AD, 3>| Tensor::<AD, 3>::from_inner(t.grad(&grads).expect("used"));
+        [out.clone(), grad(&g), grad(&u)]
+    };
+    for (name, (a, b)) in ["output", "dgate", "dup"]
+        .iter()
+        .zip(run(true).into_iter().zip(run(false)))
+    {
+        assert_eq!(a.dtype(), dtype, "{name} keeps the inputs' dtype");
+        let scale = b.clone().inner().cast(DType::F32).abs().max().into_scalar();
+        let err = max_abs_diff(a, b) / scale.max(1e-6);
+        println!("{dtype:?} swiglu {name}: error {err:e} of the largest magnitude {scale:e}");
+        assert!(
+            err <= tolerance,
+            "{dtype:?}: swiglu {name} off by {err} of {scale}"
+        );
+    }
+}
+
+#[test]
+fn swiglu_matches_silu_times_up_in_f32() {
+    compare_swiglu(DType::F32, 1e-5);
+}
+
+#[test]
+fn swiglu_matches_silu_times_up_in_bf16() {
+    // burn rounds each intermediate to bf16; the kernel rounds once.
+    compare_swiglu(DType::BF16, 3e-2);
 }
