@@ -6,11 +6,13 @@
 # Each build NAME is .device/ab-NAME.tar.xz (a tarball of one `bin/train`);
 # NAME+ARG runs build NAME with one more train argument ARG (`--flag=value`):
 #   AB_BUILDS="new new+--worker-nice=0 old" AB_SYSTEMS=pipelined bash bench/gpu/ab.sh
-# Each round runs every system with every build once (0.85B Llama, fp32,
-# AB_TOKENS k tokens per step, AB_STEPS steps of which the first two are left
+# Each round runs every system with every build once (0.85B Llama, AB_COMPUTE
+# (fp32) precision, AB_TOKENS k tokens per step, AB_STEPS steps of which the first two are left
 # out); $OUT/ab.txt lists the medians, $OUT/ab.tgz holds the metrics.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; W=/tmp/ab-work; mkdir -p $W
+# libcublas, which `--matmul fast` uses for bf16.
+. bench/gpu/cublas_env.sh
 echo '{"arch":"llama","vocab_size":32000,"d_model":2048,"n_layer":16,"n_head":32,"n_kv_head":8,"d_ff":5632,"max_seq_len":2048}' > /tmp/llama-0.85b.json
 for b in $(for b in ${AB_BUILDS:?name the builds}; do echo ${b%%+*}; done | sort -u); do
   rm -rf .device/ab-$b; mkdir -p .device/ab-$b
@@ -22,7 +24,7 @@ for r in $(seq 1 ${AB_ROUNDS:-2}); do for sys in ${AB_SYSTEMS:-pipelined serial}
   extra=; [ $sys = serial ] && extra=--serial-copies
   case $b in *+*) extra="$extra ${b#*+}";; esac
   timeout ${AB_LIMIT:-90} .device/ab-${b%%+*}/train --model /tmp/llama-0.85b.json --steps ${AB_STEPS:-7} --warmup 1 \
-    --lr 3e-4 --seq-len 1024 --batch ${AB_TOKENS:-16} --compute fp32 $extra --sample-tokens 0 \
+    --lr 3e-4 --seq-len 1024 --batch ${AB_TOKENS:-16} --compute ${AB_COMPUTE:-fp32} $extra --sample-tokens 0 \
     --metrics $W/$name.jsonl > $W/$name.log 2> $W/$name.err
   python3 - $W/$name.jsonl $name <<'PY' | tee -a $OUT/ab.txt
 import json, statistics, sys
@@ -36,7 +38,8 @@ else:
           "forward %.3f s" % med(lambda r: r["split"]["forward_s"]),
           "backward %.3f s" % med(lambda r: r["split"]["backward_s"]),
           "forward H2D %.1f GB/s" % h2d,
-          "steps", [round(r["step_s"], 3) for r in rows])
+          "steps", [round(r["step_s"], 3) for r in rows],
+          "last loss", rows[-1]["loss"])
 PY
   tar czf $OUT/ab.tgz -C $W .
 done; done; done

@@ -3,7 +3,7 @@
 #   TL_SYSTEMS="pipelined serial resident" TL_TOKENS=16 bash bench/gpu/timeline/run.sh
 # Each system runs the 0.85B Llama for TL_STEPS steps with CUPTI recording;
 # timeline.py splits the steps and writes $OUT/timeline-<name>.{txt,json}.
-# ARGS adds train flags; TAG names the rows. Needs .device/bin.tar.xz (train)
+# ARGS adds train flags; TL_COMPUTE (fp32) picks the precision; TAG names the rows. Needs .device/bin.tar.xz (train)
 # and .device/timeline.tar.xz (bench/gpu/timeline/build.sh).
 set -u
 if [ -f .device/bin.tar.xz ]; then rm -rf .device/bin; tar xJf .device/bin.tar.xz -C .device; fi
@@ -18,7 +18,7 @@ for b in ${TL_TOKENS:-16}; do for sys in ${TL_SYSTEMS:-pipelined serial resident
   echo "== $name"
   CUDA_INJECTION64_PATH=$PWD/.device/timeline/cupti_trace.so CUPTI_TRACE_OUT=$W/$name.trace \
     timeout ${TL_LIMIT:-150} .device/bin/train --model /tmp/llama-0.85b.json --steps $steps --warmup 1 --lr 3e-4 \
-    --seq-len 1024 --batch $b --compute fp32 $extra ${ARGS:-} --sample-tokens 0 --metrics $W/$name.jsonl > $W/$name.log 2> $W/$name.err
+    --seq-len 1024 --batch $b --compute ${TL_COMPUTE:-fp32} $extra ${ARGS:-} --sample-tokens 0 --metrics $W/$name.jsonl > $W/$name.log 2> $W/$name.err
   echo "exit $?"; grep -v '^\s' $W/$name.err | tail -3
   python3 -c "
 import json,statistics,sys
