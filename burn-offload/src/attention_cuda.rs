@@ -19,6 +19,7 @@
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Shape, Tensor};
 use burn_cubecl::cubecl::cuda::CudaRuntime;
+use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use cubecl::{CubeCount, CubeDim};
 
@@ -236,4 +237,18 @@ pub(crate) fn softmax_backward<B: Backend>(
         );
     }
     Some((as_float(probs), as_float(dscores)))
+}
+
+/// `t` laid out row-major, copied if it is not (and `t` itself off CUDA).
+/// Keys and values arrive as `[b, s, kv, d]` buffers viewed `[b, kv, s, d]`:
+/// cuBLAS cannot walk both batch dimensions of such a view with one stride,
+/// so every score and value product became a loop of a call per sequence,
+/// ~25k small launches a step that the host could not issue as fast as the
+/// GPU ran them (run27 call 3). One copy of the keys and values per pass
+/// makes each product one call.
+pub(crate) fn dense<B: Backend>(t: Tensor<B, 4>) -> Tensor<B, 4> {
+    match float_cube(&t) {
+        Some(c) => as_float(into_contiguous(c)),
+        None => t,
+    }
 }
