@@ -44,6 +44,7 @@ use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeBackend;
 
 use crate::backend::gemm::Gemm;
+use crate::backend::{lower, OffloadTensor};
 use cudarc::driver::sys::{self, CUevent, CUresult, CUstream};
 use cudarc::driver::CudaContext;
 
@@ -991,8 +992,9 @@ pub(crate) fn release_free_memory<X: Backend>(device: &X::Device) {
     }
 }
 
-/// `t`'s primitive as a CUDA tensor, when `B`'s float tensors are burn-cubecl's
-/// CUDA tensors (burn's CUDA backend, `Gemm` over it), for our own kernels.
+/// `t`'s primitive as a CUDA tensor, for our own kernels: when `B`'s float
+/// tensors are burn-cubecl's CUDA tensors (burn's CUDA backend, `Gemm` over
+/// it), or `Offload` over either (paged in if host-resident).
 pub(crate) fn float_cube<B: Backend, const D: usize>(
     t: &Tensor<B, D>,
 ) -> Option<CubeTensor<CudaRuntime>> {
@@ -1000,10 +1002,17 @@ pub(crate) fn float_cube<B: Backend, const D: usize>(
     let TensorPrimitive::Float(p) = primitive else {
         return None;
     };
-    (&p as &dyn Any)
-        .downcast_ref::<CubeTensor<CudaRuntime>>()
-        .filter(|c| c.qparams.is_none())
-        .cloned()
+    let p = &p as &dyn Any;
+    let cube = if let Some(c) = p.downcast_ref::<CubeTensor<CudaRuntime>>() {
+        c.clone()
+    } else if let Some(o) = p.downcast_ref::<OffloadTensor<CudaBackend>>() {
+        lower(o.clone())
+    } else if let Some(o) = p.downcast_ref::<OffloadTensor<Gemm<CudaBackend>>>() {
+        lower(o.clone())
+    } else {
+        return None;
+    };
+    cube.qparams.is_none().then_some(cube)
 }
 
 pub(crate) fn int_cube<B: Backend, const D: usize>(
@@ -1015,9 +1024,16 @@ pub(crate) fn int_cube<B: Backend, const D: usize>(
         .cloned()
 }
 
-/// A CUDA tensor back as one of `B` (whose primitive it is).
+/// A CUDA tensor back as one of `B`, one that [`float_cube`] accepts.
 pub(crate) fn as_float<B: Backend, const D: usize>(t: CubeTensor<CudaRuntime>) -> Tensor<B, D> {
-    let boxed: Box<dyn Any> = Box::new(t);
+    let x = TypeId::of::<B::FloatTensorPrimitive>();
+    let boxed: Box<dyn Any> = if x == TypeId::of::<OffloadTensor<CudaBackend>>() {
+        Box::new(OffloadTensor::<CudaBackend>::Device(t))
+    } else if x == TypeId::of::<OffloadTensor<Gemm<CudaBackend>>>() {
+        Box::new(OffloadTensor::<Gemm<CudaBackend>>::Device(t))
+    } else {
+        Box::new(t)
+    };
     let p = *boxed
         .downcast::<B::FloatTensorPrimitive>()
         .unwrap_or_else(|_| unreachable!("checked by float_cube"));
