@@ -103,9 +103,9 @@ struct Cli {
     /// --resident, bf16 casts the f32 parameters for each forward (autocast-like).
     #[arg(long, default_value = "fp32")]
     compute: Compute,
-    /// The matmul kernel on CUDA: `fast` (the default of CUDA builds: cubek's
-    /// fastest tf32 strategy for f32, cuBLAS for bf16 when libcublas is on
-    /// LD_LIBRARY_PATH), `auto` (burn's own choice), `cublas` (f32 in full
+    /// The matmul kernel on CUDA: `fast` (the default of CUDA builds: cuBLAS
+    /// when libcublas is on LD_LIBRARY_PATH, f32 in TF32 math as burn's own
+    /// f32 matmul computes it; else cubek's fastest strategies), `auto` (burn's own choice), `cublas` (f32 in full
     /// f32), `cublas-tf32` (f32 in TF32, as cubek computes it), or one of
     /// cubek's strategies by name, e.g. `matmul_specialized_tma_mma` (a case
     /// the kernel cannot run falls back to burn's). An unknown name lists the others.
