@@ -39,6 +39,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Bool, Tensor, TensorPrimitive};
 
+use crate::precision::cast_to;
 use crate::{Gemm, Offload};
 
 /// Most elements of one chunk's largest scores, `[chunk, heads, block, seq]`
@@ -393,7 +394,7 @@ fn attention_backward<B: Backend>(
                         Some(fused) => fused,
                         None => {
                             // A fused forward keeps its log-sum-exp in f32.
-                            let lse = lse.cast(scores.dtype());
+                            let lse = cast_to(lse, scores.dtype());
                             let probs = (masked(scores, block) - lse).exp();
                             (probs.clone(), probs * (dprobs - row_dot))
                         }

@@ -153,9 +153,17 @@ mod kernels {
 }
 use kernels::{softmax_grad_kernel, softmax_rows_kernel, PLANE, ROWS_PER_CUBE};
 
-/// Rows of a `[b, h, rows, _]` shape.
-fn rows_of(shape: &[usize]) -> usize {
-    shape[..3].iter().product()
+/// The launch of a plane-per-row kernel over the rows of a `[b, h, rows,
+/// keys]` shape: `ROWS_PER_CUBE` planes a cube; `None` when there is nothing
+/// to compute.
+fn plane_per_row(shape: &[usize]) -> Option<(CubeCount, CubeDim)> {
+    let rows: usize = shape[..3].iter().product();
+    (rows > 0 && shape[3] > 0).then(|| {
+        (
+            CubeCount::Static(rows.div_ceil(ROWS_PER_CUBE as usize) as u32, 1, 1),
+            CubeDim::new_2d(PLANE, ROWS_PER_CUBE),
+        )
+    })
 }
 
 /// The probabilities of a query block's (scaled, unmasked) `scores` and each
@@ -175,12 +183,11 @@ pub(crate) fn softmax_forward<B: Backend>(
     };
     let probs = new([shape[0], shape[1], shape[2], shape[3]], s.dtype);
     let lse = new([shape[0], shape[1], shape[2], 1], DType::F32);
-    let rows = rows_of(&shape);
-    if rows > 0 && shape[3] > 0 {
+    if let Some((cubes, cube_dim)) = plane_per_row(&shape) {
         softmax_rows_kernel::launch::<CudaRuntime>(
             &s.client,
-            CubeCount::Static(rows.div_ceil(ROWS_PER_CUBE as usize) as u32, 1, 1),
-            CubeDim::new_2d(PLANE, ROWS_PER_CUBE),
+            cubes,
+            cube_dim,
             s.clone().into_tensor_arg(),
             probs.clone().into_tensor_arg(),
             lse.clone().into_tensor_arg(),
@@ -219,12 +226,11 @@ pub(crate) fn softmax_backward<B: Backend>(
         empty_device_contiguous_dtype(s.client.clone(), s.device.clone(), shape.clone(), s.dtype)
     };
     let (probs, dscores) = (new(), new());
-    let rows = rows_of(&dims);
-    if rows > 0 && dims[3] > 0 {
+    if let Some((cubes, cube_dim)) = plane_per_row(&dims) {
         softmax_grad_kernel::launch::<CudaRuntime>(
             &s.client,
-            CubeCount::Static(rows.div_ceil(ROWS_PER_CUBE as usize) as u32, 1, 1),
-            CubeDim::new_2d(PLANE, ROWS_PER_CUBE),
+            cubes,
+            cube_dim,
             s.clone().into_tensor_arg(),
             dp.into_tensor_arg(),
             lse.into_tensor_arg(),

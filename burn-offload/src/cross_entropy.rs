@@ -24,6 +24,7 @@ use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::{DType, IndexingUpdateOp, Int, Tensor, TensorPrimitive};
 
 use crate::attention::{cast, same, with_custom_backward};
+use crate::precision::cast_to;
 use crate::{Gemm, Offload};
 
 /// `-log softmax(logits)[target]` per row, in f32, for `logits: [rows, vocab]`
@@ -67,7 +68,7 @@ pub fn reference_nll_rows<B: Backend>(
 ) -> Tensor<B, 1> {
     check_shapes(&logits, &targets);
     let rows = targets.dims()[0];
-    log_softmax(to_f32(logits), 1)
+    log_softmax(cast_to(logits, DType::F32), 1)
         .gather(1, targets.reshape([rows, 1]))
         .reshape([rows])
         .neg()
@@ -83,14 +84,6 @@ fn check_shapes<B: Backend>(logits: &Tensor<B, 2>, targets: &Tensor<B, 1, Int>) 
     );
 }
 
-fn to_f32<B: Backend, const D: usize>(t: Tensor<B, D>) -> Tensor<B, D> {
-    if t.dtype() == DType::F32 {
-        t
-    } else {
-        t.cast(DType::F32)
-    }
-}
-
 /// The loss per row and each row's log-sum-exp, both f32 `[rows]`.
 fn nll_forward<B: Backend>(
     logits: Tensor<B, 2>,
@@ -101,7 +94,7 @@ fn nll_forward<B: Backend>(
         return (nll, lse);
     }
     let rows = targets.dims()[0];
-    let x = to_f32(logits);
+    let x = cast_to(logits, DType::F32);
     let max = x.clone().max_dim(1);
     let lse = (x.clone() - max.clone()).exp().sum_dim(1).log() + max;
     let picked = x.gather(1, targets.reshape([rows, 1]));
@@ -121,19 +114,15 @@ fn nll_backward<B: Backend>(
     }
     let dtype = logits.dtype();
     let [rows, _] = logits.dims();
-    let probs = (to_f32(logits) - lse.reshape([rows, 1])).exp();
+    let probs = (cast_to(logits, DType::F32) - lse.reshape([rows, 1])).exp();
     let minus_one = Tensor::<B, 2>::full([rows, 1], -1.0, (&probs.device(), DType::F32));
     let dlogits = probs.scatter(
         1,
         targets.reshape([rows, 1]),
         minus_one,
         IndexingUpdateOp::Add,
-    ) * to_f32(grad).reshape([rows, 1]);
-    if dtype == DType::F32 {
-        dlogits
-    } else {
-        dlogits.cast(dtype)
-    }
+    ) * cast_to(grad, DType::F32).reshape([rows, 1]);
+    cast_to(dlogits, dtype)
 }
 
 #[derive(Debug)]
@@ -209,7 +198,10 @@ mod tests {
     }
 
     fn max_abs_diff<const D: usize>(a: Tensor<F, D>, b: Tensor<F, D>) -> f32 {
-        (to_f32(a) - to_f32(b)).abs().max().into_scalar()
+        (cast_to(a, DType::F32) - cast_to(b, DType::F32))
+            .abs()
+            .max()
+            .into_scalar()
     }
 
     /// Values and logits gradients of the fused operation against burn's

@@ -91,6 +91,28 @@ fn the_sum_over_positions_is_the_sum_of_the_rows() {
     assert!(max_abs_diff(sum, rows) < 1e-3);
 }
 
+/// Each of `fused` against its `reference` (same dtype, the inputs'), as the
+/// largest error relative to the reference's largest magnitude.
+fn assert_relatively_close<const D: usize, const N: usize>(
+    op: &str,
+    names: [&str; N],
+    fused: [Tensor<AD, D>; N],
+    reference: [Tensor<AD, D>; N],
+    dtype: DType,
+    tolerance: f32,
+) {
+    for (name, (a, b)) in names.iter().zip(fused.into_iter().zip(reference)) {
+        assert_eq!(a.dtype(), dtype, "{name} keeps the inputs' dtype");
+        let scale = b.clone().inner().cast(DType::F32).abs().max().into_scalar();
+        let err = max_abs_diff(a, b) / scale.max(1e-6);
+        println!("{dtype:?} {op} {name}: error {err:e} of the largest magnitude {scale:e}");
+        assert!(
+            err <= tolerance,
+            "{dtype:?}: {op} {name} off by {err} of {scale}"
+        );
+    }
+}
+
 /// Attention output and the gradients of `q`, `k`, `v` under a fixed random
 /// upstream gradient, fused against reference; the largest error of each
 /// relative to the reference's largest magnitude.
@@ -123,19 +145,14 @@ fn compare_attention(dtype: DType, tolerance: f32) {
     };
     let fused = run(causal_attention);
     let reference = run(reference_causal_attention);
-    for (name, (a, b)) in ["output", "dq", "dk", "dv"]
-        .iter()
-        .zip(fused.into_iter().zip(reference))
-    {
-        assert_eq!(a.dtype(), dtype, "{name} keeps the inputs' dtype");
-        let scale = b.clone().inner().cast(DType::F32).abs().max().into_scalar();
-        let err = max_abs_diff(a, b) / scale.max(1e-6);
-        println!("{dtype:?} attention {name}: error {err:e} of the largest magnitude {scale:e}");
-        assert!(
-            err <= tolerance,
-            "{dtype:?}: attention {name} off by {err} of {scale}"
-        );
-    }
+    assert_relatively_close(
+        "attention",
+        ["output", "dq", "dk", "dv"],
+        fused,
+        reference,
+        dtype,
+        tolerance,
+    );
 }
 
 #[test]
@@ -170,19 +187,15 @@ fn compare_swiglu(dtype: DType, tolerance: f32) {
         let grad = |t: &Tensor<AD, 3>| Tensor::<AD, 3>::from_inner(t.grad(&grads).expect("used"));
         [out.clone(), grad(&g), grad(&u)]
     };
-    for (name, (a, b)) in ["output", "dgate", "dup"]
-        .iter()
-        .zip(run(true).into_iter().zip(run(false)))
-    {
-        assert_eq!(a.dtype(), dtype, "{name} keeps the inputs' dtype");
-        let scale = b.clone().inner().cast(DType::F32).abs().max().into_scalar();
-        let err = max_abs_diff(a, b) / scale.max(1e-6);
-        println!("{dtype:?} swiglu {name}: error {err:e} of the largest magnitude {scale:e}");
-        assert!(
-            err <= tolerance,
-            "{dtype:?}: swiglu {name} off by {err} of {scale}"
-        );
-    }
+    let (fused, reference) = (run(true), run(false));
+    assert_relatively_close(
+        "swiglu",
+        ["output", "dgate", "dup"],
+        fused,
+        reference,
+        dtype,
+        tolerance,
+    );
 }
 
 #[test]
