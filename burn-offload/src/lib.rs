@@ -25,6 +25,12 @@ pub mod model;
 pub mod optim;
 pub mod pager;
 pub mod precision;
+pub mod rms_norm;
+#[cfg(feature = "cuda")]
+mod rms_norm_cuda;
+pub mod rotary;
+#[cfg(feature = "cuda")]
+mod rotary_cuda;
 pub mod store;
 pub mod swiglu;
 #[cfg(feature = "cuda")]

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::{check_heads, check_positive, ConfigError};
 use crate::tokens::forward_tokens;
 use burn_offload::attention::causal_attention;
+use burn_offload::rotary::rotate_half;
 use burn_offload::swiglu::swiglu;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -290,28 +291,21 @@ pub fn cached_rope_tables<B: Backend>(
 }
 
 /// Rotates `x [batch, heads, seq, head_dim]`: `x·cos + rotate_half(x)·sin`, where
-/// `rotate_half([a, b]) = [-b, a]` over the two halves of the head dimension.
-/// The tables (f32) are cast to `x`'s dtype, so a block computing in bf16 stays in it.
+/// `rotate_half([a, b]) = [-b, a]` over the two halves of the head dimension, in
+/// `x`'s dtype: one operation each way (`burn_offload::rotary`), a kernel on CUDA.
 pub fn apply_rope<B: Backend>(
     x: Tensor<B, 4>,
     cos: &Tensor<B, 2>,
     sin: &Tensor<B, 2>,
 ) -> Tensor<B, 4> {
-    let dtype = x.dtype();
-    let table = |t: &Tensor<B, 2>| {
-        if t.dtype() == dtype {
-            t.clone()
-        } else {
-            t.clone().cast(dtype)
-        }
-    };
-    let (cos, sin) = (&table(cos), &table(sin));
-    let head_dim = x.dims()[3];
-    let half = head_dim / 2;
-    let first = x.clone().narrow(3, 0, half);
-    let second = x.clone().narrow(3, half, half);
-    let rotated = Tensor::cat(vec![second.neg(), first], 3);
-    x * cos.clone().unsqueeze::<4>() + rotated * sin.clone().unsqueeze::<4>()
+    rotate_half(x, cos, sin)
+}
+
+/// RMSNorm as one operation each way (`burn_offload::rms_norm`): burn's
+/// `RmsNorm::forward` computed in f32 and rounded once, without its five
+/// passes and their autodiff records (a kernel each way on CUDA).
+fn rms_norm<B: Backend, const D: usize>(norm: &RmsNorm<B>, x: Tensor<B, D>) -> Tensor<B, D> {
+    burn_offload::rms_norm::rms_norm(x, norm.gamma.val(), norm.epsilon)
 }
 
 impl<B: Backend> LlamaAttention<B> {
@@ -339,8 +333,8 @@ impl<B: Backend> LlamaAttention<B> {
 
 impl<B: Backend> DecoderBlock<B> for LlamaBlock<B> {
     fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let x = x.clone() + self.attn.forward(self.input_layernorm.forward(x));
-        let h = self.post_attention_layernorm.forward(x.clone());
+        let x = x.clone() + self.attn.forward(rms_norm(&self.input_layernorm, x));
+        let h = rms_norm(&self.post_attention_layernorm, x.clone());
         // `silu(gate) ⊙ up` as one operation (one kernel each way on CUDA).
         let gated = swiglu(
             forward_tokens(&self.mlp.gate_proj, h.clone()),
@@ -362,7 +356,7 @@ impl<B: Backend> BlockModel<B> for Llama<B> {
     }
 
     fn head(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
-        forward_tokens(&self.lm_head, self.norm.forward(hidden))
+        forward_tokens(&self.lm_head, rms_norm(&self.norm, hidden))
     }
 
     fn vocab_size(&self) -> usize {

@@ -11,11 +11,18 @@
 //!   that cut into uneven query blocks.
 //! - The SwiGLU gate (`burn_offload::swiglu`, one kernel each way on CUDA)
 //!   against burn's `silu(gate) * up`.
+//! - RMSNorm (`burn_offload::rms_norm`, one kernel forward and two backward
+//!   on CUDA) and the rotary embedding (`burn_offload::rotary`, one kernel
+//!   each way) against their tensor-op formulations computed in f32 from the
+//!   same inputs, for widths that are not multiples of a plane, rows in more
+//!   than one of the `dγ` kernel's chunks, and a strided view of the heads.
 
 use burn::prelude::*;
 use burn::tensor::{DType, Distribution};
 use burn_offload::attention::{causal_attention, reference_causal_attention};
 use burn_offload::cross_entropy::{nll_rows, nll_sum, reference_nll_rows};
+use burn_offload::rms_norm::rms_norm;
+use burn_offload::rotary::rotate_half;
 use burn_offload::swiglu::swiglu;
 use burn_offload_tests::{random_tokens, TestAutodiff as AD};
 
@@ -207,4 +214,125 @@ fn swiglu_matches_silu_times_up_in_f32() {
 fn swiglu_matches_silu_times_up_in_bf16() {
     // burn rounds each intermediate to bf16; the kernel rounds once.
     compare_swiglu(DType::BF16, 3e-2);
+}
+
+/// burn's `RmsNorm` formulation, in f32 from the inputs cast up, cast back to
+/// `x`'s dtype (so each side rounds once).
+fn reference_rms_norm(x: Tensor<AD, 3>, gamma: Tensor<AD, 1>, epsilon: f64) -> Tensor<AD, 3> {
+    let dtype = x.dtype();
+    let x = x.cast(DType::F32);
+    let rms = (x.clone().square().mean_dim(2) + epsilon).sqrt();
+    (x / rms * gamma.cast(DType::F32).unsqueeze()).cast(dtype)
+}
+
+fn compare_rms_norm(dtype: DType, tolerance: f32) {
+    let device = Default::default();
+    // 21 rows of 300 (not a multiple of the 32 lanes), then 400 rows of 96
+    // (two of the `dγ` kernel's 256-row chunks).
+    for dims in [[3, 7, 300], [4, 100, 96]] {
+        let random =
+            |dims, mean| Tensor::<AD, 3>::random(dims, Distribution::Normal(mean, 2.0), &device);
+        let (x, upstream) = (random(dims, 0.5).cast(dtype), random(dims, 0.0).detach());
+        let gamma =
+            Tensor::<AD, 1>::random([dims[2]], Distribution::Normal(1.0, 0.5), &device).cast(dtype);
+        let run = |fused: bool| {
+            let (x, gamma) = (
+                x.clone().detach().require_grad(),
+                gamma.clone().detach().require_grad(),
+            );
+            let out = if fused {
+                rms_norm(x.clone(), gamma.clone(), 1e-5)
+            } else {
+                reference_rms_norm(x.clone(), gamma.clone(), 1e-5)
+            };
+            let grads = (out.clone().cast(DType::F32) * upstream.clone())
+                .sum()
+                .backward();
+            let dx = Tensor::<AD, 3>::from_inner(x.grad(&grads).expect("used"));
+            let dgamma = Tensor::<AD, 1>::from_inner(gamma.grad(&grads).expect("used"));
+            ([out, dx], dgamma.unsqueeze::<3>())
+        };
+        let (([out, dx], dgamma), ([want_out, want_dx], want_dgamma)) = (run(true), run(false));
+        assert_relatively_close(
+            "rms_norm",
+            ["output", "dx", "dgamma"],
+            [out, dx, dgamma],
+            [want_out, want_dx, want_dgamma],
+            dtype,
+            tolerance,
+        );
+    }
+}
+
+#[test]
+fn rms_norm_matches_burns_formulation_in_f32() {
+    compare_rms_norm(DType::F32, 1e-5);
+}
+
+#[test]
+fn rms_norm_matches_burns_formulation_in_bf16() {
+    // The same bf16 inputs; each side computes in f32 and rounds once to bf16
+    // (2^-8 relative), in different orders.
+    compare_rms_norm(DType::BF16, 1e-2);
+}
+
+/// `x·cos + rotate_half(x)·sin` in tensor ops, in f32 from `x` cast up, cast back.
+fn reference_rotary(x: Tensor<AD, 4>, cos: &Tensor<AD, 2>, sin: &Tensor<AD, 2>) -> Tensor<AD, 4> {
+    let dtype = x.dtype();
+    let x = x.cast(DType::F32);
+    let half = x.dims()[3] / 2;
+    let first = x.clone().narrow(3, 0, half);
+    let second = x.clone().narrow(3, half, half);
+    let rotated = Tensor::cat(vec![second.neg(), first], 3);
+    (x * cos.clone().unsqueeze::<4>() + rotated * sin.clone().unsqueeze::<4>()).cast(dtype)
+}
+
+fn compare_rotary(dtype: DType, tolerance: f32) {
+    let device = Default::default();
+    let (batch, seq, heads, dim) = (2, 37, 4, 16);
+    // The heads as the attention makes them: `[b, s, h, d]` viewed `[b, h, s, d]`.
+    let x = Tensor::<AD, 4>::random([batch, seq, heads, dim], Distribution::Default, &device)
+        .cast(dtype)
+        .swap_dims(1, 2);
+    let upstream =
+        Tensor::<AD, 4>::random([batch, heads, seq, dim], Distribution::Default, &device);
+    // Angles that differ between the halves: the backward must be the
+    // rotation's transpose, not just the opposite angle.
+    let angles = Tensor::<AD, 2>::random([seq, dim], Distribution::Uniform(-3.0, 3.0), &device);
+    let (cos, sin) = (angles.clone().cos(), angles.sin());
+    let run = |fused: bool| {
+        let x = x.clone().detach().require_grad();
+        let out = if fused {
+            rotate_half(x.clone(), &cos, &sin)
+        } else {
+            reference_rotary(x.clone(), &cos, &sin)
+        };
+        let grads = (out.clone().cast(DType::F32) * upstream.clone())
+            .sum()
+            .backward();
+        [
+            out,
+            Tensor::<AD, 4>::from_inner(x.grad(&grads).expect("used")),
+        ]
+    };
+    let (fused, reference) = (run(true), run(false));
+    assert_relatively_close(
+        "rotary",
+        ["output", "dx"],
+        fused,
+        reference,
+        dtype,
+        tolerance,
+    );
+}
+
+#[test]
+fn rotary_matches_the_tensor_ops_in_f32() {
+    compare_rotary(DType::F32, 1e-6);
+}
+
+#[test]
+fn rotary_matches_the_tensor_ops_in_bf16() {
+    // Both sides compute in f32 from the same bf16 values and round once.
+    compare_rotary(DType::BF16, 1e-2);
 }
