@@ -13,7 +13,8 @@
 //!    `dx_i` and the block's parameter gradients; the gradients go to the
 //!    host at once and the graph is dropped.
 //! 4. **Embedding backward** from `dx_0`: on the host, as a scatter-add of
-//!    its rows, where the model's `embed` is a plain table lookup
+//!    its rows (on CUDA, of its rows' sums per token, formed on the device:
+//!    `crate::lookup`), where the model's `embed` is a plain table lookup
 //!    ([`BlockModel::embedding_table`]); otherwise burn differentiates `embed`
 //!    with the stem bound on the device. With the host worker and a lookup,
 //!    the head's gradients were folded into the store during step 3, so this
@@ -58,6 +59,7 @@ use rayon::prelude::*;
 use crate::checkpoint::{self, CheckpointError};
 use crate::copy_window;
 use crate::cross_entropy::nll_sum;
+use crate::lookup::TokenRows;
 use crate::optim::{check_lr, sum_of_squares, OptimizerConfig, OptimizerError, Rows, UpdateSlices};
 use crate::pager::{
     add_to, check_tokens, gather_rows, DeviceGrads, Pager, PagerStats, PendingGradients, Stash,
@@ -345,18 +347,23 @@ impl TableTouch {
         self.dense |= head;
     }
 
-    /// Adds row `p` of `rows` into row `tokens[p]` of the table's gradient
-    /// `grads` (shape `shape`, `[rows, width]`: the gradient of a lookup in
-    /// it) and records the rows it wrote.
+    /// Adds `dy` into the table's gradient `grads` (shape `shape`, `[rows,
+    /// width]`: the gradient of a lookup in it) for `tokens` and records the
+    /// rows it wrote.
     fn scatter(
         &mut self,
         grads: &mut [f32],
         shape: &[usize],
         tokens: &[i64],
-        rows: &[f32],
+        dy: &LookupGrads,
     ) -> Result<(), EngineError> {
-        crate::pager::scatter_add_rows(grads, shape[1], tokens, rows)
-            .map_err(|token| token_error(token, shape[0]))?;
+        match dy {
+            LookupGrads::Positions(rows) => {
+                crate::pager::scatter_add_rows(grads, shape[1], tokens, rows)
+                    .map_err(|token| token_error(token, shape[0]))?;
+            }
+            LookupGrads::Sums(rows, sums) => rows.add_sums(grads, shape[1], sums),
+        }
         for &t in tokens {
             self.rows[t as usize] = true;
         }
@@ -381,6 +388,24 @@ impl TableTouch {
             })
             .collect();
         per_row.iter().sum()
+    }
+}
+
+/// The embedding's output gradient `dy` on the host, for the table's.
+enum LookupGrads {
+    /// Row `p` is position `p`'s.
+    Positions(Vec<f32>),
+    /// Summed per segment of a token's positions on the device (CUDA only).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    Sums(TokenRows, Vec<f32>),
+}
+
+impl LookupGrads {
+    /// The host buffer, for the next step.
+    fn into_buffer(self) -> Vec<f32> {
+        match self {
+            LookupGrads::Positions(buffer) | LookupGrads::Sums(_, buffer) => buffer,
+        }
     }
 }
 
@@ -1178,7 +1203,7 @@ where
         dy: Tensor<B, 3>,
         sink: &mut Sink,
     ) -> Result<(), EngineError> {
-        let (tokens, rows) = self.embedding_rows(inputs, dy);
+        let (tokens, dy) = self.embedding_rows(slot, inputs, dy);
         self.mark("dy read");
         self.settle(0);
         let started = Instant::now();
@@ -1191,29 +1216,46 @@ where
             .as_mut_slice()[table.range()];
         let added = self
             .table_touch
-            .scatter(grads, table.shape.as_slice(), &tokens, &rows);
+            .scatter(grads, table.shape.as_slice(), &tokens, &dy);
         if let (Ok(()), Sink::Accumulate { last: true, .. }) = (&added, sink) {
             let table_sum_sq = self.table_touch.sum_sq(grads, table.shape[1]);
             self.add_sum_sq(0, table_sum_sq);
         }
         self.split.optimizer_s += started.elapsed().as_secs_f64();
-        self.dy_buffer = rows;
+        self.dy_buffer = dy.into_buffer();
         added
     }
 
-    /// The token ids of `inputs` and the rows of `dy` (the embedding's output
-    /// gradient), on the host; the rows live in `dy_buffer`'s allocation,
-    /// which the caller puts back.
+    /// The token ids of `inputs` and `dy` (the embedding's output gradient)
+    /// on the host, in `dy_buffer`'s allocation, which the caller puts back:
+    /// on CUDA, with every token in the table at stem slot `slot`, only
+    /// `dy`'s sums per segment of a token's positions (`crate::lookup`);
+    /// elsewhere its rows.
     fn embedding_rows(
         &mut self,
+        slot: usize,
         inputs: &Tensor<B, 2, Int>,
         dy: Tensor<B, 3>,
-    ) -> (Vec<i64>, Vec<f32>) {
+    ) -> (Vec<i64>, LookupGrads) {
         let tokens: Vec<i64> = inputs.to_data().iter::<i64>().collect();
-        let mut rows = std::mem::take(&mut self.dy_buffer);
-        rows.resize(dy.shape().num_elements(), 0.0);
-        self.pager.read_into(dy, &mut rows);
-        (tokens, rows)
+        let mut buffer = std::mem::take(&mut self.dy_buffer);
+        #[cfg(feature = "cuda")]
+        {
+            let table_rows = self.store.groups[0].slots[slot].shape[0];
+            if check_tokens(&tokens, table_rows).is_ok() {
+                let rows = TokenRows::new(&tokens, table_rows);
+                if let Some(sums) = crate::lookup_cuda::segment_sums(&dy, &rows) {
+                    buffer.resize(sums.shape().num_elements(), 0.0);
+                    self.pager.read_into(sums, &mut buffer);
+                    return (tokens, LookupGrads::Sums(rows, buffer));
+                }
+            }
+        }
+        #[cfg(not(feature = "cuda"))]
+        let _ = slot;
+        buffer.resize(dy.shape().num_elements(), 0.0);
+        self.pager.read_into(dy, &mut buffer);
+        (tokens, LookupGrads::Positions(buffer))
     }
 
     /// Phase 4 where `embed` is a lookup in the table at stem slot `slot`:
@@ -1229,16 +1271,16 @@ where
         head_grads: PendingGradients,
         out: &mut [f32],
     ) -> Result<(), EngineError> {
-        let (tokens, rows) = self.embedding_rows(inputs, dy);
+        let (tokens, dy) = self.embedding_rows(slot, inputs, dy);
         head_grads.finish(out, false);
         let table = &self.store.groups[0].slots[slot];
         let added = self.table_touch.scatter(
             &mut out[table.range()],
             table.shape.as_slice(),
             &tokens,
-            &rows,
+            &dy,
         );
-        self.dy_buffer = rows;
+        self.dy_buffer = dy.into_buffer();
         added
     }
 
@@ -1630,9 +1672,11 @@ where
     }
 
     /// The embedding of `inputs` where `embed` is a lookup in the table at
-    /// stem slot `slot`: its rows, gathered from the store on the host and
-    /// uploaded (at 0.85B and 16k tokens, 134 MB instead of the stem's
-    /// 524 MB). With the step's update deferred ([`Engine::deferred`]), the
+    /// stem slot `slot`: the distinct rows it reads, gathered from the store
+    /// on the host and uploaded, then each position's picked on the device
+    /// (`crate::lookup`; with a byte tokenizer a few hundred rows, where the
+    /// 64k positions' rows were 512 MB to gather and copy at the step
+    /// boundary). With the step's update deferred ([`Engine::deferred`]), the
     /// rows read here are updated first, on this thread, then the host
     /// worker gets the blocks' updates and the rest of the stem's, which the
     /// head binds only after the forward.
@@ -1663,22 +1707,32 @@ where
             (update, read)
         });
         let table = &self.store.groups[0].params.as_slice()[range];
-        let embedded = self
+        let lookup = TokenRows::new(&tokens, rows);
+        let distinct = lookup.rows.len();
+        let picked = self
             .pager
-            .upload_filled::<B, _>([batch, seq, width], &self.device, |out| {
-                gather_rows(table, width, &tokens, out)
+            .upload_filled::<B, _>([1, distinct, width], &self.device, |out| {
+                gather_rows(table, width, &lookup.rows, out)
             });
         // The rest of the update is handed out whatever the lookup returned:
         // a partial update must not be left behind.
         if let Some((update, read)) = deferred {
             self.hand_out(update, Part::Rest(read));
         }
-        let embedded = embedded.map_err(|bad| token_error(bad, rows))?;
+        let picked = picked.map_err(|bad| token_error(bad, rows))?;
         // Landed before block 0's weights are copied, which wait for its
         // update: one span of copy time each, no idle gap between them
         // counted as copying.
         self.pager.ready::<B>(&self.device);
-        Ok(embedded)
+        let index = Tensor::<B, 1, Int>::from_data(
+            TensorData::new(lookup.index, [batch * seq]),
+            &self.device,
+        );
+        let picked = cast_to(
+            picked.reshape([distinct, width]),
+            self.config.compute.dtype(),
+        );
+        Ok(picked.select(0, index).reshape([batch, seq, width]))
     }
 
     /// Logits at the last position of each sequence, `[batch, vocab]`, with

@@ -19,6 +19,9 @@ mod cross_entropy_cuda;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod engine;
+mod lookup;
+#[cfg(feature = "cuda")]
+mod lookup_cuda;
 #[cfg(feature = "cuda")]
 pub mod matmul_cuda;
 pub mod model;
