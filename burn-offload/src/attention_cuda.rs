@@ -29,11 +29,6 @@ use crate::cuda::{as_float, float_cube, is_float};
 mod kernels {
     use cubecl::prelude::*;
 
-    /// Units per plane on NVIDIA GPUs: a plane per row.
-    pub(super) const PLANE: u32 = 32;
-    /// Rows (planes) per cube.
-    pub(super) const ROWS_PER_CUBE: u32 = 8;
-
     /// Offset of row `row` of a `[b, h, rows, _]` tensor, through its strides.
     #[cube]
     fn row_offset<E: CubePrimitive>(t: &Tensor<E>, row: usize) -> usize {
@@ -151,19 +146,12 @@ mod kernels {
         }
     }
 }
-use kernels::{softmax_grad_kernel, softmax_rows_kernel, PLANE, ROWS_PER_CUBE};
+use kernels::{softmax_grad_kernel, softmax_rows_kernel};
 
 /// The launch of a plane-per-row kernel over the rows of a `[b, h, rows,
-/// keys]` shape: `ROWS_PER_CUBE` planes a cube; `None` when there is nothing
-/// to compute.
+/// keys]` shape.
 fn plane_per_row(shape: &[usize]) -> Option<(CubeCount, CubeDim)> {
-    let rows: usize = shape[..3].iter().product();
-    (rows > 0 && shape[3] > 0).then(|| {
-        (
-            CubeCount::Static(rows.div_ceil(ROWS_PER_CUBE as usize) as u32, 1, 1),
-            CubeDim::new_2d(PLANE, ROWS_PER_CUBE),
-        )
-    })
+    crate::cuda::plane_per_row(shape[..3].iter().product(), shape[3])
 }
 
 /// The probabilities of a query block's (scaled, unmasked) `scores` and each

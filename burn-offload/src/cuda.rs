@@ -45,6 +45,7 @@ use burn_cubecl::CubeBackend;
 
 use crate::backend::gemm::Gemm;
 use crate::backend::{lower, OffloadTensor};
+use cubecl::{CubeCount, CubeDim};
 use cudarc::driver::sys::{self, CUevent, CUresult, CUstream};
 use cudarc::driver::CudaContext;
 
@@ -1043,4 +1044,22 @@ pub(crate) fn as_float<B: Backend, const D: usize>(t: CubeTensor<CudaRuntime>) -
 /// The float dtypes our kernels read.
 pub(crate) fn is_float(dtype: DType) -> bool {
     matches!(dtype, DType::F32 | DType::BF16 | DType::F16)
+}
+
+/// Units per plane on NVIDIA GPUs.
+const PLANE: u32 = 32;
+/// Rows (planes) per cube of a plane-per-row kernel.
+const ROWS_PER_CUBE: u32 = 8;
+
+/// The launch of a kernel that gives each of `rows` rows of `row_len`
+/// values a plane (`ROWS_PER_CUBE` planes a cube, the plane's lanes along
+/// `CUBE_DIM_X`, the row among the cube's along `UNIT_POS_Y`); `None` when
+/// there is nothing to compute.
+pub(crate) fn plane_per_row(rows: usize, row_len: usize) -> Option<(CubeCount, CubeDim)> {
+    (rows > 0 && row_len > 0).then(|| {
+        (
+            CubeCount::Static(rows.div_ceil(ROWS_PER_CUBE as usize) as u32, 1, 1),
+            CubeDim::new_2d(PLANE, ROWS_PER_CUBE),
+        )
+    })
 }

@@ -102,16 +102,15 @@ impl TokenRows {
             }
         }
         first.push(self.segments());
-        let picked: std::collections::HashMap<usize, usize> = self
-            .rows
-            .iter()
-            .enumerate()
-            .map(|(u, &t)| (t as usize, u))
-            .collect();
+        // Per table row, its index among the distinct rows.
+        let mut distinct = vec![None; table.len() / width];
+        for (u, &t) in self.rows.iter().enumerate() {
+            distinct[t as usize] = Some(u);
+        }
         table
             .par_chunks_mut(width)
-            .enumerate()
-            .filter_map(|(t, row)| picked.get(&t).map(|&u| (u, row)))
+            .zip(distinct.par_iter())
+            .filter_map(|(row, u)| u.map(|u| (u, row)))
             .for_each(|(u, row)| {
                 for s in first[u]..first[u + 1] {
                     let sum = &sums[s * width..(s + 1) * width];

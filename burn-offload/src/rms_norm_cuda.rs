@@ -16,17 +16,12 @@ use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::{CubeCount, CubeDim};
 
-use crate::cuda::{as_float, float_cube, is_float};
+use crate::cuda::{as_float, float_cube, is_float, plane_per_row};
 use crate::precision::cast_to;
 
 /// The kernels, apart: cubecl's prelude has a `Tensor` of its own.
 mod kernels {
     use cubecl::prelude::*;
-
-    /// Units per plane on NVIDIA GPUs: a plane per row.
-    pub(super) const PLANE: u32 = 32;
-    /// Rows (planes) per cube.
-    pub(super) const ROWS_PER_CUBE: u32 = 8;
 
     #[cube(launch)]
     pub(super) fn rms_norm_kernel<F: Float>(
@@ -132,9 +127,7 @@ mod kernels {
         partial[chunk * n + col] = sum;
     }
 }
-use kernels::{
-    rms_norm_gamma_grad_kernel, rms_norm_grad_kernel, rms_norm_kernel, PLANE, ROWS_PER_CUBE,
-};
+use kernels::{rms_norm_gamma_grad_kernel, rms_norm_grad_kernel, rms_norm_kernel};
 
 /// Rows a unit of the `dγ` kernel sums.
 const CHUNK_ROWS: usize = 256;
@@ -173,17 +166,6 @@ fn row_dims<const D: usize>(dims: [usize; D]) -> Shape {
     let mut dims = dims.to_vec();
     dims[D - 1] = 1;
     Shape::from(dims)
-}
-
-/// The launch of a plane per row over `rows` rows; `None` when there is
-/// nothing to compute.
-fn plane_per_row(rows: usize, width: usize) -> Option<(CubeCount, CubeDim)> {
-    (rows > 0 && width > 0).then(|| {
-        (
-            CubeCount::Static(rows.div_ceil(ROWS_PER_CUBE as usize) as u32, 1, 1),
-            CubeDim::new_2d(PLANE, ROWS_PER_CUBE),
-        )
-    })
 }
 
 /// The normalised `x` and `r` (f32, `x`'s dims with the last one 1); `None`
