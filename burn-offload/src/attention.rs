@@ -145,6 +145,30 @@ pub(crate) fn cast<T: 'static, U: 'static>(t: T) -> U {
         .unwrap_or_else(|_| unreachable!("cast between different types"))
 }
 
+/// Records `op` on the autodiff graph as one operation over `inputs`, with
+/// `result` (computed by the caller on the inner backend) as its output.
+/// Where some input is tracked, `state`, given the inputs' inner tensors,
+/// builds what the backward keeps. The operations of this crate with a
+/// backward of their own (attention, loss, SwiGLU, RMSNorm, rotary) all go
+/// through here.
+pub(crate) fn record<B: Backend, O: Backward<B, N>, const N: usize>(
+    op: O,
+    inputs: [FloatTensor<Autodiff<B>>; N],
+    result: FloatTensor<B>,
+    state: impl FnOnce([FloatTensor<B>; N]) -> O::State,
+) -> FloatTensor<Autodiff<B>> {
+    let nodes = inputs.each_ref().map(|t| t.node.clone());
+    let inner = inputs.map(|t| t.primitive);
+    match op
+        .prepare::<NoCheckpointing>(nodes)
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => prep.finish(state(inner), result),
+        OpsKind::UnTracked(prep) => prep.finish(result),
+    }
+}
+
 fn check_shapes<B: Backend>(q: &Tensor<B, 4>, k: &Tensor<B, 4>, v: &Tensor<B, 4>) {
     let ([b, h, s, d], kd) = (q.dims(), k.dims());
     assert_eq!(kd, v.dims(), "attention: keys and values differ in shape");
@@ -474,25 +498,9 @@ fn tracked<B: Backend>(
         query_block(seq),
     );
     let result = float(output.clone().reshape([batch, heads, seq, head_dim]));
-    let nodes = [q.node.clone(), k.node.clone(), v.node.clone()];
-    let out = match CausalAttention
-        .prepare::<NoCheckpointing>(nodes)
-        .compute_bound()
-        .stateful()
-    {
-        OpsKind::Tracked(prep) => prep.finish(
-            [
-                q.primitive,
-                k.primitive,
-                v.primitive,
-                float(output),
-                float(lse),
-            ],
-            result,
-        ),
-        OpsKind::UnTracked(prep) => prep.finish(result),
-    };
-    tensor(out)
+    tensor(record(CausalAttention, [q, k, v], result, |[q, k, v]| {
+        [q, k, v, float(output), float(lse)]
+    }))
 }
 
 /// Causal attention in tensor ops, for any backend: burn differentiates it op

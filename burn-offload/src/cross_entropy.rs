@@ -14,16 +14,15 @@
 //! differentiates op by op.
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
-use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
 use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::autodiff::ops::{Backward, Ops};
 use burn::backend::{Autodiff, Flex};
 use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::{DType, IndexingUpdateOp, Int, Tensor, TensorPrimitive};
 
-use crate::attention::{cast, same, with_custom_backward};
+use crate::attention::{cast, record, same, with_custom_backward};
 use crate::precision::cast_to;
 use crate::{Gemm, Offload};
 
@@ -160,17 +159,9 @@ fn tracked<B: Backend>(
         Tensor::from_primitive(targets.clone()),
     );
     let result = nll.into_primitive().tensor();
-    let out = match CrossEntropy
-        .prepare::<NoCheckpointing>([logits.node.clone()])
-        .compute_bound()
-        .stateful()
-    {
-        OpsKind::Tracked(prep) => prep.finish(
-            (logits.primitive, targets, lse.into_primitive().tensor()),
-            result,
-        ),
-        OpsKind::UnTracked(prep) => prep.finish(result),
-    };
+    let out = record(CrossEntropy, [logits], result, |[logits]| {
+        (logits, targets, lse.into_primitive().tensor())
+    });
     Tensor::from_primitive(TensorPrimitive::Float(out))
 }
 

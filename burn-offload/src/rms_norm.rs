@@ -11,15 +11,14 @@
 //! `dx = r·(g − x̂·Σ(g ⊙ x̂)/n)`, `dγ = Σ_rows dy ⊙ x̂`.
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
-use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
 use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::autodiff::ops::{Backward, Ops};
 use burn::backend::{Autodiff, Flex};
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{DType, Tensor, TensorPrimitive};
 
-use crate::attention::{cast, same, with_custom_backward};
+use crate::attention::{cast, record, same, with_custom_backward};
 use crate::precision::cast_to;
 use crate::{Gemm, Offload};
 
@@ -132,17 +131,9 @@ fn tracked<B: Backend, const D: usize>(
         epsilon,
     );
     let y = y.into_primitive().tensor();
-    let out = match RmsNorm::<D>
-        .prepare::<NoCheckpointing>([x.node.clone(), gamma.node.clone()])
-        .compute_bound()
-        .stateful()
-    {
-        OpsKind::Tracked(prep) => prep.finish(
-            (x.primitive, gamma.primitive, r.into_primitive().tensor()),
-            y,
-        ),
-        OpsKind::UnTracked(prep) => prep.finish(y),
-    };
+    let out = record(RmsNorm::<D>, [x, gamma], y, |[x, gamma]| {
+        (x, gamma, r.into_primitive().tensor())
+    });
     Tensor::from_primitive(TensorPrimitive::Float(out))
 }
 

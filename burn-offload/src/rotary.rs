@@ -11,15 +11,14 @@
 //! one kernel (`rotary_cuda`), f32 inside.
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
-use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
 use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::autodiff::ops::{Backward, Ops};
 use burn::backend::{Autodiff, Flex};
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Tensor, TensorPrimitive};
 
-use crate::attention::{cast, same, with_custom_backward};
+use crate::attention::{cast, record, same, with_custom_backward};
 use crate::precision::cast_to;
 use crate::{Gemm, Offload};
 
@@ -122,17 +121,9 @@ fn tracked<B: Backend>(
     let y = rotate(inner, cos.clone(), sin.clone(), false)
         .into_primitive()
         .tensor();
-    let out = match Rotary
-        .prepare::<NoCheckpointing>([x.node.clone()])
-        .compute_bound()
-        .stateful()
-    {
-        OpsKind::Tracked(prep) => prep.finish(
-            (cos.into_primitive().tensor(), sin.into_primitive().tensor()),
-            y,
-        ),
-        OpsKind::UnTracked(prep) => prep.finish(y),
-    };
+    let out = record(Rotary, [x], y, |_| {
+        (cos.into_primitive().tensor(), sin.into_primitive().tensor())
+    });
     Tensor::from_primitive(TensorPrimitive::Float(out))
 }
 

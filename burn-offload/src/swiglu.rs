@@ -9,16 +9,15 @@
 //! `d gate = dout · up · s · (1 + g · (1 − s))`, `d up = dout · g · s`.
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
-use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
 use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::autodiff::ops::{Backward, Ops};
 use burn::backend::{Autodiff, Flex};
 use burn::tensor::activation::{sigmoid, silu};
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Tensor, TensorPrimitive};
 
-use crate::attention::{cast, same, with_custom_backward};
+use crate::attention::{cast, record, same, with_custom_backward};
 use crate::{Gemm, Offload};
 
 /// `silu(gate) ⊙ up`, for tensors of one shape and dtype.
@@ -102,14 +101,7 @@ fn tracked<B: Backend, const D: usize>(
     let result = forward(inner(&gate.primitive), inner(&up.primitive))
         .into_primitive()
         .tensor();
-    let out = match SwiGlu::<D>
-        .prepare::<NoCheckpointing>([gate.node.clone(), up.node.clone()])
-        .compute_bound()
-        .stateful()
-    {
-        OpsKind::Tracked(prep) => prep.finish((gate.primitive, up.primitive), result),
-        OpsKind::UnTracked(prep) => prep.finish(result),
-    };
+    let out = record(SwiGlu::<D>, [gate, up], result, |[gate, up]| (gate, up));
     Tensor::from_primitive(TensorPrimitive::Float(out))
 }
 
