@@ -168,10 +168,15 @@ fn collect_corpus_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), DataEr
 /// empty string; callers decide whether that is an error.
 fn read_corpus_file(path: &Path) -> Result<String, DataError> {
     let bytes = fs::read(path).map_err(|e| DataError::io(path, e))?;
-    let text = String::from_utf8(bytes).map_err(|e| DataError::NotUtf8 {
+    let mut text = String::from_utf8(bytes).map_err(|e| DataError::NotUtf8 {
         path: path.to_path_buf(),
         offset: e.utf8_error().valid_up_to(),
     })?;
+    // Editors on Windows may start a UTF-8 file with a byte-order mark: it is
+    // not part of the text (and not valid JSON).
+    if text.starts_with('\u{feff}') {
+        text.drain(..'\u{feff}'.len_utf8());
+    }
     if has_extension(path, "jsonl") {
         parse_jsonl(path, &text)
     } else {

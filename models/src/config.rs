@@ -13,17 +13,14 @@ pub enum ConfigError {
         "unknown model preset `{name}` (known presets: {known}; or pass a path to a config .json)"
     )]
     UnknownPreset { name: String, known: String },
-    #[error("cannot read model config `{path}`: {source}")]
-    Io {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("malformed model config `{path}`: {source}")]
+    // The underlying errors are part of the messages rather than `source`s,
+    // so that error-chain printers do not repeat them.
+    #[error("cannot read model config `{path}`: {error}")]
+    Io { path: String, error: std::io::Error },
+    #[error("malformed model config `{path}`: {error}")]
     Json {
         path: String,
-        #[source]
-        source: serde_json::Error,
+        error: serde_json::Error,
     },
     #[error("invalid model config: {0}")]
     Invalid(String),
@@ -76,9 +73,9 @@ impl ModelConfig {
     /// Parses a JSON config.
     pub fn from_json(text: &str, origin: &str) -> Result<Self, ConfigError> {
         let config: ModelConfig =
-            serde_json::from_str(text).map_err(|source| ConfigError::Json {
+            serde_json::from_str(text).map_err(|error| ConfigError::Json {
                 path: origin.to_string(),
-                source,
+                error,
             })?;
         config.validate()?;
         Ok(config)
@@ -86,11 +83,13 @@ impl ModelConfig {
 
     /// Reads a JSON config file.
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Io {
             path: path.display().to_string(),
-            source,
+            error,
         })?;
-        Self::from_json(&text, &path.display().to_string())
+        // Editors on Windows may start a UTF-8 file with a byte-order mark.
+        let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
+        Self::from_json(text, &path.display().to_string())
     }
 
     /// `--model` argument: a preset name, or a path to a `.json` config.

@@ -23,11 +23,12 @@ use crate::{Gpt2Config, LlamaConfig, ModelConfig};
 
 #[derive(Debug, thiserror::Error)]
 pub enum HfError {
-    #[error("{path}: {source}")]
+    // The OS error is part of the message rather than a `source`, so that
+    // error-chain printers do not repeat it.
+    #[error("`{}`: {error}", path.display())]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("`{path}`: {reason}")]
     Config { path: PathBuf, reason: String },
@@ -48,15 +49,16 @@ pub enum HfError {
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> HfError + '_ {
-    move |source| HfError::Io {
+    move |error| HfError::Io {
         path: path.to_path_buf(),
-        source,
+        error,
     }
 }
 
 fn read_json(path: &Path) -> Result<Value, HfError> {
     let text = std::fs::read_to_string(path).map_err(io(path))?;
-    serde_json::from_str(&text).map_err(|e| HfError::Config {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
+    serde_json::from_str(text).map_err(|e| HfError::Config {
         path: path.into(),
         reason: format!("invalid JSON: {e}"),
     })
@@ -517,7 +519,7 @@ pub fn save<B: Backend, M: Module<B>>(
     let path = dir.join("model.safetensors");
     safetensors::serialize_to_file(views, metadata, &path).map_err(|e| HfError::Io {
         path: path.clone(),
-        source: std::io::Error::other(e.to_string()),
+        error: std::io::Error::other(e.to_string()),
     })?;
     let config_path = dir.join("config.json");
     let text = serde_json::to_string_pretty(&hf_config(config)).expect("config serialises");
