@@ -11,6 +11,14 @@
 //! renamed to `step-<N>` (and the parent fsynced). A crash at any point leaves
 //! earlier checkpoints untouched and, at worst, a `.tmp-*` folder that loading
 //! ignores and the next write removes.
+//!
+//! Ownership: a folder belongs to one run at a time. [`CheckpointDir::open`]
+//! takes an advisory lock on `<dir>/.lock` (released by the OS when the
+//! process ends, even by `kill -9`) and refuses a folder that holds another
+//! run's checkpoints. Each checkpoint records its run and a write sequence
+//! number, so rotation removes only the run's own checkpoints, oldest written
+//! first, and [`resolve`] picks the newest written one (not the highest step:
+//! a run resumed from an earlier step writes lower step numbers again).
 
 use std::borrow::Cow;
 use std::fs::{self, File};
@@ -28,15 +36,24 @@ pub const FORMAT_VERSION: u32 = 1;
 const MODEL_FILE: &str = "model.safetensors";
 const OPTIMIZER_FILE: &str = "optimizer.safetensors";
 const MANIFEST_FILE: &str = "manifest.json";
+const LOCK_FILE: &str = ".lock";
 
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
-    #[error("{path}: {source}")]
+    // The OS error is part of the message rather than a `source`, so that
+    // error-chain printers do not repeat it.
+    #[error("`{}`: {error}", path.display())]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
+    #[error("checkpoint folder `{}` is in use by another run{}", dir.display(), holder.as_ref().map(|h| format!(" ({h})")).unwrap_or_default())]
+    Locked {
+        dir: PathBuf,
+        holder: Option<String>,
+    },
+    #[error("checkpoint folder `{}` holds checkpoints of another run (newest: `{}`)", dir.display(), newest.display())]
+    OtherRun { dir: PathBuf, newest: PathBuf },
     #[error("no checkpoint in `{0}` (expected step-<N> folders with a manifest.json)")]
     NotFound(PathBuf),
     #[error("`{path}` is not a valid checkpoint manifest: {reason}")]
@@ -52,9 +69,9 @@ pub enum CheckpointError {
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
-    move |source| CheckpointError::Io {
+    move |error| CheckpointError::Io {
         path: path.to_path_buf(),
-        source,
+        error,
     }
 }
 
@@ -67,6 +84,13 @@ pub struct Manifest {
     pub writer_version: String,
     /// Optimizer updates applied to the parameters.
     pub updates: u64,
+    /// The run that wrote it (empty in checkpoints written before runs had
+    /// names): a folder holds one run's checkpoints.
+    #[serde(default)]
+    pub run: String,
+    /// Position in the run's write order (1 for its first checkpoint).
+    #[serde(default)]
+    pub sequence: u64,
     /// Parameter names and shapes per group (stem first).
     pub groups: Vec<Vec<(String, Vec<usize>)>>,
     /// CRC32 of `model.safetensors` and `optimizer.safetensors` (bit rot and
@@ -146,71 +170,174 @@ fn step_dir_name(updates: u64) -> String {
     format!("step-{updates:08}")
 }
 
-/// Writes a checkpoint of `store` after `updates` optimizer updates into
-/// `dir/step-<updates>`, atomically; keeps the newest `keep` checkpoints.
-/// Returns the checkpoint's folder.
-pub fn save(
-    dir: &Path,
-    store: &HostStore,
-    updates: u64,
-    trainer: serde_json::Value,
+/// A checkpoint folder that one run owns for as long as this value lives.
+///
+/// Opening it takes the folder's lock, so a second process cannot write into
+/// it at the same time, and checks that every checkpoint already there is
+/// the same run's; saving rotates only that run's checkpoints.
+#[derive(Debug)]
+pub struct CheckpointDir {
+    dir: PathBuf,
+    run: String,
     keep: usize,
-) -> Result<PathBuf, CheckpointError> {
-    fs::create_dir_all(dir).map_err(io(dir))?;
-    remove_stale_temporaries(dir)?;
-    let name = step_dir_name(updates);
-    let tmp = dir.join(format!(".tmp-{name}"));
-    fs::create_dir_all(&tmp).map_err(io(&tmp))?;
+    next_sequence: u64,
+    /// Holds the advisory lock until dropped (or the process ends).
+    _lock: File,
+}
 
-    let safetensors_error = |path: &Path| {
-        let path = path.to_path_buf();
-        move |e: safetensors::SafeTensorError| CheckpointError::Io {
-            path,
-            source: std::io::Error::other(e.to_string()),
+impl CheckpointDir {
+    /// Creates `dir` if needed, locks it, and checks that it holds no
+    /// checkpoint of a run other than `run`. At most `keep` (at least one)
+    /// of the run's checkpoints are kept. Leftovers of an interrupted write
+    /// are removed, now that no other process can be writing them.
+    pub fn open(dir: &Path, run: &str, keep: usize) -> Result<Self, CheckpointError> {
+        fs::create_dir_all(dir).map_err(io(dir))?;
+        let lock_path = dir.join(LOCK_FILE);
+        let mut lock = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&lock_path)
+            .map_err(io(&lock_path))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(fs::TryLockError::WouldBlock) => {
+                let holder = fs::read_to_string(&lock_path)
+                    .ok()
+                    .map(|text| text.trim().to_string())
+                    .filter(|text| !text.is_empty());
+                return Err(CheckpointError::Locked {
+                    dir: dir.to_path_buf(),
+                    holder,
+                });
+            }
+            Err(fs::TryLockError::Error(error)) => return Err(io(&lock_path)(error)),
         }
-    };
-    let model = tmp.join(MODEL_FILE);
-    write_synced(&model, |p| {
-        safetensors::serialize_to_file(views(store, "", |g| &store.groups[g].params), None, p)
-            .map_err(safetensors_error(p))
-    })?;
-    pause_for_crash_tests();
-    let optimizer = tmp.join(OPTIMIZER_FILE);
-    write_synced(&optimizer, |p| {
-        let mut all = views(store, "m.", |g| &store.groups[g].adam_m);
-        all.extend(views(store, "v.", |g| &store.groups[g].adam_v));
-        safetensors::serialize_to_file(all, None, p).map_err(safetensors_error(p))
-    })?;
-    let crc = [
-        Mapped::open(&model)?.crc32(),
-        Mapped::open(&optimizer)?.crc32(),
-    ];
-    let manifest = Manifest {
-        crc32: crc,
-        format: FORMAT.into(),
-        format_version: FORMAT_VERSION,
-        writer_version: env!("CARGO_PKG_VERSION").into(),
-        updates,
-        groups: store.slot_table(),
-        trainer,
-    };
-    let manifest_path = tmp.join(MANIFEST_FILE);
-    write_synced(&manifest_path, |p| {
-        let mut f = File::create(p).map_err(io(p))?;
-        let json = serde_json::to_vec_pretty(&manifest).expect("manifest serialises");
-        f.write_all(&json).map_err(io(p))
-    })?;
-    sync_dir(&tmp)?;
-
-    let target = dir.join(&name);
-    if target.exists() {
-        // Same step saved again (e.g. Ctrl-C right after a periodic save).
-        fs::remove_dir_all(&target).map_err(io(&target))?;
+        // Who holds the lock, for the message a second process prints; also
+        // proves the folder writable before any training.
+        lock.set_len(0)
+            .and_then(|()| write!(lock, "pid {}", std::process::id()))
+            .and_then(|()| lock.sync_all())
+            .map_err(io(&lock_path))?;
+        remove_stale_temporaries(dir)?;
+        let mut next_sequence = 1;
+        let mut others = Vec::new();
+        for (path, manifest) in manifests(dir)? {
+            let manifest = manifest?;
+            if manifest.run == run {
+                next_sequence = next_sequence.max(manifest.sequence + 1);
+            } else {
+                others.push((manifest.sequence, path));
+            }
+        }
+        if let Some((_, newest)) = others.into_iter().max() {
+            return Err(CheckpointError::OtherRun {
+                dir: dir.to_path_buf(),
+                newest,
+            });
+        }
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            run: run.to_string(),
+            keep: keep.max(1),
+            next_sequence,
+            _lock: lock,
+        })
     }
-    fs::rename(&tmp, &target).map_err(io(&target))?;
-    sync_dir(dir)?;
-    prune(dir, keep)?;
-    Ok(target)
+
+    /// The folder.
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Writes a checkpoint of `store` after `updates` optimizer updates into
+    /// `step-<updates>`, atomically, then removes the run's oldest written
+    /// checkpoints beyond `keep`. Returns the checkpoint's folder.
+    pub fn save(
+        &mut self,
+        store: &HostStore,
+        updates: u64,
+        trainer: serde_json::Value,
+    ) -> Result<PathBuf, CheckpointError> {
+        let dir = self.dir.clone();
+        remove_stale_temporaries(&dir)?;
+        let name = step_dir_name(updates);
+        let tmp = dir.join(format!(".tmp-{name}"));
+        fs::create_dir_all(&tmp).map_err(io(&tmp))?;
+
+        let safetensors_error = |path: &Path| {
+            let path = path.to_path_buf();
+            move |e: safetensors::SafeTensorError| CheckpointError::Io {
+                path,
+                error: std::io::Error::other(e.to_string()),
+            }
+        };
+        let model = tmp.join(MODEL_FILE);
+        write_synced(&model, |p| {
+            safetensors::serialize_to_file(views(store, "", |g| &store.groups[g].params), None, p)
+                .map_err(safetensors_error(p))
+        })?;
+        pause_for_crash_tests();
+        let optimizer = tmp.join(OPTIMIZER_FILE);
+        write_synced(&optimizer, |p| {
+            let mut all = views(store, "m.", |g| &store.groups[g].adam_m);
+            all.extend(views(store, "v.", |g| &store.groups[g].adam_v));
+            safetensors::serialize_to_file(all, None, p).map_err(safetensors_error(p))
+        })?;
+        let crc = [
+            Mapped::open(&model)?.crc32(),
+            Mapped::open(&optimizer)?.crc32(),
+        ];
+        let manifest = Manifest {
+            crc32: crc,
+            format: FORMAT.into(),
+            format_version: FORMAT_VERSION,
+            writer_version: env!("CARGO_PKG_VERSION").into(),
+            updates,
+            run: self.run.clone(),
+            sequence: self.next_sequence,
+            groups: store.slot_table(),
+            trainer,
+        };
+        let manifest_path = tmp.join(MANIFEST_FILE);
+        write_synced(&manifest_path, |p| {
+            let mut f = File::create(p).map_err(io(p))?;
+            let json = serde_json::to_vec_pretty(&manifest).expect("manifest serialises");
+            f.write_all(&json).map_err(io(p))
+        })?;
+        sync_dir(&tmp)?;
+
+        let target = dir.join(&name);
+        if target.exists() {
+            // The run saved this step before: again right after a periodic
+            // save (Ctrl-C), or in a branch it was resumed from an earlier
+            // step of. The folder is locked and holds only this run's.
+            remove_atomically(&target)?;
+        }
+        fs::rename(&tmp, &target).map_err(io(&target))?;
+        sync_dir(&dir)?;
+        self.next_sequence += 1;
+        self.prune()?;
+        Ok(target)
+    }
+
+    /// Removes the run's oldest written checkpoints beyond `keep`.
+    fn prune(&self) -> Result<(), CheckpointError> {
+        let mut ours = Vec::new();
+        for (path, manifest) in manifests(&self.dir)? {
+            if let Ok(m) = manifest {
+                if m.run == self.run {
+                    ours.push((m.sequence, path));
+                }
+            }
+        }
+        ours.sort();
+        for (_, old) in ours.iter().take(ours.len().saturating_sub(self.keep)) {
+            remove_atomically(old)?;
+        }
+        Ok(())
+    }
 }
 
 /// Test hook: `BURN_OFFLOAD_CHECKPOINT_PAUSE_MS` sleeps in the middle of a
@@ -222,6 +349,19 @@ fn pause_for_crash_tests() {
     {
         std::thread::sleep(std::time::Duration::from_millis(ms));
     }
+}
+
+/// Removes a checkpoint folder so that a crash never leaves half of it
+/// looking complete: it is renamed to a temporary name first (which loading
+/// ignores and the next write clears), then deleted.
+fn remove_atomically(checkpoint: &Path) -> Result<(), CheckpointError> {
+    let name = checkpoint
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let doomed = checkpoint.with_file_name(format!(".tmp-{name}.removed"));
+    fs::rename(checkpoint, &doomed).map_err(io(checkpoint))?;
+    fs::remove_dir_all(&doomed).map_err(io(&doomed))
 }
 
 fn remove_stale_temporaries(dir: &Path) -> Result<(), CheckpointError> {
@@ -238,7 +378,7 @@ fn remove_stale_temporaries(dir: &Path) -> Result<(), CheckpointError> {
     Ok(())
 }
 
-/// Complete checkpoints under `dir`, oldest first.
+/// Complete checkpoints under `dir`, by name (step order).
 pub fn list(dir: &Path) -> Result<Vec<PathBuf>, CheckpointError> {
     let mut found = Vec::new();
     for entry in fs::read_dir(dir).map_err(io(dir))? {
@@ -255,16 +395,24 @@ pub fn list(dir: &Path) -> Result<Vec<PathBuf>, CheckpointError> {
     Ok(found)
 }
 
-fn prune(dir: &Path, keep: usize) -> Result<(), CheckpointError> {
-    let all = list(dir)?;
-    for old in all.iter().take(all.len().saturating_sub(keep.max(1))) {
-        fs::remove_dir_all(old).map_err(io(old))?;
-    }
-    Ok(())
+/// A checkpoint's folder with its manifest as read.
+type Listed = (PathBuf, Result<Manifest, CheckpointError>);
+
+/// Every complete checkpoint under `dir` with its manifest as read.
+fn manifests(dir: &Path) -> Result<Vec<Listed>, CheckpointError> {
+    Ok(list(dir)?
+        .into_iter()
+        .map(|path| {
+            let manifest = read_manifest(&path);
+            (path, manifest)
+        })
+        .collect())
 }
 
 /// The checkpoint `path` points at: itself if it holds a manifest, else the
-/// newest complete checkpoint inside it.
+/// newest written complete checkpoint inside it. One whose manifest cannot be
+/// read counts as the newest, so that resuming reports it instead of quietly
+/// going back to an older one.
 pub fn resolve(path: &Path) -> Result<PathBuf, CheckpointError> {
     if path.join(MANIFEST_FILE).is_file() {
         return Ok(path.to_path_buf());
@@ -272,8 +420,11 @@ pub fn resolve(path: &Path) -> Result<PathBuf, CheckpointError> {
     if !path.is_dir() {
         return Err(CheckpointError::NotFound(path.to_path_buf()));
     }
-    list(path)?
-        .pop()
+    manifests(path)?
+        .into_iter()
+        .map(|(path, manifest)| (manifest.map_or(u64::MAX, |m| m.sequence), path))
+        .max()
+        .map(|(_, path)| path)
         .ok_or_else(|| CheckpointError::NotFound(path.to_path_buf()))
 }
 

@@ -161,6 +161,30 @@ impl Default for EngineConfig {
     }
 }
 
+impl EngineConfig {
+    /// Checks the settings on their own and against `device` (every way of
+    /// building an engine runs this one check).
+    pub fn validate<B: Backend>(&self, device: &B::Device) -> Result<(), EngineError> {
+        self.optimizer.validate()?;
+        self.compute
+            .check::<B>(device)
+            .map_err(EngineError::Config)?;
+        if self.loss_chunk_tokens == 0 {
+            return Err(EngineError::Config(
+                "loss_chunk_tokens must be at least 1".into(),
+            ));
+        }
+        if let Some(clip) = self.grad_clip {
+            if !(clip.is_finite() && clip > 0.0) {
+                return Err(EngineError::Config(format!(
+                    "grad_clip must be positive, got {clip}"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
     #[error(transparent)]
@@ -474,24 +498,8 @@ where
     /// Moves `model`'s parameters into a new host store; the engine keeps only
     /// a stateless template of the model.
     pub fn new(model: M, config: EngineConfig, device: &B::Device) -> Result<Self, EngineError> {
-        config.optimizer.validate()?;
         // Before the weights move into the store.
-        config
-            .compute
-            .check::<B>(device)
-            .map_err(EngineError::Config)?;
-        if config.loss_chunk_tokens == 0 {
-            return Err(EngineError::Config(
-                "loss_chunk_tokens must be at least 1".into(),
-            ));
-        }
-        if let Some(clip) = config.grad_clip {
-            if !(clip.is_finite() && clip > 0.0) {
-                return Err(EngineError::Config(format!(
-                    "grad_clip must be positive, got {clip}"
-                )));
-            }
-        }
+        config.validate::<B>(device)?;
         let layout = StoreLayout {
             gradient_buffer: !config.fused,
         };
@@ -518,11 +526,7 @@ where
         config: EngineConfig,
         device: &B::Device,
     ) -> Result<Self, EngineError> {
-        config.optimizer.validate()?;
-        config
-            .compute
-            .check::<B>(device)
-            .map_err(EngineError::Config)?;
+        config.validate::<B>(device)?;
         if store.layout.gradient_buffer == config.fused {
             return Err(EngineError::Config(format!(
                 "store was built {} a gradient buffer but the engine is {}",
@@ -829,15 +833,14 @@ where
     }
 
     /// Writes a checkpoint (parameters, Adam state, update count and the
-    /// trainer's `state`) into `dir`, atomically, keeping the newest `keep`.
+    /// trainer's `state`) into `dir`, atomically, rotating the run's oldest.
     pub fn save_checkpoint(
         &mut self,
-        dir: &std::path::Path,
+        dir: &mut checkpoint::CheckpointDir,
         state: serde_json::Value,
-        keep: usize,
     ) -> Result<std::path::PathBuf, CheckpointError> {
         self.settle_all();
-        checkpoint::save(dir, &self.store, self.updates, state, keep)
+        dir.save(&self.store, self.updates, state)
     }
 
     /// Restores parameters, Adam state and the update count from a

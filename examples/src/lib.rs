@@ -1,9 +1,11 @@
 //! Training programs for burn-offload, as a library so tests can drive them.
 
 pub mod data;
+pub mod outputs;
 pub mod plan;
 pub mod preflight;
 pub mod schedule;
+pub mod signals;
 pub mod train;
 
 /// The backend the examples run on: burn-flex on the CPU by default, burn's

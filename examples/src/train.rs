@@ -4,14 +4,11 @@
 //! update at the scheduled learning rate → log. Every user error (bad preset,
 //! unreadable corpus, impossible shapes) is reported before any model is built.
 
-use std::fs::File;
-use std::io::{BufWriter, Write};
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use burn::backend::Autodiff;
 use burn::module::AutodiffModule;
 use burn::module::HasAutodiffModule;
@@ -20,6 +17,7 @@ use burn::optim::{AdamWConfig, GradientsAccumulator, GradientsParams, Optimizer}
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{ElementConversion, TensorData};
+use burn_offload::checkpoint::{CheckpointDir, CheckpointError};
 use burn_offload::{BlockModel, Compute, DecoderBlock, Engine, EngineConfig, OptimizerConfig};
 use indicatif::{ProgressBar, ProgressStyle};
 use models::{cross_entropy, ModelConfig};
@@ -27,8 +25,10 @@ use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use crate::data::{default_corpus, read_corpus, Batcher, Tokenizer};
+use crate::outputs::{check_writable_folder, MetricsFile, ResumeMarker};
 use crate::plan::{BlockInputs, Job as PlanJob, KeptGraphs, Machine, Plan};
 use crate::schedule::WarmupCosine;
+use crate::signals;
 use crate::{peak_rss_bytes, process_rss_bytes, DefaultBackend};
 use burn_offload::trace;
 
@@ -227,16 +227,6 @@ pub struct TrainerState {
     pub corpus_crc32: u32,
 }
 
-/// Set by the Ctrl-C handler; the training loop checks it after every step.
-static INTERRUPTED: AtomicBool = AtomicBool::new(false);
-
-/// Makes Ctrl-C (SIGINT) stop training after the current step, saving a
-/// checkpoint when `--checkpoint-dir` is set.
-pub fn install_interrupt_handler() -> Result<()> {
-    ctrlc::set_handler(|| INTERRUPTED.store(true, Ordering::SeqCst))
-        .context("cannot install the Ctrl-C handler")
-}
-
 /// What a finished run returns.
 #[derive(Debug, Clone)]
 pub struct TrainReport {
@@ -246,8 +236,11 @@ pub struct TrainReport {
     pub sample: String,
     /// Step this call started from (non-zero after `--resume`).
     pub start_step: usize,
-    /// Stopped by Ctrl-C.
-    pub interrupted: bool,
+    /// The checkpoint the run continued from.
+    pub resumed_from: Option<PathBuf>,
+    /// Stopped by this signal (SIGINT, SIGTERM) after saving what it could;
+    /// nothing was exported or sampled.
+    pub interrupted: Option<i32>,
     /// The last checkpoint written, if any.
     pub checkpoint: Option<PathBuf>,
     pub skipped_total: usize,
@@ -300,11 +293,52 @@ fn validate(opts: &TrainOptions) -> Result<()> {
     if !(opts.temperature.is_finite() && opts.temperature >= 0.0) {
         bail!("--temperature must be >= 0, got {}", opts.temperature);
     }
-    if opts.resident && opts.fused {
-        bail!("--fused is an option of the offload engine; drop it or --resident");
+    if !(opts.grad_clip.is_finite() && opts.grad_clip >= 0.0) {
+        bail!(
+            "--grad-clip must be a number >= 0 (0 switches clipping off), got {}",
+            opts.grad_clip
+        );
+    }
+    if !(opts.weight_decay.is_finite() && opts.weight_decay >= 0.0) {
+        bail!(
+            "--weight-decay must be a number >= 0, got {}",
+            opts.weight_decay
+        );
+    }
+    for (flag, gib) in [
+        ("--host-mem-gib", opts.host_mem_gib),
+        ("--gpu-mem-gib", opts.gpu_mem_gib),
+    ] {
+        if let Some(gib) = gib.filter(|g| !(g.is_finite() && *g > 0.0)) {
+            bail!("{flag} must be a positive number of GiB, got {gib}");
+        }
+    }
+    let engine_only = [
+        ("--fused", opts.fused),
+        ("--serial-copies", opts.serial_copies),
+        ("--spin-waits", opts.spin_waits),
+        ("--updates-during-copies", opts.updates_during_copies),
+        ("--no-guard", opts.no_guard),
+        ("--stop-after", opts.stop_after.is_some()),
+    ];
+    if let Some((flag, _)) = engine_only.iter().find(|(_, set)| opts.resident && *set) {
+        bail!("{flag} is an option of the offload engine; drop it or --resident");
     }
     if opts.resident && (opts.checkpoint_dir.is_some() || opts.resume.is_some()) {
         bail!("checkpoints are written from the offload engine's host store; drop --resident");
+    }
+    if opts.checkpoint_every > 0 && opts.checkpoint_dir.is_none() {
+        bail!("--checkpoint-every needs --checkpoint-dir (the folder to write them into)");
+    }
+    if opts.keep == 0 {
+        bail!("--keep must be at least 1 (the newest checkpoint is always kept)");
+    }
+    match opts.stop_after {
+        Some(0) => bail!("--stop-after must be at least 1"),
+        Some(n) if n > opts.steps => {
+            bail!("--stop-after {n} is beyond --steps {}", opts.steps)
+        }
+        _ => {}
     }
     if opts.max_skips == 0 {
         bail!("--max-skips must be at least 1");
@@ -331,10 +365,8 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
     let tokens = tokenizer.encode(&text);
     let corpus = (tokens.len(), corpus_crc32(&tokens));
     let batcher = Batcher::new(tokens, opts.seq_len, opts.seed)?;
-    let metrics = match &opts.metrics {
-        Some(path) => Some(BufWriter::new(File::create(path).with_context(|| {
-            format!("cannot create metrics file `{}`", path.display())
-        })?)),
+    let resume = match &opts.resume {
+        Some(path) => Some(Resume::read(path, opts, &config, corpus)?),
         None => None,
     };
 
@@ -345,11 +377,58 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
     opts.compute
         .check::<B>(&device)
         .map_err(|why| anyhow::anyhow!("--compute {}: {why}", opts.compute))?;
+    if let Some(resume) = resume
+        .as_ref()
+        .filter(|r| r.state.steps_done == opts.steps && opts.export_hf.is_none())
+    {
+        // Nothing to train, export or sample: the run is complete.
+        return Ok(TrainReport {
+            config,
+            losses: Vec::new(),
+            sample: String::new(),
+            start_step: resume.state.steps_done,
+            resumed_from: Some(resume.path.clone()),
+            interrupted: None,
+            checkpoint: None,
+            skipped_total: resume.state.skipped_total,
+        });
+    }
+
+    // Every output is checked (and the checkpoint folder locked) before the
+    // model is built: a bad path costs no training.
+    if let Some(dir) = &opts.export_hf {
+        check_writable_folder("--export-hf", dir)?;
+    }
+    let run_id = match &resume {
+        Some(resume) => resume.run.clone(),
+        None => format!("{:016x}", rand::random::<u64>()),
+    };
+    let checkpoints = match &opts.checkpoint_dir {
+        Some(dir) => Some(crate::outputs::checkpoint_dir(dir, &run_id, opts.keep)?),
+        None => None,
+    };
+    let metrics = match &opts.metrics {
+        Some(path) => Some(MetricsFile::open(path, resume.is_some())?),
+        None => None,
+    };
+    signals::update(|progress| {
+        *progress = signals::Progress {
+            steps_done: resume.as_ref().map_or(0, |r| r.state.steps_done),
+            saved: resume
+                .as_ref()
+                .map(|r| (r.path.clone(), r.state.steps_done)),
+            checkpointing: checkpoints.is_some(),
+        }
+    });
+
+    let resumed_from = resume.as_ref().map(|r| r.path.clone());
     let job = Job {
         opts,
         tokenizer: &tokenizer,
         batcher,
         metrics,
+        checkpoints,
+        resume,
         config: config.clone(),
         corpus,
         block_inputs: placed.block_inputs,
@@ -392,6 +471,7 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
         losses: outcome.losses,
         sample: outcome.sample,
         start_step: outcome.start_step,
+        resumed_from,
         interrupted: outcome.interrupted,
         checkpoint: outcome.checkpoint,
         skipped_total: outcome.skipped_total,
@@ -447,9 +527,83 @@ struct Outcome {
     losses: Vec<f32>,
     sample: String,
     start_step: usize,
-    interrupted: bool,
+    interrupted: Option<i32>,
     checkpoint: Option<PathBuf>,
     skipped_total: usize,
+}
+
+/// The checkpoint a run continues from, read and checked before the model
+/// is built.
+struct Resume {
+    path: PathBuf,
+    /// The run that wrote it: this run continues it, in the same folder.
+    run: String,
+    state: TrainerState,
+}
+
+impl Resume {
+    /// Reads `--resume`'s checkpoint (the newest written, for a folder of
+    /// them) and checks that it continues this very run.
+    fn read(
+        path: &Path,
+        opts: &TrainOptions,
+        config: &ModelConfig,
+        corpus: (usize, u32),
+    ) -> Result<Self> {
+        let path = burn_offload::checkpoint::resolve(path)?;
+        let manifest = burn_offload::checkpoint::read_manifest(&path)?;
+        let state: TrainerState = serde_json::from_value(manifest.trainer).map_err(|why| {
+            anyhow::anyhow!(
+                "checkpoint `{}` has no readable trainer state: {why}",
+                path.display()
+            )
+        })?;
+        let here = path.display();
+        let name = |c: &ModelConfig| serde_json::to_string(c).unwrap_or_default();
+        if state.model != *config {
+            bail!(
+                "checkpoint `{here}` is for model {}, but --model gives {}",
+                name(&state.model),
+                name(config)
+            );
+        }
+        if state.tokenizer != opts.tokenizer {
+            bail!(
+                "checkpoint `{here}` was trained with tokenizer `{}`, not `{}`",
+                state.tokenizer,
+                opts.tokenizer
+            );
+        }
+        if (state.corpus_tokens, state.corpus_crc32) != corpus {
+            bail!("checkpoint `{here}` was trained on other data ({} tokens); resume with the same --data and --tokenizer", state.corpus_tokens);
+        }
+        let shape = |s: &TrainerState| (s.batch, s.seq_len, s.accum);
+        let ours = (opts.batch, opts.seq_len, opts.accum);
+        if shape(&state) != ours {
+            bail!(
+                "checkpoint `{here}` used --batch/--seq-len/--accum {:?}, not {ours:?}",
+                shape(&state)
+            );
+        }
+        if state.steps_done > opts.steps {
+            bail!(
+                "checkpoint `{here}` is at step {}, beyond --steps {}",
+                state.steps_done,
+                opts.steps
+            );
+        }
+        if let Some(stop) = opts.stop_after.filter(|&stop| stop <= state.steps_done) {
+            bail!(
+                "--stop-after {stop} is not beyond checkpoint `{here}`, which is at step {}",
+                state.steps_done
+            );
+        }
+        Ok(Self {
+            path,
+            run: manifest.run,
+            state,
+        })
+    }
 }
 
 fn corpus_crc32(tokens: &[u32]) -> u32 {
@@ -562,7 +716,11 @@ struct Job<'a> {
     opts: &'a TrainOptions,
     tokenizer: &'a Tokenizer,
     batcher: Batcher,
-    metrics: Option<BufWriter<File>>,
+    metrics: Option<MetricsFile>,
+    /// The checkpoint folder, locked for this run.
+    checkpoints: Option<CheckpointDir>,
+    /// The checkpoint the run continues from, already checked against it.
+    resume: Option<Resume>,
     config: ModelConfig,
     /// (tokens, crc32) of the training token stream.
     corpus: (usize, u32),
@@ -597,45 +755,6 @@ impl Job<'_> {
             corpus_tokens: self.corpus.0,
             corpus_crc32: self.corpus.1,
         }
-    }
-
-    /// Checks that a checkpoint's trainer state continues this very run.
-    fn check_resume(&self, state: &TrainerState, checkpoint: &std::path::Path) -> Result<()> {
-        let here = checkpoint.display();
-        let name = |c: &ModelConfig| serde_json::to_string(c).unwrap_or_default();
-        if state.model != self.config {
-            bail!(
-                "checkpoint `{here}` is for model {}, but --model gives {}",
-                name(&state.model),
-                name(&self.config)
-            );
-        }
-        if state.tokenizer != self.opts.tokenizer {
-            bail!(
-                "checkpoint `{here}` was trained with tokenizer `{}`, not `{}`",
-                state.tokenizer,
-                self.opts.tokenizer
-            );
-        }
-        if (state.corpus_tokens, state.corpus_crc32) != self.corpus {
-            bail!("checkpoint `{here}` was trained on other data ({} tokens); resume with the same --data and --tokenizer", state.corpus_tokens);
-        }
-        let shape = |s: &TrainerState| (s.batch, s.seq_len, s.accum);
-        let ours = (self.opts.batch, self.opts.seq_len, self.opts.accum);
-        if shape(state) != ours {
-            bail!(
-                "checkpoint `{here}` used --batch/--seq-len/--accum {:?}, not {ours:?}",
-                shape(state)
-            );
-        }
-        if state.steps_done > self.opts.steps {
-            bail!(
-                "checkpoint `{here}` is at step {}, beyond --steps {}",
-                state.steps_done,
-                self.opts.steps
-            );
-        }
-        Ok(())
     }
 
     /// Offload engine: parameters and AdamW state in host slabs, blocks streamed.
@@ -698,25 +817,20 @@ impl Job<'_> {
             }
         }
         let mut outcome = Outcome::default();
-        if let Some(path) = &opts.resume {
-            let checkpoint = burn_offload::checkpoint::resolve(path)?;
-            let manifest = burn_offload::checkpoint::read_manifest(&checkpoint)?;
-            let state: TrainerState =
-                serde_json::from_value(manifest.trainer).with_context(|| {
-                    format!(
-                        "checkpoint `{}` has no readable trainer state",
-                        checkpoint.display()
-                    )
+        if let Some(resume) = self.resume.take() {
+            engine.load_checkpoint(&resume.path)?;
+            self.batcher.set_rng_state(resume.state.batcher_rng);
+            outcome.start_step = resume.state.steps_done;
+            outcome.skipped_total = resume.state.skipped_total;
+            if let Some(metrics) = self.metrics.as_mut() {
+                metrics.line(&ResumeMarker {
+                    resumed_from: &resume.path,
+                    step: outcome.start_step,
                 })?;
-            self.check_resume(&state, &checkpoint)?;
-            engine.load_checkpoint(&checkpoint)?;
-            self.batcher.set_rng_state(state.batcher_rng);
-            outcome.start_step = state.steps_done;
-            outcome.skipped_total = state.skipped_total;
+            }
         }
         let schedule = self.schedule();
-        let bar = progress_bar(opts, &self.config);
-        bar.set_position(outcome.start_step as u64);
+        let bar = progress_bar(opts, &self.config, outcome.start_step);
         let tokens_per_step = (opts.batch * opts.seq_len * opts.accum) as f64;
         let params = engine.store().num_params() as u64;
         let block_params = params - engine.store().groups[0].numel() as u64;
@@ -733,7 +847,24 @@ impl Job<'_> {
         let hardware_flops =
             passes * (model_flops + 2.0 * recomputed * block_params as f64 * tokens_per_step);
         let mut consecutive_skips = 0;
-        for step in outcome.start_step..opts.steps {
+        let mut step = outcome.start_step;
+        // Steps done since the last checkpoint was written.
+        let mut unsaved = false;
+        loop {
+            // The one way out: the end, --stop-after or a signal, each with
+            // a checkpoint of whatever is not saved yet.
+            let signal = signals::requested();
+            if signal.is_some() || step == opts.steps || opts.stop_after == Some(step) {
+                if unsaved {
+                    outcome.checkpoint = self
+                        .checkpoint(step, outcome.skipped_total, |dir, state| {
+                            engine.save_checkpoint(dir, state)
+                        })?
+                        .or(outcome.checkpoint);
+                }
+                outcome.interrupted = signal;
+                break;
+            }
             let started = Instant::now();
             let lr = schedule.lr(step);
             let batches: Vec<_> = (0..opts.accum)
@@ -799,42 +930,52 @@ impl Job<'_> {
             trace::mark(format_args!("step {step}: logged"));
             bar.set_message(format!("loss {:.4} · {tokens_per_s:.0} tok/s", report.loss));
             bar.inc(1);
-            let done = step + 1;
-            let periodic = opts.checkpoint_every > 0 && done % opts.checkpoint_every == 0;
-            let stop_here = opts.stop_after == Some(done);
-            let interrupted = INTERRUPTED.load(Ordering::SeqCst);
-            if let Some(dir) = &opts.checkpoint_dir {
-                if periodic || interrupted || stop_here || done == opts.steps {
-                    let state = serde_json::to_value(self.state(done, outcome.skipped_total))?;
-                    let path = engine.save_checkpoint(dir, state, opts.keep)?;
-                    outcome.checkpoint = Some(path);
-                }
-            }
-            if interrupted {
-                outcome.interrupted = true;
-                break;
-            }
-            if stop_here {
-                break;
+            step += 1;
+            unsaved = true;
+            signals::update(|progress| progress.steps_done = step);
+            if opts.checkpoint_every > 0 && step % opts.checkpoint_every == 0 {
+                outcome.checkpoint =
+                    self.checkpoint(step, outcome.skipped_total, |dir, state| {
+                        engine.save_checkpoint(dir, state)
+                    })?;
+                unsaved = false;
             }
         }
         bar.finish();
-        self.flush_metrics()?;
+        if outcome.interrupted.is_some() {
+            // Stop promptly: the run is not finished, so neither export nor sample.
+            return Ok(outcome);
+        }
         if let Some(dir) = &self.opts.export_hf {
             // The export needs the whole model as burn modules on the device.
             models::hf::save(&engine.model(), &self.config, dir)?;
         }
-        // Sampling streams the blocks like training does: a model larger than
-        // the device is never assembled on it.
-        outcome.sample = self.sample(device, |tokens| Ok(engine.last_logits(&tokens)?))?;
+        if !outcome.losses.is_empty() {
+            // Sampling streams the blocks like training does: a model larger
+            // than the device is never assembled on it.
+            outcome.sample = self.sample(device, |tokens| Ok(engine.last_logits(&tokens)?))?;
+        }
         Ok(outcome)
     }
 
-    fn flush_metrics(&mut self) -> Result<()> {
-        if let Some(metrics) = self.metrics.as_mut() {
-            metrics.flush().context("cannot write metrics")?;
-        }
-        Ok(())
+    /// Writes a checkpoint after `steps_done` steps with `save` (the engine's),
+    /// when the run has a checkpoint folder; returns its path.
+    fn checkpoint(
+        &mut self,
+        steps_done: usize,
+        skipped_total: usize,
+        save: impl FnOnce(
+            &mut CheckpointDir,
+            serde_json::Value,
+        ) -> std::result::Result<PathBuf, CheckpointError>,
+    ) -> Result<Option<PathBuf>> {
+        let state = serde_json::to_value(self.state(steps_done, skipped_total))?;
+        let Some(dir) = self.checkpoints.as_mut() else {
+            return Ok(None);
+        };
+        let path = save(dir, state)?;
+        signals::update(|progress| progress.saved = Some((path.clone(), steps_done)));
+        Ok(Some(path))
     }
 
     /// The resident model's export and sample.
@@ -843,7 +984,6 @@ impl Job<'_> {
         model: &M,
         device: &B::Device,
     ) -> Result<String> {
-        self.flush_metrics()?;
         if let Some(dir) = &self.opts.export_hf {
             models::hf::save(model, &self.config, dir)?;
         }
@@ -887,7 +1027,7 @@ impl Job<'_> {
                 burn::grad_clipping::GradientClippingConfig::Norm(opts.grad_clip as f32),
             ))
             .init::<AB, M>();
-        let bar = progress_bar(opts, &self.config);
+        let bar = progress_bar(opts, &self.config, 0);
         let tokens_per_step = (opts.batch * opts.seq_len * opts.accum) as f64;
         let params = model.num_params() as u64;
         let flops = 6.0 * params as f64 * tokens_per_step;
@@ -915,6 +1055,15 @@ impl Job<'_> {
         };
 
         for step in 0..opts.steps {
+            if let Some(signal) = signals::requested() {
+                // No checkpoints in this mode: stop, without export or sample.
+                bar.finish();
+                return Ok(Outcome {
+                    losses,
+                    interrupted: Some(signal),
+                    ..Outcome::default()
+                });
+            }
             let started = Instant::now();
             let mut phase = Instant::now();
             let mut split = burn_offload::StepSplit::default();
@@ -968,6 +1117,7 @@ impl Job<'_> {
             self.log(&line)?;
             bar.set_message(format!("loss {loss_value:.4} · {tokens_per_s:.0} tok/s"));
             bar.inc(1);
+            signals::update(|progress| progress.steps_done = step + 1);
         }
         bar.finish();
         let sample = self.finish(&model.valid(), device)?;
@@ -989,11 +1139,10 @@ impl Job<'_> {
     }
 
     fn log(&mut self, line: &StepMetrics) -> Result<()> {
-        if let Some(metrics) = self.metrics.as_mut() {
-            serde_json::to_writer(&mut *metrics, line)?;
-            metrics.write_all(b"\n").context("cannot write metrics")?;
+        match self.metrics.as_mut() {
+            Some(metrics) => metrics.line(line),
+            None => Ok(()),
         }
-        Ok(())
     }
 }
 
@@ -1069,17 +1218,43 @@ fn pick_token(logits: &[f32], temperature: f64, rng: &mut StdRng) -> u32 {
     argmax()
 }
 
-fn progress_bar(opts: &TrainOptions, config: &ModelConfig) -> ProgressBar {
+/// The progress bar of a run that starts at step `start` (after a resume).
+fn progress_bar(opts: &TrainOptions, config: &ModelConfig, start: usize) -> ProgressBar {
     if !opts.progress {
         return ProgressBar::hidden();
     }
     let bar = ProgressBar::new(opts.steps as u64);
-    let style = ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg} · ETA {eta}")
-        .unwrap_or_else(|_| ProgressStyle::default_bar())
-        .progress_chars("=> ");
+    // indicatif's own ETA would count the resumed steps as done in no time.
+    let style =
+        ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg} · ETA {run_eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .with_key(
+                "run_eta",
+                move |state: &indicatif::ProgressState, out: &mut dyn std::fmt::Write| {
+                    let len = state.len().unwrap_or(0) as usize;
+                    let _ = match eta(start, state.pos() as usize, len, state.elapsed()) {
+                        Some(left) => write!(out, "{}", indicatif::HumanDuration(left)),
+                        None => write!(out, "?"),
+                    };
+                },
+            )
+            .progress_chars("=> ");
     bar.set_style(style);
     bar.set_prefix(format!("{} params", human_count(config.num_params())));
+    bar.set_position(start as u64);
     bar
+}
+
+/// Time left at step `pos` of `len` when the steps since `start` took
+/// `elapsed`; `None` before the first of them ends.
+pub fn eta(
+    start: usize,
+    pos: usize,
+    len: usize,
+    elapsed: std::time::Duration,
+) -> Option<std::time::Duration> {
+    let done = pos.checked_sub(start).filter(|&d| d > 0)?;
+    Some(elapsed.mul_f64(len.saturating_sub(pos) as f64 / done as f64))
 }
 
 /// `124.4M`, `6.74B`.

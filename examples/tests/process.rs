@@ -1,27 +1,32 @@
-//! The `train` process under signals: `kill -9` in the middle of a checkpoint
-//! write leaves the previous checkpoint loadable; Ctrl-C saves one and exits.
+//! The `train` process under signals: `kill -9` at any moment (a checkpoint
+//! write included) leaves the newest checkpoint loadable and a resume that
+//! continues the same losses; SIGINT and SIGTERM save one and exit promptly;
+//! a second signal exits at once; a locked folder refuses a second run.
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
+
+use rand::{Rng, SeedableRng};
+
+const BASE: [&str; 8] = [
+    "--model",
+    "llama-tiny",
+    "--batch",
+    "1",
+    "--seq-len",
+    "8",
+    "--sample-tokens",
+    "1",
+];
 
 fn spawn(extra: &[&str], pause_ms: Option<u64>) -> Child {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_train"));
-    cmd.args([
-        "--model",
-        "llama-tiny",
-        "--steps",
-        "100000",
-        "--batch",
-        "1",
-        "--seq-len",
-        "8",
-        "--sample-tokens",
-        "1",
-    ])
-    .args(extra)
-    .stdout(Stdio::null())
-    .stderr(Stdio::piped());
+    cmd.args(BASE)
+        .args(["--steps", "100000"])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     if let Some(ms) = pause_ms {
         cmd.env("BURN_OFFLOAD_CHECKPOINT_PAUSE_MS", ms.to_string());
     }
@@ -32,8 +37,37 @@ fn wait_for(what: &str, timeout: Duration, mut ready: impl FnMut() -> bool) {
     let start = Instant::now();
     while !ready() {
         assert!(start.elapsed() < timeout, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// Waits for `child` to exit, killing it (and failing) after `timeout`.
+fn exits_within(child: &mut Child, timeout: Duration) -> (ExitStatus, String, String) {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut out = String::new();
+            let mut err = String::new();
+            use std::io::Read;
+            child.stdout.take().unwrap().read_to_string(&mut out).ok();
+            child.stderr.take().unwrap().read_to_string(&mut err).ok();
+            return (status, out, err);
+        }
+        if start.elapsed() > timeout {
+            child.kill().ok();
+            child.wait().ok();
+            panic!("train did not exit within {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn signal(child: &Child, name: &str) {
+    let status = Command::new("kill")
+        .args([&format!("-{name}"), &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
 }
 
 fn names(dir: &Path) -> Vec<String> {
@@ -46,57 +80,178 @@ fn names(dir: &Path) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Loads a checkpoint into an engine for the same model, as a resume would.
-fn loads(checkpoint: &Path) {
+fn has_checkpoint(dir: &Path) -> bool {
+    names(dir).iter().any(|n| n.starts_with("step-"))
+}
+
+fn metric_lines(path: &Path) -> usize {
+    std::fs::read_to_string(path)
+        .map(|t| t.lines().count())
+        .unwrap_or(0)
+}
+
+/// Loads a checkpoint into an engine for the same model, as a resume would;
+/// returns the steps it holds.
+fn loads(checkpoint: &Path) -> u64 {
     let device = Default::default();
     let model = models::LlamaConfig::tiny().init::<burn::backend::Flex>(&device);
     let mut engine = burn_offload::Engine::new(model, Default::default(), &device).unwrap();
     let manifest = engine.load_checkpoint(checkpoint).unwrap();
     assert!(manifest.updates >= 1);
+    manifest.updates
+}
+
+/// Loss of each step in a metrics file (the last line of a step wins).
+fn losses(path: &Path) -> std::collections::BTreeMap<u64, f64> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|l| l.get("loss").is_some())
+        .map(|l| (l["step"].as_u64().unwrap(), l["loss"].as_f64().unwrap()))
+        .collect()
 }
 
 #[test]
-fn kill_9_during_a_checkpoint_write_leaves_the_previous_one_loadable() {
+fn kill_9_at_random_times_resumes_to_the_losses_of_an_uninterrupted_run() {
+    const STEPS: usize = 40;
+    let dir = tempfile::tempdir().unwrap();
+    let (ck, m, reference) = (
+        dir.path().join("ck"),
+        dir.path().join("m.jsonl"),
+        dir.path().join("ref.jsonl"),
+    );
+    let steps = STEPS.to_string();
+    let straight = Command::new(env!("CARGO_BIN_EXE_train"))
+        .args(BASE)
+        .args(["--steps", &steps, "--metrics", reference.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(straight.status.success());
+    let want = losses(&reference);
+    assert_eq!(want.len(), STEPS);
+
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    eprintln!("kill times drawn with seed {seed}");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let args = [
+        "--steps",
+        &steps,
+        "--checkpoint-dir",
+        ck.to_str().unwrap(),
+        "--checkpoint-every",
+        "1",
+        "--keep",
+        "2",
+        "--metrics",
+        m.to_str().unwrap(),
+    ];
+    let resume = ["--resume", ck.to_str().unwrap()];
+    // Four kills: the first in the middle of a checkpoint write, the others
+    // at a random moment after the process has saved something of its own.
+    for kill in 0..4 {
+        let extra = if kill == 0 {
+            args.to_vec()
+        } else {
+            [&args[..], &resume[..]].concat()
+        };
+        let saved_before = names(&ck);
+        let pause = if kill == 0 {
+            400
+        } else {
+            rng.random_range(20..80)
+        };
+        let mut child = spawn(&extra, Some(pause));
+        wait_for(
+            "a checkpoint of this process",
+            Duration::from_secs(120),
+            || {
+                names(&ck)
+                    .iter()
+                    .any(|n| n.starts_with("step-") && !saved_before.contains(n))
+            },
+        );
+        if kill == 0 {
+            wait_for("the next write", Duration::from_secs(60), || {
+                names(&ck).iter().any(|n| n.starts_with(".tmp-step-"))
+            });
+        } else {
+            std::thread::sleep(Duration::from_millis(rng.random_range(0..400)));
+        }
+        child.kill().unwrap(); // SIGKILL
+        child.wait().unwrap();
+        if kill == 0 {
+            assert!(
+                names(&ck).iter().any(|n| n.starts_with(".tmp-step-")),
+                "killed mid-write: the temporary must remain"
+            );
+        }
+        let newest = burn_offload::checkpoint::resolve(&ck).unwrap();
+        let step = loads(&newest);
+        // Every step up to the checkpoint has its metrics line on disk.
+        let logged = losses(&m);
+        assert!(
+            (0..step).all(|s| logged.contains_key(&s)),
+            "kill {kill}: metrics lack steps before {step}: {logged:?}"
+        );
+        if step as usize == STEPS {
+            break;
+        }
+    }
+    let mut last = Command::new(env!("CARGO_BIN_EXE_train"));
+    last.args(BASE).args(args).args(resume);
+    let out = last.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got = losses(&m);
+    assert_eq!(got.len(), STEPS, "steps missing from the metrics: {got:?}");
+    for (step, loss) in &want {
+        assert_eq!(
+            got[step].to_bits(),
+            loss.to_bits(),
+            "step {step}: resumed loss {} differs from {loss} (seed {seed})",
+            got[step]
+        );
+    }
+}
+
+#[test]
+fn ctrl_c_saves_a_checkpoint_and_exits_promptly_without_a_sample() {
     let dir = tempfile::tempdir().unwrap();
     let ckpt = dir.path().join("ckpt");
-    let ckpt_arg = ckpt.to_str().unwrap();
-    // Every step checkpoints; each write pauses half-way (between the two files).
-    let mut child = spawn(
-        &[
-            "--checkpoint-dir",
-            ckpt_arg,
-            "--checkpoint-every",
-            "1",
-            "--keep",
-            "10",
-        ],
-        Some(400),
-    );
-    wait_for("a complete checkpoint", Duration::from_secs(120), || {
-        names(&ckpt).iter().any(|n| n.starts_with("step-"))
+    let metrics = dir.path().join("m.jsonl");
+    let args = [
+        "--checkpoint-dir",
+        ckpt.to_str().unwrap(),
+        "--metrics",
+        metrics.to_str().unwrap(),
+        // Generating these would take minutes: an interrupted run must not.
+        "--sample-tokens",
+        "200000",
+    ];
+    let mut child = spawn(&args, None);
+    wait_for("a first step", Duration::from_secs(120), || {
+        metric_lines(&metrics) >= 2
     });
-    wait_for("the next write to start", Duration::from_secs(60), || {
-        names(&ckpt).iter().any(|n| n.starts_with(".tmp-step-"))
-    });
-    child.kill().unwrap(); // SIGKILL
-    child.wait().unwrap();
-
+    signal(&child, "INT");
+    let (status, out, err) = exits_within(&mut child, Duration::from_secs(30));
+    assert_eq!(status.code(), Some(130), "{err}");
     assert!(
-        names(&ckpt).iter().any(|n| n.starts_with(".tmp-step-")),
-        "killed mid-write: the temporary must remain"
+        err.contains("interrupted (SIGINT): checkpoint saved to"),
+        "{err}"
     );
-    let newest = burn_offload::checkpoint::resolve(&ckpt).unwrap();
-    assert!(newest
-        .file_name()
-        .unwrap()
-        .to_str()
-        .unwrap()
-        .starts_with("step-"));
-    loads(&newest);
+    assert!(!out.contains("--- sample ---"), "{out}");
+    loads(&burn_offload::checkpoint::resolve(&ckpt).unwrap());
 }
 
 #[test]
-fn ctrl_c_saves_a_checkpoint_and_exits_130() {
+fn sigterm_saves_a_checkpoint_and_exits_143() {
     let dir = tempfile::tempdir().unwrap();
     let ckpt = dir.path().join("ckpt");
     let metrics = dir.path().join("m.jsonl");
@@ -106,44 +261,98 @@ fn ctrl_c_saves_a_checkpoint_and_exits_130() {
         "--metrics",
         metrics.to_str().unwrap(),
     ];
-    let child = spawn(&args, None);
+    let mut child = spawn(&args, None);
     wait_for("a first step", Duration::from_secs(120), || {
-        std::fs::read_to_string(&metrics)
-            .map(|t| t.lines().count() >= 2)
-            .unwrap_or(false)
+        metric_lines(&metrics) >= 2
     });
-    let status = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let out = child.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    signal(&child, "TERM");
+    let (status, _, err) = exits_within(&mut child, Duration::from_secs(30));
+    assert_eq!(status.code(), Some(143), "{err}");
     assert!(
-        stderr.contains("interrupted: checkpoint saved to"),
-        "{stderr}"
+        err.contains("interrupted (SIGTERM): checkpoint saved to"),
+        "{err}"
     );
-    loads(&burn_offload::checkpoint::resolve(&ckpt).unwrap());
+    let steps = loads(&burn_offload::checkpoint::resolve(&ckpt).unwrap());
+    assert!(
+        steps as usize >= metric_lines(&metrics),
+        "steps run after the save"
+    );
+}
+
+#[test]
+fn a_second_signal_exits_at_once_saying_what_was_not_saved() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let metrics = dir.path().join("m.jsonl");
+    let args = [
+        "--checkpoint-dir",
+        ckpt.to_str().unwrap(),
+        "--metrics",
+        metrics.to_str().unwrap(),
+    ];
+    // The checkpoint written on the first signal takes a minute.
+    let mut child = spawn(&args, Some(60_000));
+    wait_for("a first step", Duration::from_secs(120), || {
+        metric_lines(&metrics) >= 2
+    });
+    signal(&child, "INT");
+    wait_for("the checkpoint write", Duration::from_secs(60), || {
+        names(&ckpt).iter().any(|n| n.starts_with(".tmp-step-"))
+    });
+    signal(&child, "TERM");
+    let (status, _, err) = exits_within(&mut child, Duration::from_secs(10));
+    assert_eq!(status.code(), Some(143), "{err}");
+    assert!(err.contains("SIGTERM again: exiting now"), "{err}");
+    assert!(err.contains("no checkpoint was saved"), "{err}");
+    assert!(!has_checkpoint(&ckpt));
 }
 
 #[test]
 fn ctrl_c_without_a_checkpoint_folder_says_nothing_was_saved() {
     let dir = tempfile::tempdir().unwrap();
     let metrics = dir.path().join("m.jsonl");
-    let child = spawn(&["--metrics", metrics.to_str().unwrap()], None);
+    let mut child = spawn(&["--metrics", metrics.to_str().unwrap()], None);
     wait_for("a first step", Duration::from_secs(120), || {
-        std::fs::read_to_string(&metrics)
-            .map(|t| t.lines().count() >= 1)
-            .unwrap_or(false)
+        metric_lines(&metrics) >= 1
     });
-    Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert_eq!(out.status.code(), Some(130));
+    signal(&child, "INT");
+    let (status, _, err) = exits_within(&mut child, Duration::from_secs(30));
+    assert_eq!(status.code(), Some(130));
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("nothing saved (no --checkpoint-dir given)")
+        err.contains("nothing saved (no --checkpoint-dir given)"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_second_run_cannot_write_into_a_folder_in_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let metrics = dir.path().join("m.jsonl");
+    let ck = ckpt.to_str().unwrap();
+    let mut first = spawn(
+        &[
+            "--checkpoint-dir",
+            ck,
+            "--metrics",
+            metrics.to_str().unwrap(),
+        ],
+        None,
+    );
+    wait_for("a first step", Duration::from_secs(120), || {
+        metric_lines(&metrics) >= 1
+    });
+    let second = Command::new(env!("CARGO_BIN_EXE_train"))
+        .args(BASE)
+        .args(["--steps", "2", "--checkpoint-dir", ck])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&second.stderr);
+    first.kill().unwrap();
+    first.wait().unwrap();
+    assert!(!second.status.success());
+    assert!(
+        err.contains(&format!("is in use by another run (pid {})", first.id())),
+        "{err}"
     );
 }

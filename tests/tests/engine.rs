@@ -6,6 +6,7 @@
 use burn::module::{AutodiffModule, Module, ModuleMapper, ModuleVisitor, Param};
 use burn::optim::{AdamWConfig as BurnAdamW, GradientsParams, Optimizer};
 use burn::prelude::*;
+use burn_offload::checkpoint::CheckpointDir;
 use burn_offload::{
     AdamWConfig, BlockModel, Compute, Engine, EngineConfig, EngineError, OptimizerConfig,
 };
@@ -355,6 +356,45 @@ fn device_resident_parameters_are_flat_in_depth() {
         deep <= 3.0 * block,
         "peak {deep} B exceeds three blocks ({block} B each)"
     );
+}
+
+/// `Engine::new` and `Engine::with_store` refuse the same invalid settings
+/// (a negative clip would invert every update).
+#[test]
+fn every_constructor_validates_the_config() {
+    let device = Default::default();
+    let config = LlamaConfig::tiny();
+    let store = || {
+        let engine = Engine::new(config.init::<B>(&device), engine_config(false), &device).unwrap();
+        engine_into_store(engine)
+    };
+    let invalid = [
+        EngineConfig {
+            grad_clip: Some(-1.0),
+            ..engine_config(false)
+        },
+        EngineConfig {
+            grad_clip: Some(f64::NAN),
+            ..engine_config(false)
+        },
+        EngineConfig {
+            loss_chunk_tokens: 0,
+            ..engine_config(false)
+        },
+    ];
+    for bad in invalid {
+        let err = Engine::new(config.init::<B>(&device), bad.clone(), &device)
+            .err()
+            .unwrap();
+        assert!(matches!(err, EngineError::Config(_)), "new: {err}");
+        let err = Engine::with_store(config.init::<B>(&device), store(), bad.clone(), &device)
+            .err()
+            .unwrap();
+        assert!(
+            matches!(err, EngineError::Config(_)),
+            "with_store accepted {bad:?}: {err}"
+        );
+    }
 }
 
 #[test]
@@ -844,7 +884,10 @@ fn readers_of_the_store_settle_deferred_updates() {
     assert!(engine.pending_groups() > 0);
     let dir = tempfile::tempdir().unwrap();
     engine
-        .save_checkpoint(dir.path(), serde_json::Value::Null, 1)
+        .save_checkpoint(
+            &mut CheckpointDir::open(dir.path(), "test", 1).unwrap(),
+            serde_json::Value::Null,
+        )
         .unwrap();
     assert_eq!(engine.pending_groups(), 0);
     assert_ne!(engine.store().groups[2].params.as_slice(), &before[..]);

@@ -7,6 +7,7 @@
 //! f32 engine's loss at every step.
 
 use burn::module::AutodiffModule;
+use burn_offload::checkpoint::CheckpointDir;
 use burn_offload::{BlockModel, Compute, Engine, EngineConfig};
 use burn_offload_tests::{
     batch, lift, rel_err, values, Batch, TestAutodiff as AD, TestBackend as B,
@@ -216,7 +217,10 @@ fn bf16_weights_follow_surgery_and_checkpoint_loads() {
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let path = fresh
-        .save_checkpoint(dir.path(), serde_json::Value::Null, 1)
+        .save_checkpoint(
+            &mut CheckpointDir::open(dir.path(), "test", 1).unwrap(),
+            serde_json::Value::Null,
+        )
         .unwrap();
     engine.load_checkpoint(&path).unwrap();
     assert_eq!(

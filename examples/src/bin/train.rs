@@ -7,8 +7,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use burn_offload::Compute;
-use clap::Parser;
-use examples::train::{install_interrupt_handler, run, TrainOptions};
+use clap::parser::ValueSource;
+use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
+use examples::signals;
+use examples::train::{run, TrainOptions};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -130,10 +132,11 @@ struct Cli {
     /// --checkpoint-every steps, at the end, and on Ctrl-C.
     #[arg(long)]
     checkpoint_dir: Option<PathBuf>,
-    /// Steps between checkpoints (0: only at the end and on Ctrl-C).
+    /// Steps between checkpoints (0: only at the end and on Ctrl-C/SIGTERM).
     #[arg(long, default_value_t = 0)]
     checkpoint_every: usize,
-    /// Checkpoints to keep in --checkpoint-dir.
+    /// This run's checkpoints to keep in --checkpoint-dir (the oldest written
+    /// are removed; other runs' checkpoints are never touched).
     #[arg(long, default_value_t = 3)]
     keep: usize,
     /// Continue from a checkpoint folder (or the newest one inside a folder).
@@ -165,8 +168,74 @@ struct Cli {
     plan: bool,
 }
 
+/// Flags that the rest of the command line would make ignored: each is
+/// refused rather than silently dropped. (Flags without defaults are checked
+/// in `TrainOptions`' validation.)
+fn refuse_ignored_flags(matches: &ArgMatches, cli: &Cli) -> Result<(), String> {
+    let given = |id: &str| matches.value_source(id) == Some(ValueSource::CommandLine);
+    let rules: [(&str, &str, bool, &str); 7] = [
+        (
+            "keep",
+            "--keep",
+            cli.checkpoint_dir.is_none(),
+            "needs --checkpoint-dir",
+        ),
+        (
+            "checkpoint_every",
+            "--checkpoint-every",
+            cli.checkpoint_dir.is_none(),
+            "needs --checkpoint-dir",
+        ),
+        (
+            "temperature",
+            "--temperature",
+            cli.sample_tokens == 0,
+            "has no effect with --sample-tokens 0",
+        ),
+        (
+            "max_skips",
+            "--max-skips",
+            cli.resident,
+            "is an option of the offload engine; drop it or --resident",
+        ),
+        (
+            "loss_chunk_tokens",
+            "--loss-chunk-tokens",
+            cli.resident,
+            "is an option of the offload engine; drop it or --resident",
+        ),
+        (
+            "block_inputs",
+            "--block-inputs",
+            cli.resident,
+            "is an option of the offload engine; drop it or --resident",
+        ),
+        (
+            "keep_graphs",
+            "--keep-graphs",
+            cli.resident,
+            "is an option of the offload engine; drop it or --resident",
+        ),
+    ];
+    match rules
+        .iter()
+        .find(|(id, _, ignored, _)| *ignored && given(id))
+    {
+        Some((_, flag, _, why)) => Err(format!("{flag} {why}")),
+        None => Ok(()),
+    }
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(err) => err.exit(),
+    };
+    if let Err(why) = refuse_ignored_flags(&matches, &cli) {
+        eprintln!("error: {why}");
+        return ExitCode::FAILURE;
+    }
     let opts = TrainOptions {
         model: cli.model,
         steps: cli.steps,
@@ -225,17 +294,52 @@ fn main() -> ExitCode {
             }
         };
     }
-    if let Err(err) = install_interrupt_handler() {
+    if let Err(err) = signals::install() {
         eprintln!("error: {err:#}");
         return ExitCode::FAILURE;
     }
     match run(&opts) {
-        Ok(report) if report.interrupted => {
-            match &report.checkpoint {
-                Some(path) => eprintln!("interrupted: checkpoint saved to {}", path.display()),
-                None => eprintln!("interrupted: nothing saved (no --checkpoint-dir given)"),
+        Ok(report) if report.interrupted.is_some() => {
+            let signal = report.interrupted.unwrap_or_default();
+            let name = signals::name(signal);
+            match (&report.checkpoint, &report.resumed_from) {
+                (Some(path), _) => {
+                    eprintln!(
+                        "interrupted ({name}): checkpoint saved to {}",
+                        path.display()
+                    )
+                }
+                (None, _) if opts.checkpoint_dir.is_none() => {
+                    eprintln!("interrupted ({name}): nothing saved (no --checkpoint-dir given)")
+                }
+                (None, Some(from)) if report.losses.is_empty() => eprintln!(
+                    "interrupted ({name}) before the first step: `{}` still holds the run",
+                    from.display()
+                ),
+                (None, _) => {
+                    eprintln!("interrupted ({name}) before the first step: nothing to save")
+                }
             }
-            ExitCode::from(130)
+            if opts.export_hf.is_some() {
+                eprintln!("--export-hf not written: the run did not finish (resume it to finish)");
+            }
+            ExitCode::from(128 + signal as u8)
+        }
+        Ok(report) if report.losses.is_empty() && report.start_step == opts.steps => {
+            let from = report
+                .resumed_from
+                .as_deref()
+                .unwrap_or(std::path::Path::new("?"));
+            println!(
+                "nothing left to do: checkpoint `{}` is at step {} of --steps {} (raise --steps to train further)",
+                from.display(),
+                report.start_step,
+                opts.steps
+            );
+            if let Some(dir) = &opts.export_hf {
+                println!("exported: {}", dir.display());
+            }
+            ExitCode::SUCCESS
         }
         Ok(report) => {
             if let Some(path) = &report.checkpoint {
