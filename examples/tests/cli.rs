@@ -176,3 +176,17 @@ fn invalid_numbers() {
         "exceeds the model's context length",
     );
 }
+
+#[test]
+fn a_sequence_longer_than_the_sliding_window_is_refused() {
+    let mistral = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/fixtures/families/mistral"
+    );
+    assert_fails_with(
+        &["--init-from", mistral, "--seq-len", "40"],
+        "--seq-len 40 exceeds the model's sliding attention window 32",
+    );
+    let (ok, stderr) = train(&["--init-from", mistral, "--seq-len", "32"]);
+    assert!(ok, "{stderr}");
+}

@@ -46,6 +46,18 @@ pub const PRESETS: &[&str] = &[
     "llama-3b",
     "llama-7b",
     "llama-8b",
+    "llama-3.2-1b",
+    "llama-3.2-3b",
+    "llama-3.1-8b",
+    "mistral-7b",
+    "qwen2.5-0.5b",
+    "qwen2.5-1.5b",
+    "qwen2.5-7b",
+    "qwen2.5-14b",
+    "qwen3-0.6b",
+    "qwen3-4b",
+    "qwen3-8b",
+    "qwen3-14b",
 ];
 
 impl ModelConfig {
@@ -60,6 +72,18 @@ impl ModelConfig {
             "llama-3b" => ModelConfig::Llama(LlamaConfig::llama_3b()),
             "llama-7b" => ModelConfig::Llama(LlamaConfig::llama_7b()),
             "llama-8b" => ModelConfig::Llama(LlamaConfig::llama_8b()),
+            "llama-3.2-1b" => ModelConfig::Llama(LlamaConfig::llama_3_2_1b()),
+            "llama-3.2-3b" => ModelConfig::Llama(LlamaConfig::llama_3_2_3b()),
+            "llama-3.1-8b" => ModelConfig::Llama(LlamaConfig::llama_3_1_8b()),
+            "mistral-7b" => ModelConfig::Llama(LlamaConfig::mistral_7b()),
+            "qwen2.5-0.5b" => ModelConfig::Llama(LlamaConfig::qwen2_5_0_5b()),
+            "qwen2.5-1.5b" => ModelConfig::Llama(LlamaConfig::qwen2_5_1_5b()),
+            "qwen2.5-7b" => ModelConfig::Llama(LlamaConfig::qwen2_5_7b()),
+            "qwen2.5-14b" => ModelConfig::Llama(LlamaConfig::qwen2_5_14b()),
+            "qwen3-0.6b" => ModelConfig::Llama(LlamaConfig::qwen3_0_6b()),
+            "qwen3-4b" => ModelConfig::Llama(LlamaConfig::qwen3_4b()),
+            "qwen3-8b" => ModelConfig::Llama(LlamaConfig::qwen3_8b()),
+            "qwen3-14b" => ModelConfig::Llama(LlamaConfig::qwen3_14b()),
             _ => {
                 return Err(ConfigError::UnknownPreset {
                     name: name.to_string(),
@@ -125,11 +149,12 @@ impl ModelConfig {
     }
 
     /// Longest sequence the model accepts (GPT-2's learned positions; Llama's RoPE
-    /// has no hard limit but we keep the configured context length).
+    /// has no hard limit but we keep the configured context length, and the
+    /// sliding window where the model has one).
     pub fn max_seq_len(&self) -> usize {
         match self {
             ModelConfig::Gpt2(c) => c.n_ctx,
-            ModelConfig::Llama(c) => c.max_seq_len,
+            ModelConfig::Llama(c) => c.max_seq_len(),
         }
     }
 
@@ -202,6 +227,27 @@ mod tests {
         assert!((billions("gpt2-xl") - 1.558).abs() < 0.01);
         assert!((billions("llama-7b") - 6.738).abs() < 0.01);
         assert!((billions("llama-8b") - 8.03).abs() < 0.01);
+        // The published parameter counts of the families' checkpoints.
+        for (name, published) in [
+            ("llama-3.2-1b", 1.236),
+            ("llama-3.2-3b", 3.213),
+            ("llama-3.1-8b", 8.030),
+            ("mistral-7b", 7.242),
+            ("qwen2.5-0.5b", 0.494),
+            ("qwen2.5-1.5b", 1.544),
+            ("qwen2.5-7b", 7.616),
+            ("qwen2.5-14b", 14.770),
+            ("qwen3-0.6b", 0.596),
+            ("qwen3-4b", 4.022),
+            ("qwen3-8b", 8.191),
+            ("qwen3-14b", 14.768),
+        ] {
+            let got = billions(name);
+            assert!(
+                (got - published).abs() < 0.005 * published,
+                "{name}: {got:.3}B, published {published}B"
+            );
+        }
     }
 
     #[test]

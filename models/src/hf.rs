@@ -19,6 +19,7 @@ use burn::tensor::{backend::Backend, bf16, f16, Tensor, TensorData};
 use safetensors::tensor::{Dtype, SafeTensors, View};
 use serde_json::{json, Value};
 
+use crate::llama::{AttentionBias, Family, RopeScaling};
 use crate::{Gpt2Config, LlamaConfig, ModelConfig};
 
 #[derive(Debug, thiserror::Error)]
@@ -64,82 +65,56 @@ fn read_json(path: &Path) -> Result<Value, HfError> {
     })
 }
 
-/// Reads `config.json` into one of our model configs.
-pub fn load_config(dir: &Path) -> Result<ModelConfig, HfError> {
-    let path = dir.join("config.json");
-    let c = read_json(&path)?;
-    let field = |k: &str| c.get(k).filter(|v| !v.is_null());
-    let usize_of = |k: &str| -> Result<usize, HfError> {
-        field(k)
+/// A `config.json`'s fields, null ones counting as absent.
+struct Fields<'a> {
+    json: &'a Value,
+    path: &'a Path,
+}
+
+impl<'a> Fields<'a> {
+    fn get(&self, key: &str) -> Option<&'a Value> {
+        self.json.get(key).filter(|v| !v.is_null())
+    }
+
+    fn usize(&self, key: &str) -> Result<usize, HfError> {
+        self.get(key)
             .and_then(Value::as_u64)
             .map(|v| v as usize)
             .ok_or_else(|| HfError::Config {
-                path: path.clone(),
-                reason: format!("missing or non-integer `{k}`"),
+                path: self.path.to_path_buf(),
+                reason: format!("missing or non-integer `{key}`"),
             })
+    }
+
+    fn flag(&self, key: &str) -> bool {
+        self.get(key).and_then(Value::as_bool).unwrap_or(false)
+    }
+
+    fn unsupported(&self, what: String) -> HfError {
+        HfError::Unsupported {
+            path: self.path.to_path_buf(),
+            what,
+        }
+    }
+}
+
+/// Reads `config.json` into one of our model configs.
+pub fn load_config(dir: &Path) -> Result<ModelConfig, HfError> {
+    let path = dir.join("config.json");
+    let json = read_json(&path)?;
+    let fields = Fields {
+        json: &json,
+        path: &path,
     };
-    let unsupported = |what: String| HfError::Unsupported {
-        path: path.clone(),
-        what,
-    };
+    let field = |k: &str| fields.get(k);
+    let usize_of = |k: &str| fields.usize(k);
+    let unsupported = |what: String| fields.unsupported(what);
     let model_type = field("model_type")
         .and_then(Value::as_str)
         .unwrap_or("<none>");
     let config = match model_type {
-        "llama" => {
-            if let Some(act) = field("hidden_act").and_then(Value::as_str) {
-                if act != "silu" {
-                    return Err(unsupported(format!(
-                        "hidden_act `{act}` (Llama here uses silu)"
-                    )));
-                }
-            }
-            for flag in ["attention_bias", "mlp_bias"] {
-                if field(flag).and_then(Value::as_bool) == Some(true) {
-                    return Err(unsupported(format!("`{flag}: true`")));
-                }
-            }
-            let rope = field("rope_parameters").or(field("rope_scaling"));
-            let rope_type = rope
-                .and_then(|r| r.get("rope_type").or(r.get("type")))
-                .and_then(Value::as_str);
-            if rope_type.is_some_and(|t| t != "default") {
-                return Err(unsupported(format!(
-                    "rope scaling `{}`",
-                    rope_type.unwrap_or_default()
-                )));
-            }
-            let theta = rope
-                .and_then(|r| r.get("rope_theta"))
-                .or(field("rope_theta"))
-                .and_then(Value::as_f64)
-                .unwrap_or(10_000.0);
-            let heads = usize_of("num_attention_heads")?;
-            let d_model = usize_of("hidden_size")?;
-            if let Some(head_dim) = field("head_dim").and_then(Value::as_u64) {
-                if head_dim as usize * heads != d_model {
-                    return Err(unsupported(format!(
-                        "head_dim {head_dim} with {heads} heads and hidden_size {d_model}"
-                    )));
-                }
-            }
-            ModelConfig::Llama(LlamaConfig {
-                vocab_size: usize_of("vocab_size")?,
-                d_model,
-                n_layer: usize_of("num_hidden_layers")?,
-                n_head: heads,
-                n_kv_head: field("num_key_value_heads")
-                    .and_then(Value::as_u64)
-                    .map_or(heads, |v| v as usize),
-                d_ff: usize_of("intermediate_size")?,
-                rope_theta: theta,
-                rms_norm_eps: field("rms_norm_eps")
-                    .and_then(Value::as_f64)
-                    .unwrap_or(1e-6),
-                max_seq_len: field("max_position_embeddings")
-                    .and_then(Value::as_u64)
-                    .map_or(4096, |v| v as usize),
-            })
+        "llama" | "mistral" | "qwen2" | "qwen3" => {
+            ModelConfig::Llama(llama_config(model_type, &fields)?)
         }
         "gpt2" => {
             let act = field("activation_function")
@@ -175,7 +150,7 @@ pub fn load_config(dir: &Path) -> Result<ModelConfig, HfError> {
         }
         other => {
             return Err(unsupported(format!(
-                "architecture `{other}` (supported: llama, gpt2)"
+                "architecture `{other}` (supported: llama, mistral, qwen2, qwen3, gpt2)"
             )))
         }
     };
@@ -184,6 +159,114 @@ pub fn load_config(dir: &Path) -> Result<ModelConfig, HfError> {
         reason: e.to_string(),
     })?;
     Ok(config)
+}
+
+/// The Llama-shaped families' `config.json` (`model_type` one of llama,
+/// mistral, qwen2, qwen3): what differs between them is which fields apply.
+fn llama_config(model_type: &str, fields: &Fields) -> Result<LlamaConfig, HfError> {
+    let field = |k: &str| fields.get(k);
+    let usize_of = |k: &str| fields.usize(k);
+    let unsupported = |what: String| fields.unsupported(what);
+    let flag = |k: &str| fields.flag(k);
+    let family = match model_type {
+        "mistral" => Family::Mistral,
+        "qwen2" => Family::Qwen2,
+        "qwen3" => Family::Qwen3,
+        _ => Family::Llama,
+    };
+    if let Some(act) = field("hidden_act").and_then(Value::as_str) {
+        if act != "silu" {
+            return Err(unsupported(format!(
+                "hidden_act `{act}` ({model_type} here uses silu)"
+            )));
+        }
+    }
+    let attention_bias = match family {
+        // Qwen2's q, k and v projections always carry a bias, o never.
+        Family::Qwen2 => AttentionBias::Qkv,
+        Family::Mistral => AttentionBias::None,
+        Family::Llama | Family::Qwen3 if flag("attention_bias") => AttentionBias::All,
+        Family::Llama | Family::Qwen3 => AttentionBias::None,
+    };
+    if family != Family::Llama && flag("mlp_bias") {
+        return Err(unsupported(format!("`mlp_bias: true` for {model_type}")));
+    }
+    // transformers 5 writes `rope_parameters` (with rope_theta inside);
+    // checkpoints from before write `rope_scaling` and `rope_theta`.
+    let rope = field("rope_parameters").or(field("rope_scaling"));
+    let number = |k: &str| -> Result<f64, HfError> {
+        rope.and_then(|r| r.get(k))
+            .and_then(Value::as_f64)
+            .ok_or_else(|| unsupported(format!("rope scaling without a numeric `{k}`")))
+    };
+    let rope_type = rope
+        .and_then(|r| r.get("rope_type").or(r.get("type")))
+        .and_then(Value::as_str)
+        .unwrap_or("default");
+    let rope_scaling = match rope_type {
+        "default" => None,
+        "linear" => Some(RopeScaling::Linear {
+            factor: number("factor")?,
+        }),
+        "llama3" => Some(RopeScaling::Llama3 {
+            factor: number("factor")?,
+            low_freq_factor: number("low_freq_factor")?,
+            high_freq_factor: number("high_freq_factor")?,
+            original_max_position_embeddings: number("original_max_position_embeddings")? as usize,
+        }),
+        other => {
+            return Err(unsupported(format!(
+                "rope scaling `{other}` (supported: default, linear, llama3)"
+            )))
+        }
+    };
+    let theta = rope
+        .and_then(|r| r.get("rope_theta"))
+        .or(field("rope_theta"))
+        .and_then(Value::as_f64)
+        .unwrap_or(10_000.0);
+    let sliding_window = match family {
+        Family::Mistral => field("sliding_window").and_then(Value::as_u64),
+        // Qwen's window applies only with `use_sliding_window`, and then to
+        // some layers only: not implemented.
+        Family::Qwen2 | Family::Qwen3 if flag("use_sliding_window") => {
+            return Err(unsupported("`use_sliding_window: true`".into()))
+        }
+        _ => None,
+    };
+    let heads = usize_of("num_attention_heads")?;
+    let d_model = usize_of("hidden_size")?;
+    // An explicit head_dim equal to the default is kept implicit, so that
+    // configs compare equal whether or not the file spelled it out.
+    let head_dim = field("head_dim")
+        .and_then(Value::as_u64)
+        .map(|h| h as usize)
+        .filter(|&h| h * heads != d_model);
+    Ok(LlamaConfig {
+        vocab_size: usize_of("vocab_size")?,
+        d_model,
+        n_layer: usize_of("num_hidden_layers")?,
+        n_head: heads,
+        n_kv_head: field("num_key_value_heads")
+            .and_then(Value::as_u64)
+            .map_or(heads, |v| v as usize),
+        d_ff: usize_of("intermediate_size")?,
+        rope_theta: theta,
+        rms_norm_eps: field("rms_norm_eps")
+            .and_then(Value::as_f64)
+            .unwrap_or(1e-6),
+        max_seq_len: field("max_position_embeddings")
+            .and_then(Value::as_u64)
+            .map_or(4096, |v| v as usize),
+        head_dim,
+        rope_scaling,
+        attention_bias,
+        mlp_bias: flag("mlp_bias"),
+        qk_norm: family == Family::Qwen3,
+        tie_embeddings: flag("tie_word_embeddings"),
+        sliding_window: sliding_window.map(|w| w as usize),
+        family,
+    })
 }
 
 /// HF tensor name and whether the tensor is stored transposed relative to burn.
@@ -459,25 +542,53 @@ impl View for Owned<'_> {
 /// HF `config.json` for one of our configs.
 pub fn hf_config(config: &ModelConfig) -> Value {
     match config {
-        ModelConfig::Llama(c) => json!({
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
-            "vocab_size": c.vocab_size,
-            "hidden_size": c.d_model,
-            "intermediate_size": c.d_ff,
-            "num_hidden_layers": c.n_layer,
-            "num_attention_heads": c.n_head,
-            "num_key_value_heads": c.n_kv_head,
-            "head_dim": c.head_dim(),
-            "max_position_embeddings": c.max_seq_len,
-            "rms_norm_eps": c.rms_norm_eps,
-            "rope_theta": c.rope_theta,
-            "hidden_act": "silu",
-            "attention_bias": false,
-            "mlp_bias": false,
-            "tie_word_embeddings": false,
-            "torch_dtype": "float32",
-        }),
+        ModelConfig::Llama(c) => {
+            let mut config = json!({
+                "architectures": [c.family.architecture()],
+                "model_type": c.family.model_type(),
+                "vocab_size": c.vocab_size,
+                "hidden_size": c.d_model,
+                "intermediate_size": c.d_ff,
+                "num_hidden_layers": c.n_layer,
+                "num_attention_heads": c.n_head,
+                "num_key_value_heads": c.n_kv_head,
+                "head_dim": c.head_dim(),
+                "max_position_embeddings": c.max_seq_len,
+                "rms_norm_eps": c.rms_norm_eps,
+                "rope_theta": c.rope_theta,
+                "hidden_act": "silu",
+                "tie_word_embeddings": c.tie_embeddings,
+                "torch_dtype": "float32",
+            });
+            let fields = config.as_object_mut().expect("an object");
+            match c.family {
+                Family::Llama => {
+                    fields.insert(
+                        "attention_bias".into(),
+                        (c.attention_bias == AttentionBias::All).into(),
+                    );
+                    fields.insert("mlp_bias".into(), c.mlp_bias.into());
+                }
+                Family::Qwen3 => {
+                    fields.insert(
+                        "attention_bias".into(),
+                        (c.attention_bias == AttentionBias::All).into(),
+                    );
+                }
+                Family::Mistral => {
+                    fields.insert("sliding_window".into(), c.sliding_window.into());
+                }
+                Family::Qwen2 => {}
+            }
+            if let Some(scaling) = &c.rope_scaling {
+                let mut rope = serde_json::to_value(scaling).expect("rope scaling serialises");
+                rope["rope_theta"] = c.rope_theta.into();
+                fields.insert("rope_scaling".into(), rope.clone());
+                // transformers 5 reads `rope_parameters` first.
+                fields.insert("rope_parameters".into(), rope);
+            }
+            config
+        }
         ModelConfig::Gpt2(c) => json!({
             "architectures": ["GPT2LMHeadModel"],
             "model_type": "gpt2",

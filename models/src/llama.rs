@@ -1,5 +1,9 @@
-//! Llama: RMSNorm, rotary position embeddings (the "rotate half" layout of the
-//! Hugging Face checkpoints), SwiGLU MLP, grouped-query attention, untied head.
+//! Llama and the families built like it: RMSNorm, rotary position embeddings
+//! (the "rotate half" layout of the Hugging Face checkpoints, with Llama 3's
+//! or linear frequency scaling), SwiGLU MLP, grouped-query attention, a tied
+//! or untied head. Mistral adds a sliding attention window, Qwen2 biases on
+//! the query/key/value projections, Qwen3 an RMSNorm on each query and key
+//! head and a head size of its own (DESIGN.md §10).
 
 use std::any::{Any, TypeId};
 use std::sync::Mutex;
@@ -11,7 +15,7 @@ use burn_offload::{BlockModel, DecoderBlock};
 use serde::{Deserialize, Serialize};
 
 use crate::config::{check_heads, check_positive, ConfigError};
-use crate::tokens::forward_tokens;
+use crate::tokens::{forward_tokens, linear_tokens};
 use burn_offload::attention::causal_attention;
 use burn_offload::rotary::rotate_half;
 use burn_offload::swiglu::swiglu;
@@ -33,6 +37,173 @@ pub struct LlamaConfig {
     pub rms_norm_eps: f64,
     #[serde(default = "default_max_seq_len")]
     pub max_seq_len: usize,
+    /// Size of each attention head; `d_model / n_head` when absent (Qwen3
+    /// and some Llama checkpoints set it apart).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head_dim: Option<usize>,
+    /// Rescaled rotary frequencies (Llama 3.x, linear interpolation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_scaling: Option<RopeScaling>,
+    /// Which attention projections carry a bias.
+    #[serde(default, skip_serializing_if = "AttentionBias::is_none")]
+    pub attention_bias: AttentionBias,
+    /// Biases on the MLP's three projections.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub mlp_bias: bool,
+    /// RMSNorm over `head_dim` on each query and key head before the
+    /// rotation (Qwen3).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub qk_norm: bool,
+    /// The LM head is the token embedding's transpose (no weight of its own).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub tie_embeddings: bool,
+    /// Each position attends to at most this many positions (itself
+    /// included; Mistral). Sequences longer than the window are refused:
+    /// within it the mask is the causal one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sliding_window: Option<usize>,
+    /// The Hugging Face family the model is exported as.
+    #[serde(default, skip_serializing_if = "Family::is_llama")]
+    pub family: Family,
+}
+
+/// Rotary frequency scaling, as in Hugging Face's `rope_scaling`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "rope_type", rename_all = "lowercase", deny_unknown_fields)]
+pub enum RopeScaling {
+    /// Every frequency divided by `factor` (position interpolation).
+    Linear { factor: f64 },
+    /// Llama 3.x: low frequencies divided by `factor`, high ones kept, a
+    /// smooth blend between (wavelengths measured against the original
+    /// context length).
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max_position_embeddings: usize,
+    },
+}
+
+impl RopeScaling {
+    /// The scaled inverse frequency for `inv_freq` (radians per position).
+    pub fn scale(&self, inv_freq: f64) -> f64 {
+        match *self {
+            RopeScaling::Linear { factor } => inv_freq / factor,
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } => {
+                let original = original_max_position_embeddings as f64;
+                let wavelength = 2.0 * std::f64::consts::PI / inv_freq;
+                if wavelength < original / high_freq_factor {
+                    inv_freq
+                } else if wavelength > original / low_freq_factor {
+                    inv_freq / factor
+                } else {
+                    let smooth = (original / wavelength - low_freq_factor)
+                        / (high_freq_factor - low_freq_factor);
+                    (1.0 - smooth) * inv_freq / factor + smooth * inv_freq
+                }
+            }
+        }
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let positive = |name: &str, v: f64| {
+            if v.is_finite() && v > 0.0 {
+                Ok(())
+            } else {
+                Err(ConfigError::Invalid(format!(
+                    "rope_scaling {name} must be positive, got {v}"
+                )))
+            }
+        };
+        match *self {
+            RopeScaling::Linear { factor } => positive("factor", factor),
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } => {
+                positive("factor", factor)?;
+                positive("low_freq_factor", low_freq_factor)?;
+                positive("high_freq_factor", high_freq_factor)?;
+                positive(
+                    "original_max_position_embeddings",
+                    original_max_position_embeddings as f64,
+                )?;
+                if high_freq_factor <= low_freq_factor {
+                    return Err(ConfigError::Invalid(
+                        "rope_scaling high_freq_factor must exceed low_freq_factor".into(),
+                    ));
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Which attention projections carry a bias.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AttentionBias {
+    /// None (Llama 2/3, Mistral, Qwen3).
+    #[default]
+    None,
+    /// Query, key and value (Qwen2).
+    Qkv,
+    /// Query, key, value and output (Llama's `attention_bias: true`).
+    All,
+}
+
+impl AttentionBias {
+    fn is_none(&self) -> bool {
+        *self == AttentionBias::None
+    }
+}
+
+/// The Hugging Face architecture a Llama-shaped model belongs to.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Family {
+    #[default]
+    Llama,
+    Mistral,
+    Qwen2,
+    Qwen3,
+}
+
+impl Family {
+    fn is_llama(&self) -> bool {
+        *self == Family::Llama
+    }
+
+    /// `model_type` in `config.json`.
+    pub fn model_type(&self) -> &'static str {
+        match self {
+            Family::Llama => "llama",
+            Family::Mistral => "mistral",
+            Family::Qwen2 => "qwen2",
+            Family::Qwen3 => "qwen3",
+        }
+    }
+
+    /// The `transformers` class of the causal LM.
+    pub fn architecture(&self) -> &'static str {
+        match self {
+            Family::Llama => "LlamaForCausalLM",
+            Family::Mistral => "MistralForCausalLM",
+            Family::Qwen2 => "Qwen2ForCausalLM",
+            Family::Qwen3 => "Qwen3ForCausalLM",
+        }
+    }
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 fn default_rope_theta() -> f64 {
@@ -69,6 +240,103 @@ impl LlamaConfig {
         Self::shape(128_256, 4096, 32, 32, 8, 14_336, 500_000.0)
     }
 
+    /// Llama 3.2 1B as published: tied head, Llama 3 rope scaling (×32).
+    pub fn llama_3_2_1b() -> Self {
+        Self {
+            tie_embeddings: true,
+            ..Self::llama3(Self::shape(128_256, 2048, 16, 32, 8, 8192, 500_000.0), 32.0)
+        }
+    }
+    /// Llama 3.2 3B as published: tied head, Llama 3 rope scaling (×32).
+    pub fn llama_3_2_3b() -> Self {
+        Self {
+            tie_embeddings: true,
+            ..Self::llama3(Self::shape(128_256, 3072, 28, 24, 8, 8192, 500_000.0), 32.0)
+        }
+    }
+    /// Llama 3.1 8B as published: untied head, Llama 3 rope scaling (×8).
+    pub fn llama_3_1_8b() -> Self {
+        Self::llama3(
+            Self::shape(128_256, 4096, 32, 32, 8, 14_336, 500_000.0),
+            8.0,
+        )
+    }
+    /// Mistral 7B (v0.1): grouped-query attention, a 4096-token sliding window.
+    pub fn mistral_7b() -> Self {
+        Self {
+            sliding_window: Some(4096),
+            max_seq_len: 32_768,
+            family: Family::Mistral,
+            ..Self::shape(32_000, 4096, 32, 32, 8, 14_336, 10_000.0)
+        }
+    }
+    /// Qwen2.5 (`vocab`, `d_model`, layers, heads, key/value heads, MLP
+    /// size, tied head): biases on q, k and v.
+    fn qwen2(shape: (usize, usize, usize, usize, usize, usize), tied: bool) -> Self {
+        let (vocab, d, layers, heads, kv, ff) = shape;
+        Self {
+            attention_bias: AttentionBias::Qkv,
+            tie_embeddings: tied,
+            rms_norm_eps: 1e-6,
+            max_seq_len: 32_768,
+            family: Family::Qwen2,
+            ..Self::shape(vocab, d, layers, heads, kv, ff, 1_000_000.0)
+        }
+    }
+    pub fn qwen2_5_0_5b() -> Self {
+        Self::qwen2((151_936, 896, 24, 14, 2, 4864), true)
+    }
+    pub fn qwen2_5_1_5b() -> Self {
+        Self::qwen2((151_936, 1536, 28, 12, 2, 8960), true)
+    }
+    pub fn qwen2_5_7b() -> Self {
+        Self::qwen2((152_064, 3584, 28, 28, 4, 18_944), false)
+    }
+    pub fn qwen2_5_14b() -> Self {
+        Self::qwen2((152_064, 5120, 48, 40, 8, 13_824), false)
+    }
+    /// Qwen3 (`d_model`, layers, heads, key/value heads, MLP size, tied
+    /// head): 128-wide heads whatever `d_model`, RMSNorm on queries and keys.
+    fn qwen3(shape: (usize, usize, usize, usize, usize), tied: bool) -> Self {
+        let (d, layers, heads, kv, ff) = shape;
+        Self {
+            head_dim: Some(128),
+            qk_norm: true,
+            tie_embeddings: tied,
+            rms_norm_eps: 1e-6,
+            max_seq_len: 40_960,
+            family: Family::Qwen3,
+            ..Self::shape(151_936, d, layers, heads, kv, ff, 1_000_000.0)
+        }
+    }
+    pub fn qwen3_0_6b() -> Self {
+        Self::qwen3((1024, 28, 16, 8, 3072), true)
+    }
+    pub fn qwen3_4b() -> Self {
+        Self::qwen3((2560, 36, 32, 8, 9728), true)
+    }
+    pub fn qwen3_8b() -> Self {
+        Self::qwen3((4096, 36, 32, 8, 12_288), false)
+    }
+    pub fn qwen3_14b() -> Self {
+        Self::qwen3((5120, 40, 40, 8, 17_408), false)
+    }
+
+    /// `base` with Llama 3's rope scaling by `factor` (the published
+    /// low/high frequency factors 1 and 4 over an 8192-token original context).
+    fn llama3(base: Self, factor: f64) -> Self {
+        Self {
+            rope_scaling: Some(RopeScaling::Llama3 {
+                factor,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_max_position_embeddings: 8192,
+            }),
+            max_seq_len: 131_072,
+            ..base
+        }
+    }
+
     fn shape(
         vocab_size: usize,
         d_model: usize,
@@ -88,11 +356,38 @@ impl LlamaConfig {
             rope_theta,
             rms_norm_eps: default_rms_eps(),
             max_seq_len: default_max_seq_len(),
+            head_dim: None,
+            rope_scaling: None,
+            attention_bias: AttentionBias::None,
+            mlp_bias: false,
+            qk_norm: false,
+            tie_embeddings: false,
+            sliding_window: None,
+            family: Family::Llama,
         }
     }
 
     pub fn head_dim(&self) -> usize {
-        self.d_model / self.n_head
+        self.head_dim.unwrap_or(self.d_model / self.n_head.max(1))
+    }
+
+    /// The longest sequence the model takes: its context, and within its
+    /// sliding window (longer sequences would need the windowed mask).
+    pub fn max_seq_len(&self) -> usize {
+        self.sliding_window
+            .map_or(self.max_seq_len, |w| w.min(self.max_seq_len))
+    }
+
+    /// The rotation's inverse frequencies, one per pair of head columns.
+    pub fn inv_freqs(&self) -> Vec<f64> {
+        let head_dim = self.head_dim();
+        (0..head_dim / 2)
+            .map(|j| {
+                let inv_freq = self.rope_theta.powf(-2.0 * j as f64 / head_dim as f64);
+                self.rope_scaling
+                    .map_or(inv_freq, |scaling| scaling.scale(inv_freq))
+            })
+            .collect()
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -102,7 +397,14 @@ impl LlamaConfig {
             ("d_ff", self.d_ff),
             ("max_seq_len", self.max_seq_len),
         ])?;
-        check_heads(self.d_model, self.n_head, self.n_kv_head)?;
+        match self.head_dim {
+            // Heads of their own size: only the grouping must divide.
+            Some(head_dim) => {
+                check_positive(&[("head_dim", head_dim)])?;
+                check_heads(self.n_head, self.n_head, self.n_kv_head)?;
+            }
+            None => check_heads(self.d_model, self.n_head, self.n_kv_head)?,
+        }
         if !self.head_dim().is_multiple_of(2) {
             return Err(ConfigError::Invalid(format!(
                 "head_dim {} must be even for rotary embeddings",
@@ -112,49 +414,75 @@ impl LlamaConfig {
         if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
             return Err(ConfigError::Invalid("rope_theta must be positive".into()));
         }
+        if let Some(scaling) = &self.rope_scaling {
+            scaling.validate()?;
+        }
+        if self.sliding_window == Some(0) {
+            return Err(ConfigError::Invalid(
+                "sliding_window must be positive".into(),
+            ));
+        }
         Ok(())
     }
 
     pub fn num_params(&self) -> usize {
-        let (d, kv) = (self.d_model, self.n_kv_head * self.head_dim());
-        let block = 2 * d + 2 * d * d + 2 * d * kv + 3 * d * self.d_ff;
-        2 * self.vocab_size * d + self.n_layer * block + d
+        let (d, hd) = (self.d_model, self.head_dim());
+        let (q, kv) = (self.n_head * hd, self.n_kv_head * hd);
+        let attention = 2 * d * q + 2 * d * kv;
+        let attention_bias = match self.attention_bias {
+            AttentionBias::None => 0,
+            AttentionBias::Qkv => q + 2 * kv,
+            AttentionBias::All => q + 2 * kv + d,
+        };
+        let mlp = 3 * d * self.d_ff + if self.mlp_bias { 2 * self.d_ff + d } else { 0 };
+        let norms = 2 * d + if self.qk_norm { 2 * hd } else { 0 };
+        let block = attention + attention_bias + mlp + norms;
+        let head = if self.tie_embeddings {
+            0
+        } else {
+            self.vocab_size * d
+        };
+        self.vocab_size * d + head + self.n_layer * block + d
     }
 
     /// Random initialisation: N(0, 0.02) everywhere, output projections scaled by
-    /// 1/sqrt(2·n_layer), norms to identity.
+    /// 1/sqrt(2·n_layer), biases to zero, norms to identity.
     pub fn init<B: Backend>(&self, device: &B::Device) -> Llama<B> {
         let std = 0.02;
         let residual_std = std / (2.0 * self.n_layer as f64).sqrt();
         let normal = |std: f64| Initializer::Normal { mean: 0.0, std };
         let (d, hd) = (self.d_model, self.head_dim());
-        let linear = |d_in, d_out, std| {
+        let linear = |d_in, d_out, std, bias: bool| {
             LinearConfig::new(d_in, d_out)
-                .with_bias(false)
+                .with_bias(bias)
                 .with_initializer(normal(std))
                 .init(device)
         };
-        let norm = || {
-            RmsNormConfig::new(d)
+        let norm = |size| {
+            RmsNormConfig::new(size)
                 .with_epsilon(self.rms_norm_eps)
                 .init(device)
         };
+        let qkv_bias = self.attention_bias != AttentionBias::None;
+        let o_bias = self.attention_bias == AttentionBias::All;
         let block = |_| LlamaBlock {
-            input_layernorm: norm(),
+            input_layernorm: norm(d),
             attn: LlamaAttention {
-                q_proj: linear(d, self.n_head * hd, std),
-                k_proj: linear(d, self.n_kv_head * hd, std),
-                v_proj: linear(d, self.n_kv_head * hd, std),
-                o_proj: linear(self.n_head * hd, d, residual_std),
+                q_proj: linear(d, self.n_head * hd, std, qkv_bias),
+                k_proj: linear(d, self.n_kv_head * hd, std, qkv_bias),
+                v_proj: linear(d, self.n_kv_head * hd, std, qkv_bias),
+                o_proj: linear(self.n_head * hd, d, residual_std, o_bias),
+                q_norm: self.qk_norm.then(|| norm(hd)),
+                k_norm: self.qk_norm.then(|| norm(hd)),
                 n_head: self.n_head,
                 n_kv_head: self.n_kv_head,
-                rope_theta: self.rope_theta,
+                inv_freqs: self.inv_freqs(),
             },
-            post_attention_layernorm: norm(),
+            post_attention_layernorm: norm(d),
             mlp: LlamaMlp {
-                gate_proj: linear(d, self.d_ff, std),
-                up_proj: linear(d, self.d_ff, std),
-                down_proj: linear(self.d_ff, d, residual_std),
+                gate_proj: linear(d, self.d_ff, std, self.mlp_bias),
+                up_proj: linear(d, self.d_ff, std, self.mlp_bias),
+                down_proj: linear(self.d_ff, d, residual_std, self.mlp_bias),
             },
         };
         Llama {
@@ -162,8 +490,8 @@ impl LlamaConfig {
                 .with_initializer(normal(std))
                 .init(device),
             layers: (0..self.n_layer).map(block).collect(),
-            norm: norm(),
-            lm_head: linear(d, self.vocab_size, std),
+            norm: norm(d),
+            lm_head: (!self.tie_embeddings).then(|| linear(d, self.vocab_size, std, false)),
         }
     }
 }
@@ -173,7 +501,8 @@ pub struct Llama<B: Backend> {
     pub embed_tokens: Embedding<B>,
     pub layers: Vec<LlamaBlock<B>>,
     pub norm: RmsNorm<B>,
-    pub lm_head: Linear<B>,
+    /// `None` for a tied head (the embedding's transpose).
+    pub lm_head: Option<Linear<B>>,
 }
 
 #[derive(Module, Debug)]
@@ -190,9 +519,14 @@ pub struct LlamaAttention<B: Backend> {
     pub k_proj: Linear<B>,
     pub v_proj: Linear<B>,
     pub o_proj: Linear<B>,
+    /// Per-head RMSNorm of queries and keys (Qwen3).
+    pub q_norm: Option<RmsNorm<B>>,
+    pub k_norm: Option<RmsNorm<B>>,
     pub n_head: usize,
     pub n_kv_head: usize,
-    pub rope_theta: f64,
+    /// The rotation's inverse frequencies ([`LlamaConfig::inv_freqs`]).
+    #[module(skip)]
+    pub inv_freqs: Vec<f64>,
 }
 
 #[derive(Module, Debug)]
@@ -203,21 +537,21 @@ pub struct LlamaMlp<B: Backend> {
 }
 
 /// Rotary tables `(cos, sin)`, each `[seq, head_dim]`: position `t`, column `j`
-/// holds `cos(t · θ^(-2(j mod h/2)/h))` (halves repeated, HF layout). Computed
-/// in f64 on the host so every backend sees the same angles.
+/// holds `cos(t · inv_freqs[j mod h/2])` (halves repeated, HF layout), where
+/// `inv_freqs` has `head_dim / 2` entries ([`LlamaConfig::inv_freqs`]).
+/// Computed in f64 on the host so every backend sees the same angles.
 pub fn rope_tables<B: Backend>(
     seq: usize,
-    head_dim: usize,
-    theta: f64,
+    inv_freqs: &[f64],
     device: &B::Device,
 ) -> (Tensor<B, 2>, Tensor<B, 2>) {
-    let half = head_dim / 2;
+    let half = inv_freqs.len();
+    let head_dim = 2 * half;
     let mut cos = Vec::with_capacity(seq * head_dim);
     let mut sin = Vec::with_capacity(seq * head_dim);
     for t in 0..seq {
         for j in 0..head_dim {
-            let inv_freq = theta.powf(-2.0 * (j % half) as f64 / head_dim as f64);
-            let angle = t as f64 * inv_freq;
+            let angle = t as f64 * inv_freqs[j % half];
             cos.push(angle.cos() as f32);
             sin.push(angle.sin() as f32);
         }
@@ -226,22 +560,20 @@ pub fn rope_tables<B: Backend>(
     (table(cos), table(sin))
 }
 
-/// [`rope_tables`] for `seq` positions, built once per backend, device, head
-/// size and θ and shared by every block and step: the tables for the longest
-/// sequence asked for so far (rounded up to a power of two), narrowed to `seq`
-/// (a row depends only on its position, so the values are those of
-/// [`rope_tables`]). Built per call, each block's forward computed the angles
-/// on the thread that submits the kernels and uploaded them, a copy that on
-/// the GPU queued behind the next block's weight prefetch: the device waited
-/// 1.5–3.3 ms for it in most blocks of the forward (bench run25).
+/// [`rope_tables`] for `seq` positions, built once per backend, device and
+/// frequencies and shared by every block and step: the tables for the
+/// longest sequence asked for so far (rounded up to a power of two), narrowed
+/// to `seq` (a row depends only on its position, so the values are those of
+/// [`rope_tables`]). Built per call, each block's forward would compute the
+/// angles on the thread that submits the kernels and upload them, a copy that
+/// on the GPU queues behind the next block's weight prefetch.
 pub fn cached_rope_tables<B: Backend>(
     seq: usize,
-    head_dim: usize,
-    theta: f64,
+    inv_freqs: &[f64],
     device: &B::Device,
 ) -> (Tensor<B, 2>, Tensor<B, 2>) {
     struct Entry {
-        key: (TypeId, String, usize, u64),
+        key: (TypeId, String, Vec<u64>),
         positions: usize,
         tables: Box<dyn Any + Send>,
     }
@@ -250,8 +582,7 @@ pub fn cached_rope_tables<B: Backend>(
     let key = (
         TypeId::of::<B>(),
         format!("{device:?}"),
-        head_dim,
-        theta.to_bits(),
+        inv_freqs.iter().map(|f| f.to_bits()).collect(),
     );
     // A panic elsewhere while the lock was held cannot leave an entry half
     // written (entries are replaced whole): the cache stays usable.
@@ -265,7 +596,7 @@ pub fn cached_rope_tables<B: Backend>(
             let entry = Entry {
                 key,
                 positions,
-                tables: Box::new(rope_tables::<B>(positions, head_dim, theta, device)),
+                tables: Box::new(rope_tables::<B>(positions, inv_freqs, device)),
             };
             match found {
                 Some(at) => {
@@ -311,13 +642,34 @@ fn rms_norm<B: Backend, const D: usize>(norm: &RmsNorm<B>, x: Tensor<B, D>) -> T
 impl<B: Backend> LlamaAttention<B> {
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         let [batch, seq, _] = x.dims();
-        let head_dim = self.q_proj.weight.dims()[1] / self.n_head;
-        let heads = |t: Tensor<B, 3>, n| t.reshape([batch, seq, n, head_dim]).swap_dims(1, 2);
-        let q = heads(forward_tokens(&self.q_proj, x.clone()), self.n_head);
-        let k = heads(forward_tokens(&self.k_proj, x.clone()), self.n_kv_head);
-        let v = heads(forward_tokens(&self.v_proj, x.clone()), self.n_kv_head);
+        let head_dim = 2 * self.inv_freqs.len();
+        // `[batch, seq, n·head_dim]` → `[batch, n, seq, head_dim]`, each head
+        // normalised first where the model says so (rows still contiguous).
+        let heads = |t: Tensor<B, 3>, n, norm: &Option<RmsNorm<B>>| {
+            let t = t.reshape([batch, seq, n, head_dim]);
+            let t = match norm {
+                Some(norm) => rms_norm(norm, t),
+                None => t,
+            };
+            t.swap_dims(1, 2)
+        };
+        let q = heads(
+            forward_tokens(&self.q_proj, x.clone()),
+            self.n_head,
+            &self.q_norm,
+        );
+        let k = heads(
+            forward_tokens(&self.k_proj, x.clone()),
+            self.n_kv_head,
+            &self.k_norm,
+        );
+        let v = heads(
+            forward_tokens(&self.v_proj, x.clone()),
+            self.n_kv_head,
+            &None,
+        );
 
-        let (cos, sin) = cached_rope_tables::<B>(seq, head_dim, self.rope_theta, &x.device());
+        let (cos, sin) = cached_rope_tables::<B>(seq, &self.inv_freqs, &x.device());
         let (q, k) = (apply_rope(q, &cos, &sin), apply_rope(k, &cos, &sin));
 
         // Grouped-query attention: each key/value head serves `n_head /
@@ -356,14 +708,21 @@ impl<B: Backend> BlockModel<B> for Llama<B> {
     }
 
     fn head(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
-        forward_tokens(&self.lm_head, rms_norm(&self.norm, hidden))
+        let hidden = rms_norm(&self.norm, hidden);
+        match &self.lm_head {
+            Some(lm_head) => forward_tokens(lm_head, hidden),
+            None => linear_tokens(hidden, self.embed_tokens.weight.val().transpose(), None),
+        }
     }
 
     fn vocab_size(&self) -> usize {
-        self.lm_head.weight.dims()[1]
+        self.embed_tokens.weight.dims()[0]
     }
 
+    /// The table, where the head does not read it too: a tied head's
+    /// gradient reaches the table through burn's autodiff, which must then
+    /// differentiate the lookup as well.
     fn embedding_table(&self) -> Option<&Param<Tensor<B, 2>>> {
-        Some(&self.embed_tokens.weight)
+        self.lm_head.is_some().then_some(&self.embed_tokens.weight)
     }
 }

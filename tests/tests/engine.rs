@@ -115,6 +115,81 @@ fn engine_gradients_equal_full_graph_gradients_llama() {
     check_gradients(config.init::<AD>(&Default::default()), config.vocab_size);
 }
 
+/// Small configs of every Llama-shaped family, each with what sets it apart.
+fn family_configs() -> Vec<(&'static str, LlamaConfig)> {
+    use models::llama::{AttentionBias, Family, RopeScaling};
+    let tiny = LlamaConfig::tiny();
+    vec![
+        (
+            // Llama 3.x: scaled rope (some frequencies scaled, some kept,
+            // some blended at this head size and context), 12-wide heads,
+            // biases everywhere, untied head.
+            "llama3",
+            LlamaConfig {
+                d_model: 72,
+                n_head: 6,
+                n_kv_head: 2,
+                rope_scaling: Some(RopeScaling::Llama3 {
+                    factor: 8.0,
+                    low_freq_factor: 1.0,
+                    high_freq_factor: 4.0,
+                    original_max_position_embeddings: 32,
+                }),
+                attention_bias: AttentionBias::All,
+                mlp_bias: true,
+                ..tiny.clone()
+            },
+        ),
+        (
+            "llama-linear-rope-tied",
+            LlamaConfig {
+                rope_scaling: Some(RopeScaling::Linear { factor: 4.0 }),
+                tie_embeddings: true,
+                ..tiny.clone()
+            },
+        ),
+        (
+            "mistral",
+            LlamaConfig {
+                sliding_window: Some(64),
+                family: Family::Mistral,
+                ..tiny.clone()
+            },
+        ),
+        (
+            "qwen2",
+            LlamaConfig {
+                attention_bias: AttentionBias::Qkv,
+                tie_embeddings: true,
+                family: Family::Qwen2,
+                ..tiny.clone()
+            },
+        ),
+        (
+            "qwen3",
+            LlamaConfig {
+                d_model: 48,
+                head_dim: Some(24),
+                qk_norm: true,
+                tie_embeddings: true,
+                family: Family::Qwen3,
+                ..tiny
+            },
+        ),
+    ]
+}
+
+#[test]
+fn engine_gradients_equal_full_graph_gradients_for_every_family() {
+    for (name, config) in family_configs() {
+        config.validate().unwrap();
+        eprintln!("family {name}");
+        let model = config.init::<AD>(&Default::default());
+        assert_eq!(model.num_params(), config.num_params(), "{name}");
+        check_gradients(model, config.vocab_size);
+    }
+}
+
 /// Multiplies every gradient by `scale` (global-norm clipping for the reference).
 struct ScaleGrads<'a> {
     grads: &'a mut GradientsParams,

@@ -19,8 +19,9 @@ pub fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures")
 }
 
-pub fn expected() -> HashMap<String, (Vec<usize>, Vec<f32>)> {
-    let bytes = std::fs::read(fixtures().join("expected.safetensors")).unwrap();
+/// The values `transformers` recorded for the fixtures in `dir`.
+pub fn expected(dir: &Path) -> HashMap<String, (Vec<usize>, Vec<f32>)> {
+    let bytes = std::fs::read(dir.join("expected.safetensors")).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
     st.tensors()
         .into_iter()
@@ -35,10 +36,10 @@ pub fn expected() -> HashMap<String, (Vec<usize>, Vec<f32>)> {
         .collect()
 }
 
-pub fn input_ids() -> Tensor<AD, 2, Int> {
+/// The input ids the fixtures in `dir` were recorded on.
+pub fn input_ids(dir: &Path) -> Tensor<AD, 2, Int> {
     let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(fixtures().join("inputs.json")).unwrap())
-            .unwrap();
+        serde_json::from_str(&std::fs::read_to_string(dir.join("inputs.json")).unwrap()).unwrap();
     let rows: Vec<Vec<i64>> = serde_json::from_value(json["input_ids"].clone()).unwrap();
     let (b, t) = (rows.len(), rows[0].len());
     Tensor::from_data(TensorData::new(rows.concat(), [b, t]), &Default::default())
@@ -79,13 +80,16 @@ impl ModuleVisitor<AD> for Grads<'_> {
     }
 }
 
+/// Compares logits, loss and gradients with what `transformers` recorded in
+/// `dir` under `prefix`; returns how many gradients were compared.
 fn check_parity<M: BlockModel<AD> + AutodiffModule<AD>>(
     model: M,
     config: &ModelConfig,
+    dir: &Path,
     prefix: &str,
-) {
-    let want = expected();
-    let ids = input_ids();
+) -> usize {
+    let want = expected(dir);
+    let ids = input_ids(dir);
     let [b, t] = ids.dims();
     let logits = model.forward(ids.clone());
     let (_, want_logits) = &want[&format!("{prefix}.logits")];
@@ -125,6 +129,7 @@ fn check_parity<M: BlockModel<AD> + AutodiffModule<AD>>(
         checked += 1;
     }
     assert!(checked >= 5, "only {checked} gradients compared");
+    checked
 }
 
 #[test]
@@ -136,7 +141,7 @@ fn llama_reproduces_transformers_logits_loss_and_gradients() {
     };
     let model: Llama<AD> =
         hf::load_weights(c.init::<AD>(&Default::default()), &config, &dir).unwrap();
-    check_parity(model, &config, "llama");
+    check_parity(model, &config, &fixtures(), "llama");
 }
 
 #[test]
@@ -152,7 +157,7 @@ fn gpt2_reproduces_transformers_logits_loss_and_gradients_from_shards() {
     };
     let model: Gpt2<AD> =
         hf::load_weights(c.init::<AD>(&Default::default()), &config, &dir).unwrap();
-    check_parity(model, &config, "gpt2");
+    check_parity(model, &config, &fixtures(), "gpt2");
 }
 
 /// All parameter values in visit order, as bits.
@@ -189,7 +194,12 @@ fn load_llama(dir: &Path) -> Result<Llama<B>, HfError> {
 #[test]
 fn import_export_import_is_exact() {
     let out = tempfile::tempdir().unwrap();
-    for name in ["llama-tiny", "gpt2-tiny"] {
+    let families = ["llama3", "mistral", "qwen2", "qwen3"].map(|f| format!("families/{f}"));
+    for name in ["llama-tiny", "gpt2-tiny"]
+        .map(String::from)
+        .iter()
+        .chain(&families)
+    {
         let dir = fixtures().join(name);
         let config = hf::load_config(&dir).unwrap();
         let target = out.path().join(name);
@@ -345,7 +355,9 @@ fn unsupported_architecture_is_a_clear_error() {
     .unwrap();
     let err = hf::load_config(dir.path()).unwrap_err().to_string();
     assert!(
-        err.contains("unsupported architecture `bert` (supported: llama, gpt2)"),
+        err.contains(
+            "unsupported architecture `bert` (supported: llama, mistral, qwen2, qwen3, gpt2)"
+        ),
         "{err}"
     );
     std::fs::write(
@@ -361,7 +373,12 @@ fn unsupported_architecture_is_a_clear_error() {
 fn train_fine_tunes_from_an_hf_checkpoint_and_exports_one() {
     use examples::train::{run, TrainOptions};
     let out = tempfile::tempdir().unwrap();
-    for name in ["llama-tiny", "gpt2-tiny"] {
+    let families = ["llama3", "mistral", "qwen2", "qwen3"].map(|f| format!("families/{f}"));
+    for name in ["llama-tiny", "gpt2-tiny"]
+        .map(String::from)
+        .iter()
+        .chain(&families)
+    {
         let export = out.path().join(name);
         let report = run(&TrainOptions {
             init_from: Some(fixtures().join(name)),
@@ -425,4 +442,103 @@ fn train_fine_tunes_from_an_hf_checkpoint_and_exports_one() {
             "{name}: exported weights differ from the imported ones by {err}"
         );
     }
+}
+
+/// Llama 3.x (scaled rope past the original context, 12-wide heads, biases,
+/// a 3000-token vocabulary with an untied head), Mistral, Qwen2 (q/k/v
+/// biases, tied head) and Qwen3 (per-head query/key norms, head_dim apart
+/// from hidden_size / heads, tied head) against `transformers`: logits, loss
+/// and the gradient of every parameter (tests/fixtures/families.py).
+#[test]
+fn every_family_reproduces_transformers_logits_loss_and_all_gradients() {
+    let root = fixtures().join("families");
+    for name in ["llama3", "mistral", "qwen2", "qwen3"] {
+        let dir = root.join(name);
+        let config = hf::load_config(&dir).unwrap();
+        let ModelConfig::Llama(c) = &config else {
+            panic!("{name}: a Llama-shaped config expected")
+        };
+        let model: Llama<AD> =
+            hf::load_weights(c.init::<AD>(&Default::default()), &config, &dir).unwrap();
+        let params = tensor_count(&model);
+        let checked = check_parity(model, &config, &root, name);
+        assert_eq!(checked, params, "{name}: not every gradient was compared");
+    }
+}
+
+/// Float parameter tensors of `model`.
+fn tensor_count<M: Module<AD>>(model: &M) -> usize {
+    struct Count(usize);
+    impl ModuleVisitor<AD> for Count {
+        fn visit_float<const D: usize>(&mut self, _: &Param<Tensor<AD, D>>) {
+            self.0 += 1;
+        }
+    }
+    let mut count = Count(0);
+    model.visit(&mut count);
+    count.0
+}
+
+/// A family's fixture config with `edit` applied, in a folder of its own.
+fn edited_config(family: &str, edit: impl FnOnce(&mut serde_json::Value)) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let src = fixtures().join("families").join(family).join("config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src).unwrap()).unwrap();
+    edit(&mut config);
+    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+    dir
+}
+
+#[test]
+fn unsupported_family_options_are_clear_errors() {
+    let err_of = |family: &str, edit: fn(&mut serde_json::Value)| {
+        hf::load_config(edited_config(family, edit).path())
+            .unwrap_err()
+            .to_string()
+    };
+    let err = err_of("llama3", |c| {
+        c["rope_parameters"]["rope_type"] = "yarn".into();
+    });
+    assert!(
+        err.contains("unsupported rope scaling `yarn` (supported: default, linear, llama3)"),
+        "{err}"
+    );
+    let err = err_of("llama3", |c| {
+        c["rope_parameters"]
+            .as_object_mut()
+            .unwrap()
+            .remove("low_freq_factor");
+    });
+    assert!(err.contains("without a numeric `low_freq_factor`"), "{err}");
+    let err = err_of("qwen2", |c| c["use_sliding_window"] = true.into());
+    assert!(
+        err.contains("unsupported `use_sliding_window: true`"),
+        "{err}"
+    );
+    let err = err_of("qwen3", |c| c["mlp_bias"] = true.into());
+    assert!(
+        err.contains("unsupported `mlp_bias: true` for qwen3"),
+        "{err}"
+    );
+}
+
+/// Checkpoints written before transformers 5 name the scaling `rope_scaling`
+/// (with `rope_theta` beside it): read the same as `rope_parameters`.
+#[test]
+fn rope_scaling_is_read_from_either_key() {
+    let dir = fixtures().join("families").join("llama3");
+    let modern = hf::load_config(&dir).unwrap();
+    let legacy = edited_config("llama3", |c| {
+        let mut rope = c["rope_parameters"].take();
+        c["rope_theta"] = rope["rope_theta"].take();
+        rope.as_object_mut().unwrap().remove("rope_theta");
+        c["rope_scaling"] = rope;
+        c.as_object_mut().unwrap().remove("rope_parameters");
+    });
+    assert_eq!(hf::load_config(legacy.path()).unwrap(), modern);
+    let ModelConfig::Llama(c) = modern else {
+        panic!()
+    };
+    assert!(c.rope_scaling.is_some() && c.rope_theta == 500_000.0);
 }

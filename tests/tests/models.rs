@@ -46,6 +46,13 @@ fn llama_forward_shapes_and_causality() {
     check_shapes_and_causality(&model, config.vocab_size);
 }
 
+/// Unscaled rotary frequencies `θ^(-2j/head_dim)`.
+fn freqs(head_dim: usize, theta: f64) -> Vec<f64> {
+    (0..head_dim / 2)
+        .map(|j| theta.powf(-2.0 * j as f64 / head_dim as f64))
+        .collect()
+}
+
 #[test]
 fn cached_rope_tables_are_the_tables_built_for_that_length() {
     let device = Default::default();
@@ -70,8 +77,12 @@ fn cached_rope_tables_are_the_tables_built_for_that_length() {
         (5, 900.0),
         (21, 500.0),
     ] {
-        let got = values(cached_rope_tables::<B>(seq, head_dim, theta, &device));
-        let want = values(rope_tables::<B>(seq, head_dim, theta, &device));
+        let got = values(cached_rope_tables::<B>(
+            seq,
+            &freqs(head_dim, theta),
+            &device,
+        ));
+        let want = values(rope_tables::<B>(seq, &freqs(head_dim, theta), &device));
         assert_eq!(got, want, "seq {seq}, θ {theta}");
     }
 }
@@ -85,7 +96,7 @@ fn rope_matches_the_direct_formula() {
         Distribution::Normal(0.0, 1.0),
         &device,
     );
-    let (cos, sin) = rope_tables::<B>(seq, head_dim, theta, &device);
+    let (cos, sin) = rope_tables::<B>(seq, &freqs(head_dim, theta), &device);
     let got = apply_rope(x.clone(), &cos, &sin)
         .into_data()
         .to_vec::<f32>()
@@ -127,7 +138,7 @@ fn reference_mha(attn: &LlamaAttention<B>, x: Tensor<B, 3>) -> Tensor<B, 3> {
         t.reshape([batch, seq, attn.n_head, head_dim])
             .swap_dims(1, 2)
     };
-    let (cos, sin) = rope_tables::<B>(seq, head_dim, attn.rope_theta, &x.device());
+    let (cos, sin) = rope_tables::<B>(seq, &attn.inv_freqs, &x.device());
     let q = apply_rope(split(attn.q_proj.forward(x.clone())), &cos, &sin);
     let k = apply_rope(split(attn.k_proj.forward(x.clone())), &cos, &sin);
     let v = split(attn.v_proj.forward(x));
