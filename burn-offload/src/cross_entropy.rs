@@ -48,15 +48,32 @@ pub fn nll_rows<B: Backend>(logits: Tensor<B, 2>, targets: Tensor<B, 1, Int>) ->
     }
 }
 
+/// A target that takes no part in the loss (a prompt token, padding): any
+/// negative target counts as ignored; this is the one the trainer writes (as
+/// PyTorch's `ignore_index`).
+pub const IGNORE_INDEX: i64 = -100;
+
 /// The sum of [`nll_rows`] over `logits: [batch, seq, vocab]` and
-/// `targets: [batch, seq]`, in f32.
+/// `targets: [batch, seq]`, in f32, over the rows whose target is not
+/// ignored (negative): those add nothing to the sum and get a zero gradient.
 pub fn nll_sum<B: Backend>(logits: Tensor<B, 3>, targets: Tensor<B, 2, Int>) -> Tensor<B, 1> {
     let [batch, seq, vocab] = logits.dims();
+    let targets = targets.reshape([batch * seq]);
+    let ignored = targets.clone().lower_elem(0);
+    // Ignored rows are computed against token 0 (a valid row for the fused
+    // kernels) and masked out: the backward then seeds them with zero.
     nll_rows(
         logits.reshape([batch * seq, vocab]),
-        targets.reshape([batch * seq]),
+        targets.mask_fill(ignored.clone(), 0),
     )
+    .mask_fill(ignored, 0.0)
     .sum()
+}
+
+/// The number of targets that are not ignored, as a float `[1]` on their
+/// device (no host round trip).
+pub fn kept_targets<B: Backend>(targets: &Tensor<B, 2, Int>) -> Tensor<B, 1> {
+    targets.clone().greater_equal_elem(0).int().sum().float()
 }
 
 /// [`nll_rows`] in tensor ops, for any backend: burn differentiates

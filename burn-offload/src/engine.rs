@@ -58,7 +58,7 @@ use rayon::prelude::*;
 
 use crate::checkpoint::{self, CheckpointError};
 use crate::copy_window;
-use crate::cross_entropy::nll_sum;
+use crate::cross_entropy::{kept_targets, nll_sum};
 use crate::lookup::TokenRows;
 use crate::optim::{check_lr, sum_of_squares, OptimizerConfig, OptimizerError, Rows, UpdateSlices};
 use crate::pager::{
@@ -76,8 +76,23 @@ type AD<B> = Autodiff<B>;
 /// A model's block type on `Autodiff<B>`.
 type BlockAd<B, M> = <<M as BlockModel<B>>::Block as HasAutodiffModule<AD<B>>>::TrainModule;
 
-/// Token ids `(inputs, targets)`, each `[batch, seq]`.
+/// Token ids `(inputs, targets)`, each `[batch, seq]`; a negative target
+/// ([`crate::cross_entropy::IGNORE_INDEX`]) takes no part in the loss.
 pub type MicroBatch<B> = (Tensor<B, 2, Int>, Tensor<B, 2, Int>);
+
+/// The weight of each trained token in a step: one over the number of
+/// targets, not ignored, of all its micro-batches (at least one), so the
+/// step's loss is the mean over the tokens it trains on. On the device: no
+/// host round trip.
+fn token_weight<B: Backend>(micro_batches: &[MicroBatch<B>]) -> Tensor<B, 1> {
+    micro_batches
+        .iter()
+        .map(|(_, targets)| kept_targets(targets))
+        .reduce(|a, b| a + b)
+        .expect("checked: at least one micro-batch")
+        .clamp_min(1.0)
+        .recip()
+}
 
 /// A block whose forward kept its graph: the bound block, its input
 /// (requiring a gradient) and its output, for a backward with no recompute.
@@ -947,6 +962,7 @@ where
                 ));
             }
             let (inputs, targets) = &micro_batches[0];
+            let weight = token_weight(micro_batches);
             let step = self.updates + 1;
             let single_pass = self.config.grad_clip.is_none() && !self.config.skip_non_finite;
             let (loss, norm, scale) = if single_pass {
@@ -956,13 +972,13 @@ where
                     scale: 1.0,
                 };
                 (
-                    self.forward_backward(inputs, targets, 1.0, &mut sink)?,
+                    self.forward_backward(inputs, targets, &weight, &mut sink)?,
                     f64::NAN,
                     1.0,
                 )
             } else {
                 let mut norm = Sink::Norm(0.0);
-                let loss = self.forward_backward(inputs, targets, 1.0, &mut norm)?;
+                let loss = self.forward_backward(inputs, targets, &weight, &mut norm)?;
                 let Sink::Norm(sum) = norm else {
                     unreachable!("the sink stays a norm sink")
                 };
@@ -978,7 +994,7 @@ where
                     lr,
                     scale: scale as f32,
                 };
-                self.forward_backward(inputs, targets, 1.0, &mut sink)?;
+                self.forward_backward(inputs, targets, &weight, &mut sink)?;
                 (loss, norm, scale)
             };
             self.updates = step;
@@ -1034,6 +1050,7 @@ where
     fn accumulate(&mut self, micro_batches: &[MicroBatch<B>]) -> Result<(f32, f64), EngineError> {
         self.check_batches(micro_batches)?;
         let k = micro_batches.len();
+        let weight = token_weight(micro_batches);
         let mut loss = 0.0;
         self.group_sum_sq = vec![0.0; self.store.groups.len()];
         for (i, (inputs, targets)) in micro_batches.iter().enumerate() {
@@ -1041,7 +1058,7 @@ where
                 first: i == 0,
                 last: i + 1 == k,
             };
-            loss += self.forward_backward(inputs, targets, 1.0 / k as f32, &mut sink)? / k as f32;
+            loss += self.forward_backward(inputs, targets, &weight, &mut sink)?;
         }
         self.mark("loss read");
         // The worker's share of the norm comes back with its groups.
@@ -1314,8 +1331,9 @@ where
         self.pager.evict(0);
     }
 
-    /// Phases 1–4 for one micro-batch; parameter gradients of `loss_scale ×
-    /// mean loss` go to `sink`. Returns the (unscaled) mean loss.
+    /// Phases 1–4 for one micro-batch; parameter gradients of `weight ×` the
+    /// sum of its tokens' losses go to `sink`. Returns that weighted sum:
+    /// with [`token_weight`], the micro-batch's share of the step's mean.
     ///
     /// The next block is always bound before the current one runs (prefetch;
     /// on a GPU its copy overlaps the current block's compute), so at most two
@@ -1324,7 +1342,7 @@ where
         &mut self,
         inputs: &Tensor<B, 2, Int>,
         targets: &Tensor<B, 2, Int>,
-        loss_scale: f32,
+        weight: &Tensor<B, 1>,
         sink: &mut Sink,
     ) -> Result<f32, EngineError> {
         // Placeholder templates: cloning them copies no weights.
@@ -1366,7 +1384,7 @@ where
         let mut next = (first_kept == num_blocks && num_blocks > 0)
             .then(|| self.bind_block_ad(&blocks, num_blocks - 1));
         let [batch, seq, _] = x.dims();
-        let total = (batch * seq) as f32;
+        let weight_ad = Tensor::<AD<B>, 1>::from_inner(weight.clone());
         let chunk = (self.config.loss_chunk_tokens / batch).clamp(1, seq);
         // The loss and the head's gradients are summed over the chunks on
         // the device: nothing waits for a chunk, and the head's gradients
@@ -1383,7 +1401,7 @@ where
             // (`cross_entropy`).
             let nll_sum = nll_sum(stem_ad.head(xc.clone()), tc);
             add_to(&mut loss_sum, nll_sum.clone().inner());
-            let grads = (nll_sum * (loss_scale / total)).backward();
+            let grads = (nll_sum * weight_ad.clone()).backward();
             dx_chunks.push(xc.grad(&grads).expect("the head depends on its input"));
             self.pager.keep_gradients::<AD<B>, _>(
                 &stem_ad,
@@ -1528,8 +1546,10 @@ where
         self.split.add_copies(&copies, &self.pager.stats(), false);
         self.mark("embedding backward done");
 
-        let loss_sum = loss_sum.map_or(0.0, |sum| sum.into_scalar().elem::<f64>());
-        Ok((loss_sum / total as f64) as f32)
+        let loss = loss_sum.map_or(0.0, |sum| {
+            (sum * weight.clone()).into_scalar().elem::<f64>()
+        });
+        Ok(loss as f32)
     }
 
     /// A trace line (`BURN_OFFLOAD_TRACE=1`), with the device pools' figures.

@@ -978,3 +978,122 @@ fn readers_of_the_store_settle_deferred_updates() {
         );
     }
 }
+
+/// `data` with some targets ignored: every third position of the first row,
+/// the first half of every other row.
+fn with_ignored_targets(data: &Batch) -> Batch {
+    let (rows, seq) = (data.1.dims()[0], data.1.dims()[1]);
+    let mut targets = data.1.to_data().convert::<i64>().to_vec::<i64>().unwrap();
+    for (i, t) in targets.iter_mut().enumerate() {
+        let (row, pos) = (i / seq, i % seq);
+        if (row == 0 && pos % 3 == 0) || (row > 0 && pos < seq / 2) {
+            *t = burn_offload::cross_entropy::IGNORE_INDEX;
+        }
+    }
+    let targets = Tensor::from_data(TensorData::new(targets, [rows, seq]), &Default::default());
+    (data.0.clone(), targets)
+}
+
+/// The mean loss over the kept targets alone, written with no notion of
+/// ignoring: the kept rows of the logits are selected first.
+fn loss_over_kept_rows(logits: Tensor<AD, 3>, targets: &Tensor<B, 2, Int>) -> Tensor<AD, 1> {
+    let [batch, seq, vocab] = logits.dims();
+    let targets = targets.to_data().convert::<i64>().to_vec::<i64>().unwrap();
+    let kept: Vec<i64> = (0..targets.len() as i64)
+        .filter(|&i| targets[i as usize] >= 0)
+        .collect();
+    let picked: Vec<i64> = kept.iter().map(|&i| targets[i as usize]).collect();
+    let n = kept.len();
+    let device = Default::default();
+    let rows = logits
+        .reshape([batch * seq, vocab])
+        .select(0, Tensor::from_data(TensorData::new(kept, [n]), &device));
+    burn::tensor::activation::log_softmax(rows, 1)
+        .gather(
+            1,
+            Tensor::from_data(TensorData::new(picked, [n, 1]), &device),
+        )
+        .mean()
+        .neg()
+}
+
+/// Ignored targets add exactly nothing: the engine's loss and gradients
+/// (over two micro-batches with different numbers of kept targets) and the
+/// resident loss equal the mean over the kept targets alone, and a fused
+/// step equals a deferred one.
+#[test]
+fn ignored_targets_contribute_nothing_to_loss_and_gradients() {
+    let device = Default::default();
+    let config = LlamaConfig::tiny();
+    let model = config.init::<AD>(&device);
+    let parts = [
+        with_ignored_targets(&batch(2, 16, config.vocab_size, 21)),
+        with_ignored_targets(&batch(1, 16, config.vocab_size, 22)),
+    ];
+    // Reference: both micro-batches as one batch, kept rows only.
+    let inputs = Tensor::cat(vec![parts[0].0.clone(), parts[1].0.clone()], 0);
+    let targets = Tensor::cat(vec![parts[0].1.clone(), parts[1].1.clone()], 0);
+    // Equal shapes are required of micro-batches: pad the second to two rows
+    // of ignored targets.
+    let pad = |b: &Batch| -> Batch {
+        let ignored = Tensor::full([1, 16], burn_offload::cross_entropy::IGNORE_INDEX, &device);
+        (
+            Tensor::cat(vec![b.0.clone(), b.0.clone()], 0),
+            Tensor::cat(vec![b.1.clone(), ignored], 0),
+        )
+    };
+    let micro = [parts[0].clone(), pad(&parts[1])];
+    let reference =
+        loss_over_kept_rows(model.forward(Tensor::from_inner(inputs.clone())), &targets);
+    let want_loss = reference.clone().into_scalar();
+    let grads = reference.backward();
+    let want = values::<AD, _>(&model, Some(&grads));
+
+    // Resident: the models' loss with the ignored targets in place.
+    let resident = cross_entropy(
+        model.forward(Tensor::from_inner(inputs)),
+        Tensor::from_inner(targets),
+    );
+    let loss = resident.clone().into_scalar();
+    assert!(
+        (loss - want_loss).abs() <= TOL * want_loss,
+        "resident loss {loss} vs {want_loss}"
+    );
+    let resident_grads = values::<AD, _>(&model, Some(&resident.backward()));
+    for (id, reference) in &want {
+        let err = rel_err(&resident_grads[id], reference);
+        assert!(
+            err <= TOL,
+            "resident gradient of {id}: relative error {err}"
+        );
+    }
+
+    // The engine, deferred mode, accumulating the two micro-batches.
+    let mut engine = Engine::new(model.valid(), engine_config(false), &device).unwrap();
+    let loss = engine.accumulate_gradients(&micro).unwrap();
+    assert!(
+        (loss - want_loss).abs() <= TOL * want_loss,
+        "engine loss {loss} vs {want_loss}"
+    );
+    for (id, reference) in &want {
+        let err = rel_err(engine.grad(id).unwrap(), reference);
+        assert!(err <= TOL, "engine gradient of {id}: relative error {err}");
+    }
+
+    // One micro-batch, fused against deferred: the same update.
+    let mut deferred = Engine::new(model.valid(), engine_config(false), &device).unwrap();
+    let mut fused = Engine::new(model.valid(), engine_config(true), &device).unwrap();
+    let a = deferred.step(&micro[..1], 1e-2).unwrap();
+    let b = fused.step(&micro[..1], 1e-2).unwrap();
+    assert!(
+        (a.loss - b.loss).abs() <= TOL * a.loss.abs(),
+        "{} vs {}",
+        a.loss,
+        b.loss
+    );
+    for id in want.keys() {
+        let reference = deferred.param(id).unwrap().to_vec();
+        let err = rel_err(fused.param(id).unwrap(), &reference);
+        assert!(err <= TOL, "fused parameter {id}: relative error {err}");
+    }
+}
