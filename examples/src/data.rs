@@ -1,22 +1,14 @@
 //! Training data for the examples: reading a text corpus from disk, a built-in
-//! synthetic corpus, tokenizers, and a seeded random-window batcher.
+//! synthetic corpus, and a seeded random-window batcher.
 //!
 //! Everything that involves randomness here (the built-in corpus and the
 //! batcher) uses a private SplitMix64 generator instead of `rand`, so the
 //! produced bytes and batches never change with a dependency upgrade and a
 //! run can be resumed bit-exactly from a checkpointed generator state.
 
-use std::fmt;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
-
-/// Vocabulary size of the GPT-2 (`r50k_base`) encoding: 50256 BPE ranks plus
-/// the `<|endoftext|>` special token.
-pub const GPT2_VOCAB_SIZE: usize = 50257;
-
-/// Names accepted by [`Tokenizer::from_name`].
-pub const TOKENIZER_NAMES: [&str; 2] = ["byte", "gpt2"];
 
 /// Separator placed between documents (files, JSONL records) in a corpus.
 const DOC_SEPARATOR: &str = "\n\n";
@@ -59,12 +51,6 @@ pub enum DataError {
 
     #[error("corpus has {tokens} tokens but a window needs seq_len + 1 = {needed} tokens")]
     CorpusTooShort { tokens: usize, needed: usize },
-
-    #[error("unknown tokenizer `{0}` (expected one of: byte, gpt2)")]
-    UnknownTokenizer(String),
-
-    #[error("cannot load tokenizer `{name}`: {message}")]
-    TokenizerLoad { name: &'static str, message: String },
 }
 
 impl DataError {
@@ -523,107 +509,6 @@ fn capitalize_first(mut s: String) -> String {
 }
 
 // ---------------------------------------------------------------------------
-// Tokenizers
-// ---------------------------------------------------------------------------
-
-/// A text tokenizer.
-pub enum Tokenizer {
-    /// One token per UTF-8 byte (vocabulary 256).
-    Byte,
-    /// GPT-2 BPE (`r50k_base`), vocabulary [`GPT2_VOCAB_SIZE`]. Construct it
-    /// with [`Tokenizer::from_name`]; `decode` assumes this encoding.
-    Gpt2(Box<tiktoken_rs::CoreBPE>),
-}
-
-impl fmt::Debug for Tokenizer {
-    // `CoreBPE` has no `Debug`, and dumping 50k merges would be useless anyway.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Tokenizer({})", self.name())
-    }
-}
-
-impl Tokenizer {
-    /// Builds the tokenizer called `name` (`"byte"` or `"gpt2"`).
-    pub fn from_name(name: &str) -> Result<Tokenizer, DataError> {
-        match name {
-            "byte" => Ok(Tokenizer::Byte),
-            "gpt2" => tiktoken_rs::r50k_base()
-                .map(|bpe| Tokenizer::Gpt2(Box::new(bpe)))
-                .map_err(|e| DataError::TokenizerLoad {
-                    name: "gpt2",
-                    message: e.to_string(),
-                }),
-            other => Err(DataError::UnknownTokenizer(other.to_owned())),
-        }
-    }
-
-    /// The name accepted by [`Tokenizer::from_name`] for this tokenizer.
-    pub fn name(&self) -> &'static str {
-        match self {
-            Tokenizer::Byte => "byte",
-            Tokenizer::Gpt2(_) => "gpt2",
-        }
-    }
-
-    /// Number of distinct token ids; every id from `encode` is below this.
-    pub fn vocab_size(&self) -> usize {
-        match self {
-            Tokenizer::Byte => 256,
-            Tokenizer::Gpt2(_) => GPT2_VOCAB_SIZE,
-        }
-    }
-
-    /// Encodes `text`. GPT-2 uses ordinary encoding: a literal
-    /// `<|endoftext|>` in training text is treated as plain characters, not as
-    /// the special token.
-    pub fn encode(&self, text: &str) -> Vec<u32> {
-        match self {
-            Tokenizer::Byte => text.bytes().map(u32::from).collect(),
-            Tokenizer::Gpt2(bpe) => bpe.encode_ordinary(text),
-        }
-    }
-
-    /// Decodes `ids` to text. Never fails: invalid UTF-8 (e.g. a sample cut in
-    /// the middle of a character) and out-of-vocabulary ids become U+FFFD, so
-    /// model samples can always be printed.
-    pub fn decode(&self, ids: &[u32]) -> String {
-        const REPLACEMENT: &[u8] = "\u{FFFD}".as_bytes();
-        match self {
-            Tokenizer::Byte => {
-                let mut bytes = Vec::with_capacity(ids.len());
-                for &id in ids {
-                    match u8::try_from(id) {
-                        Ok(b) => bytes.push(b),
-                        Err(_) => bytes.extend_from_slice(REPLACEMENT),
-                    }
-                }
-                String::from_utf8_lossy(&bytes).into_owned()
-            }
-            Tokenizer::Gpt2(bpe) => {
-                // Fast path: the common case is valid ids forming valid UTF-8.
-                if let Ok(text) = bpe.decode(ids.to_vec()) {
-                    return text;
-                }
-                // `_decode_native_and_split` is the only public byte-level
-                // decoder, and it panics on unknown ids, so only ids inside the
-                // (dense) GPT-2 vocabulary are passed to it.
-                let mut bytes = Vec::with_capacity(ids.len() * 4);
-                for &id in ids {
-                    if (id as usize) < GPT2_VOCAB_SIZE {
-                        for piece in bpe._decode_native_and_split(vec![id]) {
-                            bytes.extend_from_slice(&piece);
-                        }
-                    } else {
-                        bytes.extend_from_slice(REPLACEMENT);
-                    }
-                }
-                String::from_utf8_lossy(&bytes).into_owned()
-            }
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------
 // Batching
 // ---------------------------------------------------------------------------
 
@@ -914,44 +799,6 @@ mod tests {
         assert_eq!(rng.next_u64(), 0xE220_A839_7B1D_CDAF);
         assert_eq!(rng.next_u64(), 0x6E78_9E6A_A1B9_65F4);
         assert_eq!(rng.next_u64(), 0x06C4_5D18_8009_454F);
-    }
-
-    #[test]
-    fn byte_tokenizer_round_trip() {
-        let tok = Tokenizer::from_name("byte").expect("byte");
-        assert_eq!(tok.name(), "byte");
-        assert_eq!(tok.vocab_size(), 256);
-        let text = "Hello, world! caf\u{e9} \u{1F600}";
-        let ids = tok.encode(text);
-        assert_eq!(ids.len(), text.len());
-        assert!(ids.iter().all(|&id| (id as usize) < tok.vocab_size()));
-        assert_eq!(tok.decode(&ids), text);
-        // Cut in the middle of a multi-byte character, plus an out-of-range id.
-        assert_eq!(tok.decode(&[104, 0xc3, 300]), "h\u{FFFD}\u{FFFD}");
-    }
-
-    #[test]
-    fn gpt2_tokenizer_round_trip() {
-        let tok = Tokenizer::from_name("gpt2").expect("gpt2");
-        assert_eq!(tok.name(), "gpt2");
-        assert_eq!(tok.vocab_size(), 50257);
-        let ids = tok.encode("Hello world");
-        assert_eq!(ids, vec![15496, 995]);
-        assert_eq!(tok.decode(&ids), "Hello world");
-        // Special tokens are not recognised in training text.
-        assert!(!tok.encode("<|endoftext|>").contains(&50256));
-        // Out-of-vocabulary ids and split characters do not panic.
-        assert_eq!(tok.decode(&[15496, 1_000_000, 995]), "Hello\u{FFFD} world");
-        let emoji = tok.encode("\u{1F600}");
-        assert!(emoji.len() > 1);
-        assert!(tok.decode(&emoji[..1]).contains('\u{FFFD}'));
-    }
-
-    #[test]
-    fn unknown_tokenizer_is_rejected() {
-        let err = Tokenizer::from_name("sentencepiece").unwrap_err();
-        assert!(matches!(err, DataError::UnknownTokenizer(ref n) if n == "sentencepiece"));
-        assert!(err.to_string().contains("`sentencepiece`"));
     }
 
     #[test]

@@ -6,6 +6,7 @@ pub mod plan;
 pub mod preflight;
 pub mod schedule;
 pub mod signals;
+pub mod tokenizer;
 pub mod train;
 
 /// The backend the examples run on: burn-flex on the CPU by default, burn's

@@ -24,11 +24,12 @@ use models::{cross_entropy, ModelConfig};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
-use crate::data::{default_corpus, read_corpus, Batcher, Tokenizer};
+use crate::data::{default_corpus, read_corpus, Batcher};
 use crate::outputs::{check_writable_folder, MetricsFile, ResumeMarker};
 use crate::plan::{BlockInputs, Job as PlanJob, KeptGraphs, Machine, Plan};
 use crate::schedule::WarmupCosine;
 use crate::signals;
+use crate::tokenizer::Tokenizer;
 use crate::{peak_rss_bytes, process_rss_bytes, DefaultBackend};
 use burn_offload::trace;
 
@@ -46,7 +47,9 @@ pub struct TrainOptions {
     pub grad_clip: f64,
     pub seed: u64,
     pub data: Option<PathBuf>,
-    pub tokenizer: String,
+    /// `byte`, `gpt2` or a `tokenizer.json` (file or folder); `None`: the
+    /// `--init-from` checkpoint's tokenizer.json when it has one, else byte.
+    pub tokenizer: Option<String>,
     pub metrics: Option<PathBuf>,
     pub sample_tokens: usize,
     pub temperature: f64,
@@ -125,7 +128,7 @@ impl Default for TrainOptions {
             grad_clip: 1.0,
             seed: 42,
             data: None,
-            tokenizer: "byte".into(),
+            tokenizer: None,
             metrics: None,
             sample_tokens: 200,
             temperature: 0.0,
@@ -368,7 +371,7 @@ fn validate(opts: &TrainOptions) -> Result<()> {
 /// Runs a training job on the default backend.
 pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
     validate(opts)?;
-    let tokenizer = Tokenizer::from_name(&opts.tokenizer)?;
+    let tokenizer = Tokenizer::for_run(opts.tokenizer.as_deref(), opts.init_from.as_deref())?;
     let config = resolve_config(opts, &tokenizer)?;
     let text = match &opts.data {
         Some(path) => read_corpus(path)?,
@@ -379,7 +382,7 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
     let corpus = (tokens.len(), corpus_crc32(&tokens));
     let batcher = Batcher::new(tokens, opts.seq_len, opts.seed)?;
     let resume = match &opts.resume {
-        Some(path) => Some(Resume::read(path, opts, &config, corpus)?),
+        Some(path) => Some(Resume::read(path, opts, &config, &tokenizer, corpus)?),
         None => None,
     };
 
@@ -561,6 +564,7 @@ impl Resume {
         path: &Path,
         opts: &TrainOptions,
         config: &ModelConfig,
+        tokenizer: &Tokenizer,
         corpus: (usize, u32),
     ) -> Result<Self> {
         let path = burn_offload::checkpoint::resolve(path)?;
@@ -580,11 +584,11 @@ impl Resume {
                 name(config)
             );
         }
-        if state.tokenizer != opts.tokenizer {
+        if state.tokenizer != tokenizer.name() {
             bail!(
                 "checkpoint `{here}` was trained with tokenizer `{}`, not `{}`",
                 state.tokenizer,
-                opts.tokenizer
+                tokenizer.name()
             );
         }
         if (state.corpus_tokens, state.corpus_crc32) != corpus {
@@ -683,7 +687,7 @@ fn gpu_reserved_bytes() -> Option<u64> {
 /// The memory plan of this job on `machine` (nothing is allocated).
 pub fn plan(opts: &TrainOptions, machine: &Machine) -> Result<(Plan, PlanJob)> {
     validate(opts)?;
-    let tokenizer = Tokenizer::from_name(&opts.tokenizer)?;
+    let tokenizer = Tokenizer::for_run(opts.tokenizer.as_deref(), opts.init_from.as_deref())?;
     let config = resolve_config(opts, &tokenizer)?;
     let job = PlanJob {
         config,
@@ -758,7 +762,7 @@ impl Job<'_> {
     fn state(&self, steps_done: usize, skipped_total: usize) -> TrainerState {
         TrainerState {
             model: self.config.clone(),
-            tokenizer: self.opts.tokenizer.clone(),
+            tokenizer: self.tokenizer.name().to_string(),
             batch: self.opts.batch,
             seq_len: self.opts.seq_len,
             accum: self.opts.accum,

@@ -54,9 +54,11 @@ struct Cli {
     /// corpus when omitted.
     #[arg(long)]
     data: Option<PathBuf>,
-    /// Tokenizer: `byte` or `gpt2` (BPE).
-    #[arg(long, default_value = "byte")]
-    tokenizer: String,
+    /// Tokenizer: `byte`, `gpt2` (BPE), or a Hugging Face tokenizer.json
+    /// (the file or its folder). Default: the tokenizer.json of --init-from
+    /// when it has one, else `byte`.
+    #[arg(long)]
+    tokenizer: Option<String>,
     /// Write per-step metrics as JSON lines to this file.
     #[arg(long)]
     metrics: Option<PathBuf>,

@@ -1,0 +1,377 @@
+//! Tokenizers: byte-level, GPT-2's BPE (tiktoken, no download), and Hugging
+//! Face `tokenizer.json` files (the `tokenizers` crate, without its network
+//! features) with the special tokens and chat template of the checkpoint they
+//! come with.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+/// Vocabulary size of the GPT-2 (`r50k_base`) encoding: 50256 BPE ranks plus
+/// the `<|endoftext|>` special token.
+pub const GPT2_VOCAB_SIZE: usize = 50257;
+
+/// Names accepted by [`Tokenizer::from_name`] besides a `tokenizer.json` path.
+pub const TOKENIZER_NAMES: [&str; 2] = ["byte", "gpt2"];
+
+/// The file a Hugging Face checkpoint keeps its tokenizer in.
+pub const TOKENIZER_FILE: &str = "tokenizer.json";
+
+/// Why a tokenizer could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenizerError {
+    #[error("unknown tokenizer `{0}` (expected byte, gpt2, or a tokenizer.json file or folder)")]
+    Unknown(String),
+    #[error("cannot load the GPT-2 tokenizer: {0}")]
+    Gpt2(String),
+    #[error("no tokenizer.json in `{}`", .0.display())]
+    Missing(PathBuf),
+    #[error("`{}` is not a usable tokenizer: {reason}", path.display())]
+    Invalid { path: PathBuf, reason: String },
+    #[error("`{}`: {what} `{token}` is not in the tokenizer's vocabulary", path.display())]
+    UnknownSpecial {
+        path: PathBuf,
+        what: &'static str,
+        token: String,
+    },
+}
+
+/// A text tokenizer.
+pub enum Tokenizer {
+    /// One token per UTF-8 byte (vocabulary 256).
+    Byte,
+    /// GPT-2 BPE (`r50k_base`), vocabulary [`GPT2_VOCAB_SIZE`]. Construct it
+    /// with [`Tokenizer::from_name`]; `decode` assumes this encoding.
+    Gpt2(Box<tiktoken_rs::CoreBPE>),
+    /// A Hugging Face `tokenizer.json`.
+    HuggingFace(Box<HfTokenizer>),
+}
+
+/// A special token and its id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Special {
+    pub token: String,
+    pub id: u32,
+}
+
+/// The beginning/end-of-sequence and padding tokens a checkpoint names
+/// (`tokenizer_config.json`, else the ids in `config.json` and
+/// `generation_config.json`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SpecialTokens {
+    pub bos: Option<Special>,
+    pub eos: Option<Special>,
+    pub pad: Option<Special>,
+}
+
+/// A Hugging Face tokenizer with what its checkpoint says about it.
+pub struct HfTokenizer {
+    inner: tokenizers::Tokenizer,
+    name: String,
+    vocab_size: usize,
+    specials: SpecialTokens,
+    chat_template: Option<String>,
+}
+
+impl HfTokenizer {
+    /// Reads `path` (a `tokenizer.json`, or a folder holding one beside its
+    /// `tokenizer_config.json`, `config.json` and `generation_config.json`).
+    pub fn open(path: &Path) -> Result<Self, TokenizerError> {
+        let (file, dir) = if path.is_dir() {
+            (path.join(TOKENIZER_FILE), path.to_path_buf())
+        } else {
+            let dir = path.parent().unwrap_or(Path::new(".")).to_path_buf();
+            (path.to_path_buf(), dir)
+        };
+        if !file.is_file() {
+            return Err(TokenizerError::Missing(dir));
+        }
+        let invalid = |reason: String| TokenizerError::Invalid {
+            path: file.clone(),
+            reason,
+        };
+        let bytes = std::fs::read(&file).map_err(|e| invalid(e.to_string()))?;
+        let inner =
+            tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| invalid(e.to_string()))?;
+        // Added tokens may sit above the model's own vocabulary.
+        let vocab_size = inner
+            .get_vocab(true)
+            .values()
+            .max()
+            .map_or(0, |&id| id as usize + 1);
+        let read = |name: &str| -> Result<Option<Value>, TokenizerError> {
+            let path = dir.join(name);
+            match std::fs::read_to_string(&path) {
+                Ok(text) => serde_json::from_str(text.trim_start_matches('\u{feff}'))
+                    .map(Some)
+                    .map_err(|e| TokenizerError::Invalid {
+                        path,
+                        reason: format!("invalid JSON: {e}"),
+                    }),
+                Err(_) => Ok(None),
+            }
+        };
+        let tokenizer_config = read("tokenizer_config.json")?;
+        let model_config = read("config.json")?;
+        let generation_config = read("generation_config.json")?;
+        let config_path = dir.join("tokenizer_config.json");
+        let special = |what: &'static str, key: &str| -> Result<Option<Special>, TokenizerError> {
+            // `"eos_token": "</s>"` or `{"content": "</s>", ...}`.
+            let named = tokenizer_config
+                .as_ref()
+                .and_then(|c| c.get(key))
+                .and_then(|v| {
+                    v.as_str()
+                        .or_else(|| v.get("content").and_then(Value::as_str))
+                        .map(str::to_owned)
+                });
+            if let Some(token) = named {
+                let id =
+                    inner
+                        .token_to_id(&token)
+                        .ok_or_else(|| TokenizerError::UnknownSpecial {
+                            path: config_path.clone(),
+                            what,
+                            token: token.clone(),
+                        })?;
+                return Ok(Some(Special { token, id }));
+            }
+            // An id (or the first of a list of ids) in config.json or
+            // generation_config.json.
+            let id_key = format!("{key}_id");
+            let id = [&generation_config, &model_config]
+                .into_iter()
+                .flatten()
+                .filter_map(|c| c.get(&id_key))
+                .find_map(|v| v.as_u64().or_else(|| v.get(0).and_then(Value::as_u64)));
+            Ok(id.and_then(|id| {
+                inner.id_to_token(id as u32).map(|token| Special {
+                    token,
+                    id: id as u32,
+                })
+            }))
+        };
+        let specials = SpecialTokens {
+            bos: special("bos_token", "bos_token")?,
+            eos: special("eos_token", "eos_token")?,
+            pad: special("pad_token", "pad_token")?,
+        };
+        let chat_template = tokenizer_config
+            .as_ref()
+            .and_then(|c| c.get("chat_template"))
+            .and_then(|t| match t {
+                Value::String(s) => Some(s.clone()),
+                // A list of named templates: the default one.
+                Value::Array(list) => list
+                    .iter()
+                    .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
+                    .and_then(|t| t.get("template"))
+                    .and_then(Value::as_str)
+                    .map(str::to_owned),
+                _ => None,
+            });
+        Ok(Self {
+            inner,
+            name: format!("hf-{:08x}", crc32fast::hash(&bytes)),
+            vocab_size,
+            specials,
+            chat_template,
+        })
+    }
+
+    /// Ids of `text`, with the special tokens the post-processor adds when
+    /// `special` (a BOS, for Llama 3's).
+    pub fn encode(&self, text: &str, special: bool) -> Vec<u32> {
+        self.inner
+            .encode(text, special)
+            .map(|e| e.get_ids().to_vec())
+            .unwrap_or_default()
+    }
+}
+
+impl fmt::Debug for Tokenizer {
+    // `CoreBPE` has no `Debug`, and dumping 50k merges would be useless anyway.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Tokenizer({})", self.name())
+    }
+}
+
+impl Tokenizer {
+    /// Builds the tokenizer called `name`: `"byte"`, `"gpt2"`, or a Hugging
+    /// Face `tokenizer.json` (the file, or a folder holding it).
+    pub fn from_name(name: &str) -> Result<Tokenizer, TokenizerError> {
+        match name {
+            "byte" => Ok(Tokenizer::Byte),
+            "gpt2" => tiktoken_rs::r50k_base()
+                .map(|bpe| Tokenizer::Gpt2(Box::new(bpe)))
+                .map_err(|e| TokenizerError::Gpt2(e.to_string())),
+            path if Path::new(path).exists() => {
+                HfTokenizer::open(Path::new(path)).map(|t| Tokenizer::HuggingFace(Box::new(t)))
+            }
+            other => Err(TokenizerError::Unknown(other.to_owned())),
+        }
+    }
+
+    /// The tokenizer of a run: `--tokenizer` when given, else the
+    /// `tokenizer.json` of the `--init-from` checkpoint when it has one, else
+    /// byte-level.
+    pub fn for_run(
+        name: Option<&str>,
+        init_from: Option<&Path>,
+    ) -> Result<Tokenizer, TokenizerError> {
+        match (name, init_from) {
+            (Some(name), _) => Self::from_name(name),
+            (None, Some(dir)) if dir.join(TOKENIZER_FILE).is_file() => {
+                HfTokenizer::open(dir).map(|t| Tokenizer::HuggingFace(Box::new(t)))
+            }
+            (None, _) => Ok(Tokenizer::Byte),
+        }
+    }
+
+    /// What identifies the tokenizer in checkpoints: `byte`, `gpt2`, or
+    /// `hf-<CRC32 of tokenizer.json>` (a resume must tokenize as the run did,
+    /// wherever the file now lies).
+    pub fn name(&self) -> &str {
+        match self {
+            Tokenizer::Byte => "byte",
+            Tokenizer::Gpt2(_) => "gpt2",
+            Tokenizer::HuggingFace(t) => &t.name,
+        }
+    }
+
+    /// Number of distinct token ids; every id from `encode` is below this.
+    pub fn vocab_size(&self) -> usize {
+        match self {
+            Tokenizer::Byte => 256,
+            Tokenizer::Gpt2(_) => GPT2_VOCAB_SIZE,
+            Tokenizer::HuggingFace(t) => t.vocab_size,
+        }
+    }
+
+    /// The special tokens the checkpoint's configs name (none for byte and
+    /// GPT-2 here).
+    pub fn specials(&self) -> SpecialTokens {
+        match self {
+            Tokenizer::HuggingFace(t) => t.specials.clone(),
+            _ => SpecialTokens::default(),
+        }
+    }
+
+    /// The checkpoint's chat template (`tokenizer_config.json`), if any.
+    pub fn chat_template(&self) -> Option<&str> {
+        match self {
+            Tokenizer::HuggingFace(t) => t.chat_template.as_deref(),
+            _ => None,
+        }
+    }
+
+    /// Encodes `text` as plain text: no special tokens are added, and GPT-2
+    /// treats a literal `<|endoftext|>` as plain characters. A Hugging Face
+    /// tokenizer recognises its added tokens where they appear in the text
+    /// (a rendered chat template writes them).
+    pub fn encode(&self, text: &str) -> Vec<u32> {
+        match self {
+            Tokenizer::Byte => text.bytes().map(u32::from).collect(),
+            Tokenizer::Gpt2(bpe) => bpe.encode_ordinary(text),
+            Tokenizer::HuggingFace(t) => t.encode(text, false),
+        }
+    }
+
+    /// Decodes `ids` to text. Never fails: invalid UTF-8 (e.g. a sample cut in
+    /// the middle of a character) and out-of-vocabulary ids become U+FFFD, so
+    /// model samples can always be printed.
+    pub fn decode(&self, ids: &[u32]) -> String {
+        const REPLACEMENT: &[u8] = "\u{FFFD}".as_bytes();
+        match self {
+            Tokenizer::HuggingFace(t) => {
+                // Unknown ids would make the library fail: they print as U+FFFD.
+                let mut text = String::new();
+                for run in ids.split_inclusive(|&id| id as usize >= t.vocab_size) {
+                    let (known, unknown) = match run.split_last() {
+                        Some((&last, rest)) if last as usize >= t.vocab_size => (rest, true),
+                        _ => (run, false),
+                    };
+                    text.push_str(&t.inner.decode(known, false).unwrap_or_default());
+                    if unknown {
+                        text.push('\u{FFFD}');
+                    }
+                }
+                text
+            }
+            Tokenizer::Byte => {
+                let mut bytes = Vec::with_capacity(ids.len());
+                for &id in ids {
+                    match u8::try_from(id) {
+                        Ok(b) => bytes.push(b),
+                        Err(_) => bytes.extend_from_slice(REPLACEMENT),
+                    }
+                }
+                String::from_utf8_lossy(&bytes).into_owned()
+            }
+            Tokenizer::Gpt2(bpe) => {
+                // Fast path: the common case is valid ids forming valid UTF-8.
+                if let Ok(text) = bpe.decode(ids.to_vec()) {
+                    return text;
+                }
+                // `_decode_native_and_split` is the only public byte-level
+                // decoder, and it panics on unknown ids, so only ids inside the
+                // (dense) GPT-2 vocabulary are passed to it.
+                let mut bytes = Vec::with_capacity(ids.len() * 4);
+                for &id in ids {
+                    if (id as usize) < GPT2_VOCAB_SIZE {
+                        for piece in bpe._decode_native_and_split(vec![id]) {
+                            bytes.extend_from_slice(&piece);
+                        }
+                    } else {
+                        bytes.extend_from_slice(REPLACEMENT);
+                    }
+                }
+                String::from_utf8_lossy(&bytes).into_owned()
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_tokenizer_round_trip() {
+        let tok = Tokenizer::from_name("byte").expect("byte");
+        assert_eq!(tok.name(), "byte");
+        assert_eq!(tok.vocab_size(), 256);
+        let text = "Hello, world! caf\u{e9} \u{1F600}";
+        let ids = tok.encode(text);
+        assert_eq!(ids.len(), text.len());
+        assert!(ids.iter().all(|&id| (id as usize) < tok.vocab_size()));
+        assert_eq!(tok.decode(&ids), text);
+        // Cut in the middle of a multi-byte character, plus an out-of-range id.
+        assert_eq!(tok.decode(&[104, 0xc3, 300]), "h\u{FFFD}\u{FFFD}");
+    }
+
+    #[test]
+    fn gpt2_tokenizer_round_trip() {
+        let tok = Tokenizer::from_name("gpt2").expect("gpt2");
+        assert_eq!(tok.name(), "gpt2");
+        assert_eq!(tok.vocab_size(), 50257);
+        let ids = tok.encode("Hello world");
+        assert_eq!(ids, vec![15496, 995]);
+        assert_eq!(tok.decode(&ids), "Hello world");
+        // Special tokens are not recognised in training text.
+        assert!(!tok.encode("<|endoftext|>").contains(&50256));
+        // Out-of-vocabulary ids and split characters do not panic.
+        assert_eq!(tok.decode(&[15496, 1_000_000, 995]), "Hello\u{FFFD} world");
+        let emoji = tok.encode("\u{1F600}");
+        assert!(emoji.len() > 1);
+        assert!(tok.decode(&emoji[..1]).contains('\u{FFFD}'));
+    }
+
+    #[test]
+    fn unknown_tokenizer_is_rejected() {
+        let err = Tokenizer::from_name("sentencepiece").unwrap_err();
+        assert!(matches!(err, TokenizerError::Unknown(ref n) if n == "sentencepiece"));
+        assert!(err.to_string().contains("`sentencepiece`"));
+    }
+}
