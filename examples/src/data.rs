@@ -49,6 +49,9 @@ pub enum DataError {
     #[error("seq_len must be at least 1")]
     ZeroSeqLen,
 
+    #[error("the data makes no training window")]
+    NoWindows,
+
     #[error("corpus has {tokens} tokens but a window needs seq_len + 1 = {needed} tokens")]
     CorpusTooShort { tokens: usize, needed: usize },
 }
@@ -520,9 +523,35 @@ fn capitalize_first(mut s: String) -> String {
 /// store it and a resumed run sees exactly the batches it would have seen.
 #[derive(Debug, Clone)]
 pub struct Batcher {
-    tokens: Vec<u32>,
+    source: Source,
     seq_len: usize,
     rng: SplitMix64,
+}
+
+/// What a [`Batcher`] draws from.
+#[derive(Debug, Clone)]
+enum Source {
+    /// A token stream: any window of it.
+    Stream(Vec<u32>),
+    /// Fixed windows with their own targets.
+    Windows(Windows),
+}
+
+/// Windows of `seq_len` inputs, each with its targets (the next tokens, or
+/// [`burn_offload::cross_entropy::IGNORE_INDEX`] where the token is not
+/// trained on), row-major.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Windows {
+    pub seq_len: usize,
+    pub inputs: Vec<u32>,
+    pub targets: Vec<i64>,
+}
+
+impl Windows {
+    /// Number of windows.
+    pub fn count(&self) -> usize {
+        self.inputs.len() / self.seq_len.max(1)
+    }
 }
 
 impl Batcher {
@@ -542,8 +571,21 @@ impl Batcher {
             });
         }
         Ok(Self {
-            tokens,
+            source: Source::Stream(tokens),
             seq_len,
+            rng: SplitMix64::new(seed),
+        })
+    }
+
+    /// Creates a batcher drawing whole windows from `windows` (uniformly, with
+    /// replacement): instruction data, whose windows carry their own targets.
+    pub fn windows(windows: Windows, seed: u64) -> Result<Self, DataError> {
+        if windows.count() == 0 {
+            return Err(DataError::NoWindows);
+        }
+        Ok(Self {
+            seq_len: windows.seq_len,
+            source: Source::Windows(windows),
             rng: SplitMix64::new(seed),
         })
     }
@@ -553,16 +595,29 @@ impl Batcher {
     /// a uniformly random start `s` in `0..=len - seq_len - 1`, and its target
     /// row is the same window shifted one token to the right.
     pub fn next_batch(&mut self, batch: usize) -> (Vec<i64>, Vec<i64>) {
-        let n = batch * self.seq_len;
+        let seq = self.seq_len;
+        let n = batch * seq;
         let mut inputs = Vec::with_capacity(n);
         let mut targets = Vec::with_capacity(n);
-        // `new` guarantees len > seq_len, so there is at least one start.
-        let starts = (self.tokens.len() - self.seq_len) as u64;
-        for _ in 0..batch {
-            let start = self.rng.below(starts) as usize;
-            let window = &self.tokens[start..start + self.seq_len + 1];
-            inputs.extend(window[..self.seq_len].iter().map(|&t| i64::from(t)));
-            targets.extend(window[1..].iter().map(|&t| i64::from(t)));
+        match &self.source {
+            Source::Stream(tokens) => {
+                // `new` guarantees len > seq_len, so there is at least one start.
+                let starts = (tokens.len() - seq) as u64;
+                for _ in 0..batch {
+                    let start = self.rng.below(starts) as usize;
+                    let window = &tokens[start..start + seq + 1];
+                    inputs.extend(window[..seq].iter().map(|&t| i64::from(t)));
+                    targets.extend(window[1..].iter().map(|&t| i64::from(t)));
+                }
+            }
+            Source::Windows(windows) => {
+                for _ in 0..batch {
+                    let w = self.rng.below(windows.count() as u64) as usize;
+                    let range = w * seq..(w + 1) * seq;
+                    inputs.extend(windows.inputs[range.clone()].iter().map(|&t| i64::from(t)));
+                    targets.extend_from_slice(&windows.targets[range]);
+                }
+            }
         }
         (inputs, targets)
     }
@@ -577,9 +632,12 @@ impl Batcher {
         self.rng.state = s;
     }
 
-    /// Number of tokens in the underlying corpus.
+    /// Number of tokens in the underlying corpus (or windows).
     pub fn len_tokens(&self) -> usize {
-        self.tokens.len()
+        match &self.source {
+            Source::Stream(tokens) => tokens.len(),
+            Source::Windows(windows) => windows.inputs.len(),
+        }
     }
 
     /// Window length in tokens.

@@ -1,6 +1,8 @@
 //! Training programs for burn-offload, as a library so tests can drive them.
 
+pub mod chat;
 pub mod data;
+pub mod instruct;
 pub mod outputs;
 pub mod plan;
 pub mod preflight;

@@ -278,6 +278,35 @@ impl Tokenizer {
         }
     }
 
+    /// [`Tokenizer::encode`] with the byte offset in `text` where each
+    /// token starts.
+    pub fn encode_with_starts(&self, text: &str) -> (Vec<u32>, Vec<usize>) {
+        match self {
+            Tokenizer::Byte => (self.encode(text), (0..text.len()).collect()),
+            Tokenizer::Gpt2(bpe) => {
+                let ids = bpe.encode_ordinary(text);
+                let mut starts = Vec::with_capacity(ids.len());
+                let mut at = 0;
+                for piece in bpe._decode_native_and_split(ids.clone()) {
+                    starts.push(at);
+                    at += piece.len();
+                }
+                (ids, starts)
+            }
+            Tokenizer::HuggingFace(t) => match t.inner.encode(text, false) {
+                Ok(encoding) => (
+                    encoding.get_ids().to_vec(),
+                    encoding
+                        .get_offsets()
+                        .iter()
+                        .map(|&(start, _)| start)
+                        .collect(),
+                ),
+                Err(_) => (Vec::new(), Vec::new()),
+            },
+        }
+    }
+
     /// Decodes `ids` to text. Never fails: invalid UTF-8 (e.g. a sample cut in
     /// the middle of a character) and out-of-vocabulary ids become U+FFFD, so
     /// model samples can always be printed.

@@ -25,6 +25,7 @@ use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use crate::data::{default_corpus, read_corpus, Batcher};
+use crate::instruct::{self, DataFormat};
 use crate::outputs::{check_writable_folder, MetricsFile, ResumeMarker};
 use crate::plan::{BlockInputs, Job as PlanJob, KeptGraphs, Machine, Plan};
 use crate::schedule::WarmupCosine;
@@ -109,6 +110,14 @@ pub struct TrainOptions {
     /// Stop (with a checkpoint, if a folder is set) once this many steps are
     /// done, keeping `--steps` as the schedule's length (time-sliced jobs).
     pub stop_after: Option<usize>,
+    /// What `--data` holds (`Auto`: decided from the files).
+    pub data_format: DataFormat,
+    /// Instruction data: train on the prompt's tokens too, not only the
+    /// assistant's.
+    pub train_on_prompt: bool,
+    /// Instruction data: pack several examples into a window (else one each,
+    /// padded).
+    pub packing: bool,
     /// Fault injection for tests: make the stem parameters NaN before this step.
     #[doc(hidden)]
     pub poison_at_step: Option<usize>,
@@ -155,6 +164,9 @@ impl Default for TrainOptions {
             init_from: None,
             export_hf: None,
             stop_after: None,
+            data_format: DataFormat::Auto,
+            train_on_prompt: false,
+            packing: true,
             poison_at_step: None,
         }
     }
@@ -373,14 +385,54 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
     validate(opts)?;
     let tokenizer = Tokenizer::for_run(opts.tokenizer.as_deref(), opts.init_from.as_deref())?;
     let config = resolve_config(opts, &tokenizer)?;
-    let text = match &opts.data {
-        Some(path) => read_corpus(path)?,
-        None => default_corpus(),
+    let format = match (&opts.data, opts.data_format) {
+        (Some(path), DataFormat::Auto) => instruct::detect(path)?,
+        (None, DataFormat::Auto) => DataFormat::Text,
+        (_, format) => format,
     };
+    if format == DataFormat::Text && (opts.train_on_prompt || !opts.packing) {
+        bail!("--train-on-prompt and --no-packing apply to instruction data, and --data is text");
+    }
     let placed = check_memory(opts)?;
-    let tokens = tokenizer.encode(&text);
-    let corpus = (tokens.len(), corpus_crc32(&tokens));
-    let batcher = Batcher::new(tokens, opts.seq_len, opts.seed)?;
+    let (batcher, corpus) = match (&opts.data, format) {
+        (Some(path), DataFormat::Alpaca | DataFormat::Sharegpt | DataFormat::Chat) => {
+            let shaping = instruct::Shaping {
+                format,
+                seq_len: opts.seq_len,
+                train_on_prompt: opts.train_on_prompt,
+                packing: opts.packing,
+            };
+            let prepared = instruct::prepare(path, shaping, &tokenizer)?;
+            if opts.progress {
+                eprintln!(
+                    "{} data: {} examples, {} tokens ({:.0} tok/s tokenized), {} truncated to \
+                     --seq-len, {} windows{}, {} targets trained on",
+                    prepared.format,
+                    prepared.examples,
+                    prepared.tokens,
+                    prepared.tokens_per_s,
+                    prepared.truncated,
+                    prepared.windows.count(),
+                    if opts.packing { " (packed)" } else { "" },
+                    prepared.trained,
+                );
+            }
+            let windows = prepared.windows;
+            let mut identity: Vec<u32> = windows.inputs.clone();
+            identity.extend(windows.targets.iter().map(|&t| t as u32));
+            let corpus = (windows.inputs.len(), corpus_crc32(&identity));
+            (Batcher::windows(windows, opts.seed)?, corpus)
+        }
+        (data, _) => {
+            let text = match data {
+                Some(path) => read_corpus(path)?,
+                None => default_corpus(),
+            };
+            let tokens = tokenizer.encode(&text);
+            let corpus = (tokens.len(), corpus_crc32(&tokens));
+            (Batcher::new(tokens, opts.seq_len, opts.seed)?, corpus)
+        }
+    };
     let resume = match &opts.resume {
         Some(path) => Some(Resume::read(path, opts, &config, &tokenizer, corpus)?),
         None => None,
@@ -393,6 +445,16 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
     opts.compute
         .check::<B>(&device)
         .map_err(|why| anyhow::anyhow!("--compute {}: {why}", opts.compute))?;
+    if let Some(dir) = &opts.init_from {
+        // Every tensor present with its shape, before anything is written
+        // (the weights are read when the model is built).
+        match &config {
+            ModelConfig::Llama(c) => {
+                models::hf::check_weights(&c.init::<B>(&device), &config, dir)?
+            }
+            ModelConfig::Gpt2(c) => models::hf::check_weights(&c.init::<B>(&device), &config, dir)?,
+        }
+    }
     if let Some(resume) = resume
         .as_ref()
         .filter(|r| r.state.steps_done == opts.steps && opts.export_hf.is_none())
@@ -1052,10 +1114,10 @@ impl Job<'_> {
         // With --accum the graph holds one micro-batch's activations at a
         // time; the gradients are summed into a second set of parameter-sized
         // tensors (burn's accumulator, which takes a single micro-batch's as
-        // they are), each micro-batch's loss scaled by 1/accum so the sum is
-        // the step's mean, as in the engine.
+        // they are), each micro-batch's mean loss weighted by its share of
+        // the step's trained targets, so the sum is the mean over the step's
+        // trained tokens, as in the engine.
         let mut accumulator = GradientsAccumulator::<M>::new();
-        let scale = 1.0 / opts.accum as f64;
         // BURN_OFFLOAD_RESIDENT_SPLIT=1: wait for the device after each
         // phase, so the step's split (forward with head and loss, backward,
         // optimizer) is device time, to set beside the engine's. The waits
@@ -1086,8 +1148,17 @@ impl Job<'_> {
             let mut split = burn_offload::StepSplit::default();
             let lr = schedule.lr(step);
             let mut loss_value = 0.0f32;
-            for _ in 0..opts.accum {
-                let (inputs, targets) = self.batch_tensors::<AB>(device);
+            let micro_batches: Vec<_> = (0..opts.accum)
+                .map(|_| self.batcher.next_batch(opts.batch))
+                .collect();
+            let kept = |targets: &[i64]| targets.iter().filter(|&&t| t >= 0).count();
+            let kept_total = micro_batches.iter().map(|(_, t)| kept(t)).sum::<usize>();
+            for (inputs, targets) in micro_batches {
+                let scale = kept(&targets) as f64 / kept_total.max(1) as f64;
+                let tensor = |v: Vec<i64>| {
+                    Tensor::from_data(TensorData::new(v, [opts.batch, opts.seq_len]), device)
+                };
+                let (inputs, targets) = (tensor(inputs), tensor(targets));
                 let logits = match opts.compute {
                     Compute::Fp32 => model.forward(inputs),
                     low => burn_offload::precision::cast_params(model.clone(), low.dtype())

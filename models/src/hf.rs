@@ -352,9 +352,34 @@ impl Checkpoint {
         self.index.contains_key(name)
     }
 
-    /// A tensor as f32 in burn's layout (`shape` is burn's), transposing 2-D
-    /// tensors stored `[out, in]`.
-    fn read(&self, name: &str, shape: &[usize], transpose: bool) -> Result<TensorData, HfError> {
+    /// The stored name of our parameter `ours` ([`hf_name`]), and whether it
+    /// is stored transposed, where the file names it otherwise: an untied
+    /// head read from a checkpoint that ties it, GPT-2 files without the
+    /// `transformer.` prefix.
+    fn name_of(&self, config: &ModelConfig, ours: &str) -> (String, bool) {
+        let (name, transpose) = hf_name(config, ours);
+        if !self.contains(&name) {
+            if ours == "lm_head.weight" && self.contains("model.embed_tokens.weight") {
+                return ("model.embed_tokens.weight".into(), transpose);
+            }
+            if let Some(bare) = name
+                .strip_prefix("transformer.")
+                .filter(|b| self.contains(b))
+            {
+                return (bare.to_string(), transpose);
+            }
+        }
+        (name, transpose)
+    }
+
+    /// The stored tensor `name`, checked against burn's `shape` (transposed
+    /// for tensors stored `[out, in]`) and for a dtype we read.
+    fn view(
+        &self,
+        name: &str,
+        shape: &[usize],
+        transpose: bool,
+    ) -> Result<safetensors::tensor::TensorView<'_>, HfError> {
         let missing = || HfError::MissingTensor {
             dir: self.dir.clone(),
             name: name.to_string(),
@@ -378,6 +403,20 @@ impl Checkpoint {
                 want: stored,
             });
         }
+        if !matches!(t.dtype(), Dtype::F32 | Dtype::BF16 | Dtype::F16) {
+            return Err(HfError::Dtype {
+                name: name.into(),
+                dtype: format!("{:?}", t.dtype()),
+            });
+        }
+        Ok(t)
+    }
+
+    /// A tensor as f32 in burn's layout (`shape` is burn's), transposing 2-D
+    /// tensors stored `[out, in]`.
+    fn read(&self, name: &str, shape: &[usize], transpose: bool) -> Result<TensorData, HfError> {
+        let t = self.view(name, shape, transpose)?;
+        let stored = t.shape().to_vec();
         let bytes = t.data();
         let values: Vec<f32> = match t.dtype() {
             Dtype::F32 => bytes
@@ -392,12 +431,7 @@ impl Checkpoint {
                 .chunks_exact(2)
                 .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
                 .collect(),
-            other => {
-                return Err(HfError::Dtype {
-                    name: name.into(),
-                    dtype: format!("{other:?}"),
-                })
-            }
+            _ => unreachable!("view checked the dtype"),
         };
         let values = if transpose {
             let (rows, cols) = (stored[0], stored[1]);
@@ -435,19 +469,7 @@ impl<B: Backend> ModuleMapper<B> for Fill<'_, B> {
         if self.error.is_some() {
             return param;
         }
-        let ours = self.path.join(".");
-        let (mut name, transpose) = hf_name(self.config, &ours);
-        if !self.checkpoint.contains(&name) {
-            // Tied heads (Llama with tie_word_embeddings) and GPT-2 files without the `transformer.` prefix.
-            if ours == "lm_head.weight" && self.checkpoint.contains("model.embed_tokens.weight") {
-                name = "model.embed_tokens.weight".into();
-            } else if let Some(bare) = name
-                .strip_prefix("transformer.")
-                .filter(|b| self.checkpoint.contains(b))
-            {
-                name = bare.to_string();
-            }
-        }
+        let (name, transpose) = self.checkpoint.name_of(self.config, &self.path.join("."));
         let shape: [usize; D] = param.shape().dims();
         let device = param.lazy_device();
         match self.checkpoint.read(&name, &shape, transpose) {
@@ -462,6 +484,46 @@ impl<B: Backend> ModuleMapper<B> for Fill<'_, B> {
             }
         }
     }
+}
+
+/// Checks, reading no weights, that the checkpoint in `dir` holds every
+/// parameter of `model` (lazily initialised: nothing is drawn) with its shape
+/// and a dtype we read, so a run can refuse it before it writes anything.
+pub fn check_weights<B: Backend, M: Module<B>>(
+    model: &M,
+    config: &ModelConfig,
+    dir: &Path,
+) -> Result<(), HfError> {
+    struct Check<'a> {
+        checkpoint: &'a Checkpoint,
+        config: &'a ModelConfig,
+        path: Vec<String>,
+        error: Option<HfError>,
+    }
+    impl<B: Backend> ModuleVisitor<B> for Check<'_> {
+        fn enter_module(&mut self, name: &str, _container_type: &str) {
+            self.path.push(name.to_string());
+        }
+        fn exit_module(&mut self, _name: &str, _container_type: &str) {
+            self.path.pop();
+        }
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            if self.error.is_none() {
+                let (name, transpose) = self.checkpoint.name_of(self.config, &self.path.join("."));
+                let shape = param.lazy_shape().to_vec();
+                self.error = self.checkpoint.view(&name, &shape, transpose).err();
+            }
+        }
+    }
+    let checkpoint = Checkpoint::open(dir)?;
+    let mut check = Check {
+        checkpoint: &checkpoint,
+        config,
+        path: Vec::new(),
+        error: None,
+    };
+    model.visit(&mut check);
+    check.error.map_or(Ok(()), Err)
 }
 
 /// Loads a checkpoint's weights into `model` (built from [`load_config`]'s

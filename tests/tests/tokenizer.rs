@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
+use examples::chat::{ChatTemplate, Message};
 use examples::tokenizer::{HfTokenizer, Tokenizer, TokenizerError};
 
 fn fixture() -> PathBuf {
@@ -100,6 +101,64 @@ fn missing_or_malformed_tokenizer_files_are_clear_errors() {
     assert!(
         err.to_string()
             .contains("eos_token `<|no_such_token|>` is not in the tokenizer's vocabulary"),
+        "{err}"
+    );
+}
+
+fn messages(v: &serde_json::Value) -> Vec<Message> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|m| Message::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+        .collect()
+}
+
+#[test]
+fn the_chat_template_renders_as_transformers_renders_it() {
+    let want = expected();
+    let tokenizer = Tokenizer::from_name(fixture().to_str().unwrap()).unwrap();
+    let template = ChatTemplate::new(tokenizer.chat_template(), &tokenizer.specials()).unwrap();
+    for chat in want["chat"].as_array().unwrap() {
+        let generation = chat["add_generation_prompt"].as_bool().unwrap();
+        let text = template
+            .render(&messages(&chat["messages"]), generation)
+            .unwrap();
+        assert_eq!(text, chat["text"].as_str().unwrap());
+        assert_eq!(tokenizer.encode(&text), ids(&chat["ids"]));
+    }
+}
+
+#[test]
+fn assistant_spans_hold_each_reply_and_its_end_of_turn() {
+    let tokenizer = Tokenizer::from_name(fixture().to_str().unwrap()).unwrap();
+    let template = ChatTemplate::new(tokenizer.chat_template(), &tokenizer.specials()).unwrap();
+    let chat = messages(&expected()["chat"][2]["messages"]);
+    let (text, spans) = template.render_with_spans(&chat).unwrap();
+    let replies: Vec<&str> = spans.iter().map(|s| &text[s.clone()]).collect();
+    assert_eq!(replies, ["Both.<|eot_id|>", "Because.<|eot_id|>"]);
+
+    // The plain template, for tokenizers without one.
+    let plain = ChatTemplate::new(None, &tokenizer.specials()).unwrap();
+    let (text, spans) = plain.render_with_spans(&chat).unwrap();
+    assert!(text.starts_with("<|begin_of_text|>### User:\nZürich or 東京?\n\n### Assistant:\n"));
+    assert_eq!(&text[spans[0].clone()], "Both.<|eot_id|>\n\n");
+}
+
+#[test]
+fn a_template_that_fails_to_render_is_a_clear_error() {
+    let specials = Default::default();
+    let err = ChatTemplate::new(Some("{% for m in messages %}"), &specials)
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("does not compile"), "{err}");
+    let raising = ChatTemplate::new(
+        Some("{{ raise_exception('Conversation roles must alternate') }}"),
+        &specials,
+    )
+    .unwrap();
+    let err = raising.render(&[], false).unwrap_err().to_string();
+    assert!(
+        err.contains("fails to render") && err.contains("Conversation roles must alternate"),
         "{err}"
     );
 }

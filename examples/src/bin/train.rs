@@ -59,6 +59,19 @@ struct Cli {
     /// when it has one, else `byte`.
     #[arg(long)]
     tokenizer: Option<String>,
+    /// What --data holds: `auto` (decided from the files), `text`, or the
+    /// instruction formats `alpaca`, `sharegpt`, `chat` (JSON Lines or a
+    /// JSON array), rendered with the tokenizer's chat template.
+    #[arg(long, default_value = "auto")]
+    data_format: examples::instruct::DataFormat,
+    /// Instruction data: train on the prompt's tokens too (by default the
+    /// loss covers the assistant's tokens only).
+    #[arg(long)]
+    train_on_prompt: bool,
+    /// Instruction data: one example per window, padded, instead of packing
+    /// several into each.
+    #[arg(long)]
+    no_packing: bool,
     /// Write per-step metrics as JSON lines to this file.
     #[arg(long)]
     metrics: Option<PathBuf>,
@@ -277,6 +290,9 @@ fn main() -> ExitCode {
         init_from: cli.init_from,
         export_hf: cli.export_hf,
         stop_after: cli.stop_after,
+        data_format: cli.data_format,
+        train_on_prompt: cli.train_on_prompt,
+        packing: !cli.no_packing,
         poison_at_step: None,
     };
     #[cfg(feature = "cuda")]

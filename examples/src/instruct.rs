@@ -1,0 +1,469 @@
+//! Instruction data: alpaca (`instruction`/`input`/`output`), sharegpt
+//! (`conversations` of `from`/`value`) and chat (`messages` of
+//! `role`/`content`) records, in JSON Lines or a JSON array, rendered with the
+//! tokenizer's chat template ([`crate::chat`]) and tokenized in parallel into
+//! training windows whose targets cover the assistant's tokens only (all of
+//! them with `train_on_prompt`).
+//!
+//! Examples are packed greedily into windows of `seq_len + 1` tokens (each
+//! ending with the end-of-sequence token where the tokenizer has one), or one
+//! per window without packing; the rest of a window is padding that is not
+//! trained on. An example longer than a window is truncated and counted.
+//! Within a packed window attention is causal over all of it, examples
+//! included (the usual packing trade-off).
+
+use std::fmt;
+use std::fs;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use burn_offload::cross_entropy::IGNORE_INDEX;
+use rayon::prelude::*;
+use serde_json::Value;
+
+use crate::chat::{ChatError, ChatTemplate, Message};
+use crate::data::Windows;
+use crate::tokenizer::Tokenizer;
+
+/// What `--data` holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DataFormat {
+    /// Decided from the files: `.txt`, or the first record's fields.
+    Auto,
+    /// Plain text (`.txt`, or `.jsonl` with a `text` field).
+    Text,
+    /// `{"instruction", "input", "output"}` records.
+    Alpaca,
+    /// `{"conversations": [{"from", "value"}]}` records.
+    Sharegpt,
+    /// `{"messages": [{"role", "content"}]}` records.
+    Chat,
+}
+
+impl fmt::Display for DataFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = match self {
+            DataFormat::Auto => "auto",
+            DataFormat::Text => "text",
+            DataFormat::Alpaca => "alpaca",
+            DataFormat::Sharegpt => "sharegpt",
+            DataFormat::Chat => "chat",
+        };
+        f.write_str(name)
+    }
+}
+
+/// Why instruction data could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum InstructError {
+    #[error("data path `{}` does not exist", .0.display())]
+    NotFound(PathBuf),
+    #[error("cannot read `{}`: {error}", path.display())]
+    Io {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    #[error("`{}` {at}: invalid JSON: {error}", path.display())]
+    Json {
+        path: PathBuf,
+        at: String,
+        error: serde_json::Error,
+    },
+    #[error(
+        "`{}` is in none of the data formats: expected text (.txt, or records with `text`), \
+         alpaca (`instruction`/`output`), sharegpt (`conversations`) or chat (`messages`) records",
+        .0.display()
+    )]
+    UnknownFormat(PathBuf),
+    #[error("`{}` holds no records", .0.display())]
+    Empty(PathBuf),
+    #[error("`{}` {at}: {reason}", path.display())]
+    Record {
+        path: PathBuf,
+        at: String,
+        reason: String,
+    },
+    #[error("`{}` {at}: {error}", path.display())]
+    Chat {
+        path: PathBuf,
+        at: String,
+        error: ChatError,
+    },
+}
+
+/// How examples become windows.
+#[derive(Debug, Clone, Copy)]
+pub struct Shaping {
+    pub format: DataFormat,
+    pub seq_len: usize,
+    /// Train on every token, not only the assistant's.
+    pub train_on_prompt: bool,
+    /// Pack several examples into a window (else one each, padded).
+    pub packing: bool,
+}
+
+/// Instruction data made into windows, with what happened on the way.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    pub windows: Windows,
+    pub format: DataFormat,
+    pub examples: usize,
+    /// Examples cut to the window length.
+    pub truncated: usize,
+    /// Tokens of all examples (before truncation).
+    pub tokens: usize,
+    /// Targets trained on, over all windows.
+    pub trained: usize,
+    /// Tokens tokenized per second.
+    pub tokens_per_s: f64,
+}
+
+/// One record, where it came from, and its JSON.
+struct Record {
+    path: PathBuf,
+    at: String,
+    value: Value,
+}
+
+/// The format of the data at `path` when `Auto`: `.txt` (or a folder
+/// without `.json`/`.jsonl` files) is text; otherwise the first record's
+/// fields decide.
+pub fn detect(path: &Path) -> Result<DataFormat, InstructError> {
+    let files = record_files(path)?;
+    let Some(first) = files.first() else {
+        return Ok(DataFormat::Text);
+    };
+    let records = read_records(first, Some(1))?;
+    let Some(record) = records.first() else {
+        return Err(InstructError::Empty(first.clone()));
+    };
+    let has = |k: &str| record.value.get(k).is_some();
+    Ok(if has("messages") {
+        DataFormat::Chat
+    } else if has("conversations") {
+        DataFormat::Sharegpt
+    } else if has("instruction") {
+        DataFormat::Alpaca
+    } else if has("text") {
+        DataFormat::Text
+    } else {
+        return Err(InstructError::UnknownFormat(first.clone()));
+    })
+}
+
+/// Reads, renders and tokenizes the records at `path` into windows.
+pub fn prepare(
+    path: &Path,
+    shaping: Shaping,
+    tokenizer: &Tokenizer,
+) -> Result<Prepared, InstructError> {
+    let format = match shaping.format {
+        DataFormat::Auto => detect(path)?,
+        format => format,
+    };
+    let mut records = Vec::new();
+    for file in record_files(path)? {
+        records.extend(read_records(&file, None)?);
+    }
+    if records.is_empty() {
+        return Err(InstructError::Empty(path.to_path_buf()));
+    }
+    let template =
+        ChatTemplate::new(tokenizer.chat_template(), &tokenizer.specials()).map_err(|error| {
+            InstructError::Chat {
+                path: path.to_path_buf(),
+                at: "(the tokenizer's chat template)".into(),
+                error,
+            }
+        })?;
+    let eos = tokenizer.specials().eos.map(|s| s.id);
+    let started = std::time::Instant::now();
+    let examples: Vec<(Vec<u32>, Vec<bool>)> = records
+        .par_iter()
+        .map(|record| {
+            let messages = conversation(record, format)?;
+            let (text, spans) = if shaping.train_on_prompt {
+                let text = template.render(&messages, false);
+                text.map(|t| {
+                    let all = 0..t.len();
+                    (t, vec![all])
+                })
+            } else {
+                template.render_with_spans(&messages)
+            }
+            .map_err(|error| InstructError::Chat {
+                path: record.path.clone(),
+                at: record.at.clone(),
+                error,
+            })?;
+            Ok(tokenize(tokenizer, &text, &spans, eos))
+        })
+        .collect::<Result<_, InstructError>>()?;
+    let tokens: usize = examples.iter().map(|(ids, _)| ids.len()).sum();
+    let tokens_per_s = tokens as f64 / started.elapsed().as_secs_f64().max(1e-9);
+    let pad = tokenizer.specials().pad.map(|s| s.id).or(eos).unwrap_or(0);
+    let (windows, truncated) = pack(&examples, shaping.seq_len, shaping.packing, pad);
+    let trained = windows.targets.iter().filter(|&&t| t >= 0).count();
+    Ok(Prepared {
+        windows,
+        format,
+        examples: examples.len(),
+        truncated,
+        tokens,
+        trained,
+        tokens_per_s,
+    })
+}
+
+/// Token ids of `text` and whether each is trained on (starts inside one of
+/// `spans`), with the end-of-sequence token appended when missing.
+fn tokenize(
+    tokenizer: &Tokenizer,
+    text: &str,
+    spans: &[Range<usize>],
+    eos: Option<u32>,
+) -> (Vec<u32>, Vec<bool>) {
+    let (mut ids, starts) = tokenizer.encode_with_starts(text);
+    let mut trained: Vec<bool> = starts
+        .iter()
+        .map(|s| spans.iter().any(|span| span.contains(s)))
+        .collect();
+    if let Some(eos) = eos.filter(|&e| ids.last() != Some(&e)) {
+        let last = trained.last().copied().unwrap_or(false);
+        ids.push(eos);
+        trained.push(last);
+    }
+    (ids, trained)
+}
+
+/// Windows of `seq_len` inputs: examples appended while they fit in
+/// `seq_len + 1` tokens (one per window without `packing`), the rest `pad`;
+/// a target is the next token where that token is trained on. Returns the
+/// windows and how many examples were truncated.
+fn pack(
+    examples: &[(Vec<u32>, Vec<bool>)],
+    seq_len: usize,
+    packing: bool,
+    pad: u32,
+) -> (Windows, usize) {
+    let span = seq_len + 1;
+    let mut windows = Windows {
+        seq_len,
+        inputs: Vec::new(),
+        targets: Vec::new(),
+    };
+    let mut truncated = 0;
+    let mut tokens: Vec<u32> = Vec::with_capacity(span);
+    let mut trained: Vec<bool> = Vec::with_capacity(span);
+    let mut flush = |tokens: &mut Vec<u32>, trained: &mut Vec<bool>| {
+        if tokens.is_empty() {
+            return;
+        }
+        tokens.resize(span, pad);
+        trained.resize(span, false);
+        windows.inputs.extend_from_slice(&tokens[..seq_len]);
+        windows.targets.extend((1..span).map(|j| {
+            if trained[j] {
+                i64::from(tokens[j])
+            } else {
+                IGNORE_INDEX
+            }
+        }));
+        tokens.clear();
+        trained.clear();
+    };
+    for (ids, marks) in examples {
+        let n = if ids.len() > span {
+            truncated += 1;
+            span
+        } else {
+            ids.len()
+        };
+        if !packing || tokens.len() + n > span {
+            flush(&mut tokens, &mut trained);
+        }
+        tokens.extend_from_slice(&ids[..n]);
+        trained.extend_from_slice(&marks[..n]);
+    }
+    flush(&mut tokens, &mut trained);
+    (windows, truncated)
+}
+
+/// The conversation a record holds, in `format`.
+fn conversation(record: &Record, format: DataFormat) -> Result<Vec<Message>, InstructError> {
+    let fail = |reason: String| InstructError::Record {
+        path: record.path.clone(),
+        at: record.at.clone(),
+        reason,
+    };
+    let text = |v: &Value, key: &str| -> Result<String, InstructError> {
+        v.get(key)
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .ok_or_else(|| fail(format!("no string field `{key}`")))
+    };
+    let v = &record.value;
+    let messages = match format {
+        DataFormat::Alpaca => {
+            let instruction = text(v, "instruction")?;
+            let input = v.get("input").and_then(Value::as_str).unwrap_or("");
+            let prompt = if input.trim().is_empty() {
+                instruction
+            } else {
+                format!("{instruction}\n\n{input}")
+            };
+            let mut messages = Vec::new();
+            if let Some(system) = v.get("system").and_then(Value::as_str) {
+                messages.push(Message::new("system", system));
+            }
+            messages.push(Message::new("user", &prompt));
+            messages.push(Message::new("assistant", &text(v, "output")?));
+            messages
+        }
+        DataFormat::Sharegpt | DataFormat::Chat => {
+            let (list, role_key, content_key) = match format {
+                DataFormat::Sharegpt => ("conversations", "from", "value"),
+                _ => ("messages", "role", "content"),
+            };
+            let turns = v
+                .get(list)
+                .and_then(Value::as_array)
+                .ok_or_else(|| fail(format!("no list `{list}`")))?;
+            turns
+                .iter()
+                .enumerate()
+                .map(|(i, turn)| {
+                    let role = text(turn, role_key)
+                        .map_err(|_| fail(format!("turn {i} has no string `{role_key}`")))?;
+                    let role = match role.as_str() {
+                        "system" => "system",
+                        "user" | "human" => "user",
+                        "assistant" | "gpt" => "assistant",
+                        other => {
+                            return Err(fail(format!(
+                                "turn {i} has role `{other}` (supported: system, user/human, assistant/gpt)"
+                            )))
+                        }
+                    };
+                    let content = text(turn, content_key)
+                        .map_err(|_| fail(format!("turn {i} has no string `{content_key}`")))?;
+                    Ok(Message::new(role, &content))
+                })
+                .collect::<Result<Vec<_>, _>>()?
+        }
+        DataFormat::Auto | DataFormat::Text => {
+            unreachable!("text data does not go through conversations")
+        }
+    };
+    if !messages.iter().any(|m| m.role == "assistant") {
+        return Err(fail("has no assistant turn (nothing to train on)".into()));
+    }
+    Ok(messages)
+}
+
+/// The `.json`/`.jsonl` files at `path` (itself, or those in the folder,
+/// sorted).
+fn record_files(path: &Path) -> Result<Vec<PathBuf>, InstructError> {
+    let io = |error| InstructError::Io {
+        path: path.to_path_buf(),
+        error,
+    };
+    let is_records = |p: &Path| {
+        p.extension()
+            .and_then(|e| e.to_str())
+            .is_some_and(|e| e.eq_ignore_ascii_case("json") || e.eq_ignore_ascii_case("jsonl"))
+    };
+    if !path.exists() {
+        return Err(InstructError::NotFound(path.to_path_buf()));
+    }
+    if !path.is_dir() {
+        fs::metadata(path).map_err(io)?;
+        return Ok(if is_records(path) {
+            vec![path.to_path_buf()]
+        } else {
+            Vec::new()
+        });
+    }
+    let mut files: Vec<PathBuf> = fs::read_dir(path)
+        .map_err(io)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_file() && is_records(p))
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+/// The records of one file (at most `limit`): JSON Lines, or a JSON array.
+fn read_records(path: &Path, limit: Option<usize>) -> Result<Vec<Record>, InstructError> {
+    let text = fs::read_to_string(path).map_err(|error| InstructError::Io {
+        path: path.to_path_buf(),
+        error,
+    })?;
+    let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
+    let limit = limit.unwrap_or(usize::MAX);
+    if text.trim_start().starts_with('[') {
+        let values: Vec<Value> =
+            serde_json::from_str(text).map_err(|error| InstructError::Json {
+                path: path.to_path_buf(),
+                at: "(a JSON array)".into(),
+                error,
+            })?;
+        return Ok(values
+            .into_iter()
+            .take(limit)
+            .enumerate()
+            .map(|(i, value)| Record {
+                path: path.to_path_buf(),
+                at: format!("record {}", i + 1),
+                value,
+            })
+            .collect());
+    }
+    let mut records = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if records.len() == limit {
+            break;
+        }
+        if line.trim().is_empty() {
+            continue;
+        }
+        let at = format!("line {}", i + 1);
+        let value = serde_json::from_str(line).map_err(|error| InstructError::Json {
+            path: path.to_path_buf(),
+            at: at.clone(),
+            error,
+        })?;
+        records.push(Record {
+            path: path.to_path_buf(),
+            at,
+            value,
+        });
+    }
+    Ok(records)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packing_fills_windows_and_masks_what_is_not_trained() {
+        // Two examples of 3 tokens and one of 7 (one more than a window).
+        let ex = |ids: &[u32], trained: &[bool]| (ids.to_vec(), trained.to_vec());
+        let examples = [
+            ex(&[1, 2, 3], &[false, true, true]),
+            ex(&[4, 5, 6], &[false, false, true]),
+            ex(&[7, 8, 9, 10, 11, 12, 13], &[true; 7]),
+        ];
+        let (w, truncated) = pack(&examples, 5, true, 0);
+        assert_eq!(truncated, 1);
+        assert_eq!(w.count(), 2);
+        let ig = IGNORE_INDEX;
+        assert_eq!(w.inputs, [1, 2, 3, 4, 5, 7, 8, 9, 10, 11]);
+        assert_eq!(w.targets, [2, 3, ig, ig, 6, 8, 9, 10, 11, 12]);
+        let (w, truncated) = pack(&examples, 5, false, 99);
+        assert_eq!((w.count(), truncated), (3, 1));
+        assert_eq!(&w.inputs[..5], [1, 2, 3, 99, 99]);
+        assert_eq!(&w.targets[..5], [2, 3, ig, ig, ig]);
+    }
+}
