@@ -68,6 +68,8 @@ pub struct SpecialTokens {
 /// A Hugging Face tokenizer with what its checkpoint says about it.
 pub struct HfTokenizer {
     inner: tokenizers::Tokenizer,
+    /// The files it was read from (tokenizer.json, and its config when present).
+    files: Vec<PathBuf>,
     name: String,
     vocab_size: usize,
     specials: SpecialTokens,
@@ -171,8 +173,17 @@ impl HfTokenizer {
                     .map(str::to_owned),
                 _ => None,
             });
+        let files = std::iter::once(file.clone())
+            .chain(
+                ["tokenizer_config.json", "special_tokens_map.json"]
+                    .map(|name| dir.join(name))
+                    .into_iter()
+                    .filter(|p| p.is_file()),
+            )
+            .collect();
         Ok(Self {
             inner,
+            files,
             name: format!("hf-{:08x}", crc32fast::hash(&bytes)),
             vocab_size,
             specials,
@@ -255,6 +266,15 @@ impl Tokenizer {
         match self {
             Tokenizer::HuggingFace(t) => t.specials.clone(),
             _ => SpecialTokens::default(),
+        }
+    }
+
+    /// The files a Hugging Face tokenizer was read from, to ship beside an
+    /// exported model (none for byte and GPT-2).
+    pub fn files(&self) -> &[PathBuf] {
+        match self {
+            Tokenizer::HuggingFace(t) => &t.files,
+            _ => &[],
         }
     }
 

@@ -1025,9 +1025,9 @@ impl Job<'_> {
             // Stop promptly: the run is not finished, so neither export nor sample.
             return Ok(outcome);
         }
-        if let Some(dir) = &self.opts.export_hf {
+        if self.opts.export_hf.is_some() {
             // The export needs the whole model as burn modules on the device.
-            models::hf::save(&engine.model(), &self.config, dir)?;
+            self.export(&engine.model())?;
         }
         if !outcome.losses.is_empty() {
             // Sampling streams the blocks like training does: a model larger
@@ -1057,15 +1057,33 @@ impl Job<'_> {
         Ok(Some(path))
     }
 
+    /// Writes `model` to `--export-hf` as a Hugging Face checkpoint, with the
+    /// run's tokenizer files beside it (a folder `transformers` loads whole).
+    fn export<B: Backend, M: burn::module::Module<B>>(&self, model: &M) -> Result<()> {
+        let Some(dir) = &self.opts.export_hf else {
+            return Ok(());
+        };
+        models::hf::save(model, &self.config, dir)?;
+        for file in self.tokenizer.files() {
+            let name = file.file_name().expect("a file");
+            std::fs::copy(&file, dir.join(name)).map_err(|e| {
+                anyhow::anyhow!(
+                    "--export-hf `{}`: cannot copy `{}`: {e}",
+                    dir.display(),
+                    file.display()
+                )
+            })?;
+        }
+        Ok(())
+    }
+
     /// The resident model's export and sample.
     fn finish<B: Backend, M: BlockModel<B>>(
         &mut self,
         model: &M,
         device: &B::Device,
     ) -> Result<String> {
-        if let Some(dir) = &self.opts.export_hf {
-            models::hf::save(model, &self.config, dir)?;
-        }
+        self.export(model)?;
         self.sample(device, |tokens| Ok(last_logits(model, tokens)))
     }
 

@@ -263,3 +263,41 @@ fn rand_name() -> String {
     static N: AtomicUsize = AtomicUsize::new(0);
     N.fetch_add(1, Ordering::SeqCst).to_string()
 }
+
+/// The export is a folder transformers loads whole: the model and the
+/// run's tokenizer files beside it.
+#[test]
+fn the_export_carries_the_tokenizer() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = checkpoint(dir.path());
+    let data = write(dir.path(), "chat.jsonl", CHAT);
+    let export = dir.path().join("export");
+    let out = train(&[
+        "--init-from",
+        s(&ckpt),
+        "--data",
+        s(&data),
+        "--export-hf",
+        s(&export),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for file in [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ] {
+        assert!(
+            export.join(file).is_file(),
+            "{file} missing from the export"
+        );
+    }
+    assert_eq!(
+        std::fs::read(export.join("tokenizer.json")).unwrap(),
+        std::fs::read(ckpt.join("tokenizer.json")).unwrap()
+    );
+}
