@@ -1066,7 +1066,7 @@ impl Job<'_> {
         models::hf::save(model, &self.config, dir)?;
         for file in self.tokenizer.files() {
             let name = file.file_name().expect("a file");
-            std::fs::copy(&file, dir.join(name)).map_err(|e| {
+            std::fs::copy(file, dir.join(name)).map_err(|e| {
                 anyhow::anyhow!(
                     "--export-hf `{}`: cannot copy `{}`: {e}",
                     dir.display(),
