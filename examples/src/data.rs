@@ -11,7 +11,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 /// Separator placed between documents (files, JSONL records) in a corpus.
-const DOC_SEPARATOR: &str = "\n\n";
+pub(crate) const DOC_SEPARATOR: &str = "\n\n";
 
 /// Everything that can go wrong while loading data or setting up batching.
 ///
@@ -52,12 +52,15 @@ pub enum DataError {
     #[error("the data makes no training window")]
     NoWindows,
 
+    #[error("token cache `{}` (--data-cache): {error}", path.display())]
+    Cache { path: PathBuf, error: io::Error },
+
     #[error("corpus has {tokens} tokens but a window needs seq_len + 1 = {needed} tokens")]
     CorpusTooShort { tokens: usize, needed: usize },
 }
 
 impl DataError {
-    fn io(path: &Path, error: io::Error) -> Self {
+    pub(crate) fn io(path: &Path, error: io::Error) -> Self {
         DataError::Io {
             path: path.to_path_buf(),
             error,
@@ -80,42 +83,43 @@ impl DataError {
 /// Documents are joined with a blank line. An empty result is an error, since
 /// training on nothing would only fail later with a less helpful message.
 pub fn read_corpus(path: &Path) -> Result<String, DataError> {
+    let files = corpus_files(path)?;
+    let mut docs = Vec::with_capacity(files.len());
+    for file in &files {
+        let doc = read_corpus_file(file)?;
+        // Empty files inside a directory are tolerated; they just must not
+        // add stray separators.
+        if !doc.is_empty() {
+            docs.push(doc);
+        }
+    }
+    let corpus = docs.join(DOC_SEPARATOR);
+    if corpus.is_empty() {
+        return Err(DataError::Empty(path.to_path_buf()));
+    }
+    Ok(corpus)
+}
+
+/// The files of the corpus at `path`: itself, or for a directory every
+/// `.txt` and `.jsonl` file inside it, recursively, in sorted path order.
+pub fn corpus_files(path: &Path) -> Result<Vec<PathBuf>, DataError> {
     let meta = fs::metadata(path).map_err(|e| match e.kind() {
         io::ErrorKind::NotFound => DataError::NotFound(path.to_path_buf()),
         _ => DataError::io(path, e),
     })?;
-
-    if meta.is_dir() {
-        let mut files = Vec::new();
-        collect_corpus_files(path, &mut files)?;
-        if files.is_empty() {
-            return Err(DataError::NoCorpusFiles(path.to_path_buf()));
-        }
-        files.sort();
-        let mut docs = Vec::with_capacity(files.len());
-        for file in &files {
-            let doc = read_corpus_file(file)?;
-            // Empty files inside a directory are tolerated; they just must not
-            // add stray separators.
-            if !doc.is_empty() {
-                docs.push(doc);
-            }
-        }
-        let corpus = docs.join(DOC_SEPARATOR);
-        if corpus.is_empty() {
-            return Err(DataError::Empty(path.to_path_buf()));
-        }
-        Ok(corpus)
-    } else {
-        let corpus = read_corpus_file(path)?;
-        if corpus.is_empty() {
-            return Err(DataError::Empty(path.to_path_buf()));
-        }
-        Ok(corpus)
+    if !meta.is_dir() {
+        return Ok(vec![path.to_path_buf()]);
     }
+    let mut files = Vec::new();
+    collect_corpus_files(path, &mut files)?;
+    if files.is_empty() {
+        return Err(DataError::NoCorpusFiles(path.to_path_buf()));
+    }
+    files.sort();
+    Ok(files)
 }
 
-fn has_extension(path: &Path, ext: &str) -> bool {
+pub(crate) fn has_extension(path: &Path, ext: &str) -> bool {
     path.extension()
         .and_then(|e| e.to_str())
         .is_some_and(|e| e.eq_ignore_ascii_case(ext))
@@ -155,7 +159,7 @@ fn collect_corpus_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), DataEr
 
 /// Reads one file as text or JSONL depending on its extension. May return an
 /// empty string; callers decide whether that is an error.
-fn read_corpus_file(path: &Path) -> Result<String, DataError> {
+pub(crate) fn read_corpus_file(path: &Path) -> Result<String, DataError> {
     let bytes = fs::read(path).map_err(|e| DataError::io(path, e))?;
     let mut text = String::from_utf8(bytes).map_err(|e| DataError::NotUtf8 {
         path: path.to_path_buf(),
@@ -533,6 +537,8 @@ pub struct Batcher {
 enum Source {
     /// A token stream: any window of it.
     Stream(Vec<u32>),
+    /// The same, memory-mapped from the token cache.
+    Mapped(std::sync::Arc<crate::token_cache::TokenFile>),
     /// Fixed windows with their own targets.
     Windows(Windows),
 }
@@ -577,6 +583,29 @@ impl Batcher {
         })
     }
 
+    /// [`Batcher::new`] over a tokenized corpus on disk, read where the
+    /// windows fall (the corpus is never in memory whole).
+    pub fn mapped(
+        tokens: crate::token_cache::TokenFile,
+        seq_len: usize,
+        seed: u64,
+    ) -> Result<Self, DataError> {
+        if seq_len == 0 {
+            return Err(DataError::ZeroSeqLen);
+        }
+        if tokens.len() <= seq_len {
+            return Err(DataError::CorpusTooShort {
+                tokens: tokens.len(),
+                needed: seq_len.saturating_add(1),
+            });
+        }
+        Ok(Self {
+            source: Source::Mapped(std::sync::Arc::new(tokens)),
+            seq_len,
+            rng: SplitMix64::new(seed),
+        })
+    }
+
     /// Creates a batcher drawing whole windows from `windows` (uniformly, with
     /// replacement): instruction data, whose windows carry their own targets.
     pub fn windows(windows: Windows, seed: u64) -> Result<Self, DataError> {
@@ -610,6 +639,14 @@ impl Batcher {
                     targets.extend(window[1..].iter().map(|&t| i64::from(t)));
                 }
             }
+            Source::Mapped(tokens) => {
+                let starts = (tokens.len() - seq) as u64;
+                for _ in 0..batch {
+                    let start = self.rng.below(starts) as usize;
+                    inputs.extend((start..start + seq).map(|i| i64::from(tokens.get(i))));
+                    targets.extend((start + 1..start + seq + 1).map(|i| i64::from(tokens.get(i))));
+                }
+            }
             Source::Windows(windows) => {
                 for _ in 0..batch {
                     let w = self.rng.below(windows.count() as u64) as usize;
@@ -636,6 +673,7 @@ impl Batcher {
     pub fn len_tokens(&self) -> usize {
         match &self.source {
             Source::Stream(tokens) => tokens.len(),
+            Source::Mapped(tokens) => tokens.len(),
             Source::Windows(windows) => windows.inputs.len(),
         }
     }

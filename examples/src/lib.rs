@@ -8,6 +8,7 @@ pub mod plan;
 pub mod preflight;
 pub mod schedule;
 pub mod signals;
+pub mod token_cache;
 pub mod tokenizer;
 pub mod train;
 

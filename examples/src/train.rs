@@ -24,12 +24,13 @@ use models::{cross_entropy, ModelConfig};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
-use crate::data::{default_corpus, read_corpus, Batcher};
+use crate::data::{default_corpus, Batcher};
 use crate::instruct::{self, DataFormat};
 use crate::outputs::{check_writable_folder, MetricsFile, ResumeMarker};
 use crate::plan::{BlockInputs, Job as PlanJob, KeptGraphs, Machine, Plan};
 use crate::schedule::WarmupCosine;
 use crate::signals;
+use crate::token_cache;
 use crate::tokenizer::Tokenizer;
 use crate::{peak_rss_bytes, process_rss_bytes, DefaultBackend};
 use burn_offload::trace;
@@ -112,6 +113,9 @@ pub struct TrainOptions {
     pub stop_after: Option<usize>,
     /// What `--data` holds (`Auto`: decided from the files).
     pub data_format: DataFormat,
+    /// Where tokenized text corpora are cached (default:
+    /// [`token_cache::default_root`]).
+    pub data_cache: Option<PathBuf>,
     /// Instruction data: train on the prompt's tokens too, not only the
     /// assistant's.
     pub train_on_prompt: bool,
@@ -165,6 +169,7 @@ impl Default for TrainOptions {
             export_hf: None,
             stop_after: None,
             data_format: DataFormat::Auto,
+            data_cache: None,
             train_on_prompt: false,
             packing: true,
             poison_at_step: None,
@@ -393,6 +398,9 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
     if format == DataFormat::Text && (opts.train_on_prompt || !opts.packing) {
         bail!("--train-on-prompt and --no-packing apply to instruction data, and --data is text");
     }
+    if opts.data_cache.is_some() && (format != DataFormat::Text || opts.data.is_none()) {
+        bail!("--data-cache holds tokenized text corpora; --data is not a text corpus");
+    }
     let placed = check_memory(opts)?;
     let (batcher, corpus) = match (&opts.data, format) {
         (Some(path), DataFormat::Alpaca | DataFormat::Sharegpt | DataFormat::Chat) => {
@@ -423,12 +431,31 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
             let corpus = (windows.inputs.len(), corpus_crc32(&identity));
             (Batcher::windows(windows, opts.seed)?, corpus)
         }
-        (data, _) => {
-            let text = match data {
-                Some(path) => read_corpus(path)?,
-                None => default_corpus(),
-            };
-            let tokens = tokenizer.encode(&text);
+        (Some(path), _) => {
+            let root = opts
+                .data_cache
+                .clone()
+                .unwrap_or_else(token_cache::default_root);
+            let tokenized = token_cache::tokenize(path, &tokenizer, &root)?;
+            if opts.progress {
+                let how = match tokenized.tokens_per_s {
+                    Some(rate) => format!("tokenized at {rate:.0} tok/s into"),
+                    None => "read from".to_string(),
+                };
+                eprintln!(
+                    "corpus: {} tokens, {how} `{}`",
+                    tokenized.tokens.len(),
+                    tokenized.folder.display()
+                );
+            }
+            let corpus = (tokenized.tokens.len(), tokenized.crc32);
+            (
+                Batcher::mapped(tokenized.tokens, opts.seq_len, opts.seed)?,
+                corpus,
+            )
+        }
+        (None, _) => {
+            let tokens = tokenizer.encode(&default_corpus());
             let corpus = (tokens.len(), corpus_crc32(&tokens));
             (Batcher::new(tokens, opts.seq_len, opts.seed)?, corpus)
         }

@@ -64,6 +64,11 @@ struct Cli {
     /// JSON array), rendered with the tokenizer's chat template.
     #[arg(long, default_value = "auto")]
     data_format: examples::instruct::DataFormat,
+    /// Where tokenized text corpora are cached (keyed by the data files and
+    /// the tokenizer; reused by later runs and resumes). Default:
+    /// $XDG_CACHE_HOME/burn-offload/tokens or ~/.cache/burn-offload/tokens.
+    #[arg(long)]
+    data_cache: Option<PathBuf>,
     /// Instruction data: train on the prompt's tokens too (by default the
     /// loss covers the assistant's tokens only).
     #[arg(long)]
@@ -291,6 +296,7 @@ fn main() -> ExitCode {
         export_hf: cli.export_hf,
         stop_after: cli.stop_after,
         data_format: cli.data_format,
+        data_cache: cli.data_cache,
         train_on_prompt: cli.train_on_prompt,
         packing: !cli.no_packing,
         poison_at_step: None,

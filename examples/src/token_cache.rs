@@ -1,0 +1,315 @@
+//! Tokenized corpora on disk. A text corpus is cut into documents (files,
+//! JSONL records, and large text files at blank lines every few MB), the
+//! documents are tokenized in parallel (rayon) a batch at a time, and the ids
+//! are written to `tokens.bin` (u16 where the vocabulary fits, else u32) in a
+//! cache folder keyed by the data files (path, size, modification time) and
+//! the tokenizer. Later runs and resumes map the file instead of tokenizing
+//! again, and the batcher reads windows from the map: the corpus never sits
+//! in memory as one string or one `Vec`.
+//!
+//! Documents are separated by the tokens of a blank line, as
+//! [`crate::data::read_corpus`] joins them.
+
+use std::fs::{self, File};
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+
+use crate::data::{corpus_files, has_extension, read_corpus_file, DataError, DOC_SEPARATOR};
+use crate::tokenizer::Tokenizer;
+
+/// Text handed to the tokenizer per batch of documents (bounds memory).
+const BATCH_BYTES: usize = 64 << 20;
+/// Large text files are cut at the first blank line after this many bytes.
+pub const CHUNK_BYTES: usize = 4 << 20;
+/// Bumped when the file layout or the cutting rules change.
+const CACHE_VERSION: u32 = 1;
+
+/// A memory-mapped token file.
+pub struct TokenFile {
+    map: memmap2::Mmap,
+    /// Bytes per id: 2 or 4.
+    width: usize,
+}
+
+impl TokenFile {
+    /// Number of tokens.
+    pub fn len(&self) -> usize {
+        self.map.len() / self.width
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Token `i`.
+    pub fn get(&self, i: usize) -> u32 {
+        let at = i * self.width;
+        match self.width {
+            2 => u16::from_le_bytes([self.map[at], self.map[at + 1]]) as u32,
+            _ => u32::from_le_bytes([
+                self.map[at],
+                self.map[at + 1],
+                self.map[at + 2],
+                self.map[at + 3],
+            ]),
+        }
+    }
+}
+
+impl std::fmt::Debug for TokenFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "TokenFile({} tokens of {} bytes)",
+            self.len(),
+            self.width
+        )
+    }
+}
+
+/// What the cache folder records beside `tokens.bin`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Meta {
+    version: u32,
+    tokenizer: String,
+    tokens: usize,
+    width: usize,
+    /// CRC32 of the ids as little-endian u32 (the corpus identity checkpoints
+    /// record, whatever the width on disk).
+    crc32: u32,
+    sources: Vec<String>,
+}
+
+/// A tokenized corpus, from the cache or made now.
+#[derive(Debug)]
+pub struct Tokenized {
+    pub tokens: TokenFile,
+    /// CRC32 of the ids as little-endian u32.
+    pub crc32: u32,
+    /// The cache folder holding it.
+    pub folder: PathBuf,
+    /// Tokens per second of tokenization; `None` when read from the cache.
+    pub tokens_per_s: Option<f64>,
+}
+
+/// The default cache root: `$XDG_CACHE_HOME/burn-offload/tokens`, else
+/// `~/.cache/burn-offload/tokens`, else `.burn-offload-cache` here.
+pub fn default_root() -> PathBuf {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")));
+    match base {
+        Some(base) => base.join("burn-offload").join("tokens"),
+        None => PathBuf::from(".burn-offload-cache"),
+    }
+}
+
+/// The corpus at `data` tokenized with `tokenizer`, from the cache under
+/// `root` when it holds it, else tokenized now and stored there.
+pub fn tokenize(data: &Path, tokenizer: &Tokenizer, root: &Path) -> Result<Tokenized, DataError> {
+    let files = corpus_files(data)?;
+    let mut sources = Vec::with_capacity(files.len());
+    for file in &files {
+        let meta = fs::metadata(file).map_err(|e| DataError::io(file, e))?;
+        let modified = meta
+            .modified()
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_nanos());
+        let path = fs::canonicalize(file).unwrap_or_else(|_| file.clone());
+        sources.push(format!("{} {} {modified}", path.display(), meta.len()));
+    }
+    let key = format!(
+        "{:016x}",
+        fnv1a64(
+            format!(
+                "v{CACHE_VERSION} {} {}",
+                tokenizer.name(),
+                sources.join("\n")
+            )
+            .as_bytes()
+        )
+    );
+    let folder = root.join(&key);
+    if let Some(cached) = open_cached(&folder, tokenizer) {
+        return Ok(cached);
+    }
+
+    let width = if tokenizer.vocab_size() <= 1 << 16 {
+        2
+    } else {
+        4
+    };
+    fs::create_dir_all(root).map_err(|e| cache_error(root, e))?;
+    let tmp = root.join(format!(".tmp-{key}-{}", std::process::id()));
+    fs::create_dir_all(&tmp).map_err(|e| cache_error(&tmp, e))?;
+    let bin = tmp.join("tokens.bin");
+    let started = Instant::now();
+    let written = write_tokens(&files, tokenizer, width, &bin);
+    let (count, crc32) = match written {
+        Ok(done) => done,
+        Err(e) => {
+            let _ = fs::remove_dir_all(&tmp);
+            return Err(e);
+        }
+    };
+    if count == 0 {
+        let _ = fs::remove_dir_all(&tmp);
+        return Err(DataError::Empty(data.to_path_buf()));
+    }
+    let tokens_per_s = count as f64 / started.elapsed().as_secs_f64().max(1e-9);
+    let meta = Meta {
+        version: CACHE_VERSION,
+        tokenizer: tokenizer.name().to_string(),
+        tokens: count,
+        width,
+        crc32,
+        sources,
+    };
+    let meta_path = tmp.join("meta.json");
+    fs::write(
+        &meta_path,
+        serde_json::to_vec_pretty(&meta).expect("meta serialises"),
+    )
+    .map_err(|e| cache_error(&meta_path, e))?;
+    // Another run may have cached the same corpus meanwhile: either copy will do.
+    if fs::rename(&tmp, &folder).is_err() {
+        let _ = fs::remove_dir_all(&tmp);
+    }
+    let mut tokenized = open_cached(&folder, tokenizer)
+        .ok_or_else(|| cache_error(&folder, std::io::Error::other("could not be read back")))?;
+    tokenized.tokens_per_s = Some(tokens_per_s);
+    Ok(tokenized)
+}
+
+/// The cached corpus in `folder`, when it is complete and for this tokenizer.
+fn open_cached(folder: &Path, tokenizer: &Tokenizer) -> Option<Tokenized> {
+    let meta: Meta = serde_json::from_slice(&fs::read(folder.join("meta.json")).ok()?).ok()?;
+    let file = File::open(folder.join("tokens.bin")).ok()?;
+    // SAFETY: cache files are written to a temporary folder and renamed
+    // into place, never modified afterwards.
+    let map = unsafe { memmap2::Mmap::map(&file) }.ok()?;
+    let usable = meta.version == CACHE_VERSION
+        && meta.tokenizer == tokenizer.name()
+        && map.len() == meta.tokens * meta.width;
+    usable.then(|| Tokenized {
+        tokens: TokenFile {
+            map,
+            width: meta.width,
+        },
+        crc32: meta.crc32,
+        folder: folder.to_path_buf(),
+        tokens_per_s: None,
+    })
+}
+
+/// Tokenizes the documents of `files` in order into `bin`; returns the
+/// number of tokens and their CRC32.
+fn write_tokens(
+    files: &[PathBuf],
+    tokenizer: &Tokenizer,
+    width: usize,
+    bin: &Path,
+) -> Result<(usize, u32), DataError> {
+    let mut out = BufWriter::new(File::create(bin).map_err(|e| cache_error(bin, e))?);
+    let separator = tokenizer.encode(DOC_SEPARATOR);
+    let mut crc = crc32fast::Hasher::new();
+    let mut count = 0;
+    let mut write = |ids: &[u32]| -> Result<(), DataError> {
+        for &id in ids {
+            let bytes = id.to_le_bytes();
+            crc.update(&bytes);
+            out.write_all(&bytes[..width])
+                .map_err(|e| cache_error(bin, e))?;
+        }
+        count += ids.len();
+        Ok(())
+    };
+    let mut first = true;
+    for file in files {
+        // JSONL records are gathered into text; a text file is mapped, not read.
+        let (owned, mapped);
+        let text: &str = if has_extension(file, "jsonl") {
+            owned = read_corpus_file(file)?;
+            &owned
+        } else {
+            let handle = File::open(file).map_err(|e| DataError::io(file, e))?;
+            // SAFETY: read-only; the corpus is not written while it is tokenized.
+            mapped = unsafe { memmap2::Mmap::map(&handle) }.map_err(|e| DataError::io(file, e))?;
+            let text = std::str::from_utf8(&mapped).map_err(|e| DataError::NotUtf8 {
+                path: file.clone(),
+                offset: e.valid_up_to(),
+            })?;
+            text.strip_prefix('\u{feff}').unwrap_or(text)
+        };
+        let chunks: Vec<&str> = cut(text, CHUNK_BYTES).filter(|c| !c.is_empty()).collect();
+        for group in chunks.chunks((BATCH_BYTES / CHUNK_BYTES).max(1)) {
+            let encoded: Vec<Vec<u32>> = group.par_iter().map(|c| tokenizer.encode(c)).collect();
+            for ids in encoded {
+                if !std::mem::take(&mut first) {
+                    write(&separator)?;
+                }
+                write(&ids)?;
+            }
+        }
+    }
+    out.flush().map_err(|e| cache_error(bin, e))?;
+    Ok((count, crc.finalize()))
+}
+
+/// `text` cut at the first blank line after every `size` bytes (the blank
+/// line itself dropped: documents are joined by one again).
+pub fn cut(text: &str, size: usize) -> impl Iterator<Item = &str> {
+    let mut rest = text;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let from = size.min(rest.len());
+        // Byte search: "\n\n" is ASCII, so a match is a char boundary.
+        match rest.as_bytes()[from..]
+            .windows(DOC_SEPARATOR.len())
+            .position(|w| w == DOC_SEPARATOR.as_bytes())
+        {
+            Some(at) => {
+                let (chunk, tail) = rest.split_at(from + at);
+                rest = &tail[DOC_SEPARATOR.len()..];
+                Some(chunk)
+            }
+            None => Some(std::mem::take(&mut rest)),
+        }
+    })
+}
+
+fn cache_error(path: &Path, error: std::io::Error) -> DataError {
+    DataError::Cache {
+        path: path.to_path_buf(),
+        error,
+    }
+}
+
+/// FNV-1a, 64 bits: a cache key stable across Rust versions.
+fn fnv1a64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cutting_keeps_every_byte_but_the_separators_it_cuts_at() {
+        let text = "aaaa\n\nbbbb\n\ncccc";
+        let chunks: Vec<&str> = cut(text, 3).collect();
+        assert_eq!(chunks, ["aaaa", "bbbb", "cccc"]);
+        assert_eq!(chunks.join(DOC_SEPARATOR), text);
+        assert_eq!(cut(text, 100).collect::<Vec<_>>(), [text]);
+        assert_eq!(cut("", 3).count(), 0);
+    }
+}
