@@ -567,20 +567,7 @@ impl Batcher {
     /// targets), so a shorter corpus is rejected here rather than failing in
     /// the training loop.
     pub fn new(tokens: Vec<u32>, seq_len: usize, seed: u64) -> Result<Self, DataError> {
-        if seq_len == 0 {
-            return Err(DataError::ZeroSeqLen);
-        }
-        if tokens.len() <= seq_len {
-            return Err(DataError::CorpusTooShort {
-                tokens: tokens.len(),
-                needed: seq_len.saturating_add(1),
-            });
-        }
-        Ok(Self {
-            source: Source::Stream(tokens),
-            seq_len,
-            rng: SplitMix64::new(seed),
-        })
+        Self::stream(tokens.len(), Source::Stream(tokens), seq_len, seed)
     }
 
     /// [`Batcher::new`] over a tokenized corpus on disk, read where the
@@ -590,17 +577,28 @@ impl Batcher {
         seq_len: usize,
         seed: u64,
     ) -> Result<Self, DataError> {
+        let len = tokens.len();
+        Self::stream(
+            len,
+            Source::Mapped(std::sync::Arc::new(tokens)),
+            seq_len,
+            seed,
+        )
+    }
+
+    /// A batcher over a token stream of `len` tokens, which must hold a window.
+    fn stream(len: usize, source: Source, seq_len: usize, seed: u64) -> Result<Self, DataError> {
         if seq_len == 0 {
             return Err(DataError::ZeroSeqLen);
         }
-        if tokens.len() <= seq_len {
+        if len <= seq_len {
             return Err(DataError::CorpusTooShort {
-                tokens: tokens.len(),
+                tokens: len,
                 needed: seq_len.saturating_add(1),
             });
         }
         Ok(Self {
-            source: Source::Mapped(std::sync::Arc::new(tokens)),
+            source,
             seq_len,
             rng: SplitMix64::new(seed),
         })
