@@ -50,8 +50,8 @@ struct Cli {
     /// Seed for initialisation, batches and sampling.
     #[arg(long, default_value_t = 42)]
     seed: u64,
-    /// Text file, .jsonl file (field `text`) or directory of them; the built-in
-    /// corpus when omitted.
+    /// Text file, .jsonl file (field `text`) or directory of them, or
+    /// instruction data (see --data-format); the built-in corpus when omitted.
     #[arg(long)]
     data: Option<PathBuf>,
     /// Tokenizer: `byte`, `gpt2` (BPE), or a Hugging Face tokenizer.json
