@@ -1,24 +1,12 @@
 //! The `train` binary on bad input: a clear one-line error and a non-zero exit.
 
 use std::path::Path;
-use std::process::Command;
+
+mod common;
 
 /// Runs `train` with a tiny, fast configuration plus `args`; returns (success, stderr).
 fn train(args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_train"))
-        .args([
-            "--steps",
-            "1",
-            "--batch",
-            "1",
-            "--seq-len",
-            "8",
-            "--sample-tokens",
-            "1",
-        ])
-        .args(args)
-        .output()
-        .expect("train binary runs");
+    let out = common::train(&[&["--steps", "1"][..], &common::FAST].concat(), args);
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stderr).into_owned(),

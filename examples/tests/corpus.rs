@@ -7,6 +7,8 @@ use examples::data::read_corpus;
 use examples::token_cache::{tokenize, CHUNK_BYTES};
 use examples::tokenizer::Tokenizer;
 
+mod common;
+
 fn ids(file: &examples::token_cache::TokenFile) -> Vec<u32> {
     (0..file.len()).map(|i| file.get(i)).collect()
 }
@@ -112,21 +114,12 @@ fn train_tokenizes_into_the_cache_once_and_reports_the_rate() {
     write(&data, &"a small corpus of words for training. ".repeat(50));
     let cache = dir.path().join("cache");
     let run = |extra: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_train"))
-            .args([
-                "--steps",
-                "1",
-                "--batch",
-                "1",
-                "--seq-len",
-                "8",
-                "--sample-tokens",
-                "1",
-            ])
-            .args(["--data", data.to_str().unwrap()])
-            .args(extra)
-            .output()
-            .unwrap();
+        let base = [
+            &["--steps", "1"][..],
+            &common::FAST,
+            &["--data", data.to_str().unwrap()],
+        ];
+        let out = common::train(&base.concat(), extra);
         (
             out.status.success(),
             String::from_utf8_lossy(&out.stderr).into_owned(),

@@ -3,7 +3,9 @@
 //! error before anything is written.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
+
+mod common;
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures")
@@ -28,20 +30,17 @@ fn checkpoint(dir: &Path) -> PathBuf {
 }
 
 fn train(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_train"))
-        .args([
-            "--steps",
-            "2",
-            "--batch",
-            "2",
-            "--seq-len",
-            "32",
-            "--sample-tokens",
-            "1",
-        ])
-        .args(args)
-        .output()
-        .expect("train runs")
+    let base = [
+        "--steps",
+        "2",
+        "--batch",
+        "2",
+        "--seq-len",
+        "32",
+        "--sample-tokens",
+        "1",
+    ];
+    common::train(&base, args)
 }
 
 fn s(p: &Path) -> &str {

@@ -3,24 +3,16 @@
 //! history across resumes, and flags that would be ignored are refused.
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
+
+mod common;
 
 /// Runs `train` on the tiny Llama with a short, fast configuration plus `args`.
 fn train(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_train"))
-        .args([
-            "--model",
-            "llama-tiny",
-            "--batch",
-            "1",
-            "--seq-len",
-            "8",
-            "--sample-tokens",
-            "1",
-        ])
-        .args(args)
-        .output()
-        .expect("train binary runs")
+    common::train(
+        &[&["--model", "llama-tiny"][..], &common::FAST].concat(),
+        args,
+    )
 }
 
 fn stderr(out: &Output) -> String {
