@@ -221,24 +221,45 @@ fn kill_9_at_random_times_resumes_to_the_losses_of_an_uninterrupted_run() {
     }
 }
 
+/// A long run with its metrics in a temporary folder (and its checkpoints,
+/// with `checkpoints`), once it has logged `steps` steps. Bind `_dir`: the
+/// folder lives as long as it.
+struct Started {
+    child: Child,
+    ckpt: std::path::PathBuf,
+    metrics: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+fn started(extra: &[&str], checkpoints: bool, pause_ms: Option<u64>, steps: usize) -> Started {
+    let dir = tempfile::tempdir().unwrap();
+    let (ckpt, metrics) = (dir.path().join("ckpt"), dir.path().join("m.jsonl"));
+    let mut args = vec!["--metrics", metrics.to_str().unwrap()];
+    if checkpoints {
+        args.extend(["--checkpoint-dir", ckpt.to_str().unwrap()]);
+    }
+    args.extend(extra);
+    let child = spawn(&args, pause_ms);
+    wait_for("the first steps", Duration::from_secs(120), || {
+        metric_lines(&metrics) >= steps
+    });
+    Started {
+        child,
+        ckpt,
+        metrics,
+        _dir: dir,
+    }
+}
+
 #[test]
 fn ctrl_c_saves_a_checkpoint_and_exits_promptly_without_a_sample() {
-    let dir = tempfile::tempdir().unwrap();
-    let ckpt = dir.path().join("ckpt");
-    let metrics = dir.path().join("m.jsonl");
-    let args = [
-        "--checkpoint-dir",
-        ckpt.to_str().unwrap(),
-        "--metrics",
-        metrics.to_str().unwrap(),
-        // Generating these would take minutes: an interrupted run must not.
-        "--sample-tokens",
-        "200000",
-    ];
-    let mut child = spawn(&args, None);
-    wait_for("a first step", Duration::from_secs(120), || {
-        metric_lines(&metrics) >= 2
-    });
+    // Generating these would take minutes: an interrupted run must not.
+    let Started {
+        mut child,
+        ckpt,
+        _dir,
+        ..
+    } = started(&["--sample-tokens", "200000"], true, None, 2);
     signal(&child, "INT");
     let (status, out, err) = exits_within(&mut child, Duration::from_secs(30));
     assert_eq!(status.code(), Some(130), "{err}");
@@ -252,19 +273,12 @@ fn ctrl_c_saves_a_checkpoint_and_exits_promptly_without_a_sample() {
 
 #[test]
 fn sigterm_saves_a_checkpoint_and_exits_143() {
-    let dir = tempfile::tempdir().unwrap();
-    let ckpt = dir.path().join("ckpt");
-    let metrics = dir.path().join("m.jsonl");
-    let args = [
-        "--checkpoint-dir",
-        ckpt.to_str().unwrap(),
-        "--metrics",
-        metrics.to_str().unwrap(),
-    ];
-    let mut child = spawn(&args, None);
-    wait_for("a first step", Duration::from_secs(120), || {
-        metric_lines(&metrics) >= 2
-    });
+    let Started {
+        mut child,
+        ckpt,
+        metrics,
+        _dir,
+    } = started(&[], true, None, 2);
     signal(&child, "TERM");
     let (status, _, err) = exits_within(&mut child, Duration::from_secs(30));
     assert_eq!(status.code(), Some(143), "{err}");
@@ -281,20 +295,13 @@ fn sigterm_saves_a_checkpoint_and_exits_143() {
 
 #[test]
 fn a_second_signal_exits_at_once_saying_what_was_not_saved() {
-    let dir = tempfile::tempdir().unwrap();
-    let ckpt = dir.path().join("ckpt");
-    let metrics = dir.path().join("m.jsonl");
-    let args = [
-        "--checkpoint-dir",
-        ckpt.to_str().unwrap(),
-        "--metrics",
-        metrics.to_str().unwrap(),
-    ];
     // The checkpoint written on the first signal takes a minute.
-    let mut child = spawn(&args, Some(60_000));
-    wait_for("a first step", Duration::from_secs(120), || {
-        metric_lines(&metrics) >= 2
-    });
+    let Started {
+        mut child,
+        ckpt,
+        _dir,
+        ..
+    } = started(&[], true, Some(60_000), 2);
     signal(&child, "INT");
     wait_for("the checkpoint write", Duration::from_secs(60), || {
         names(&ckpt).iter().any(|n| n.starts_with(".tmp-step-"))
@@ -309,12 +316,9 @@ fn a_second_signal_exits_at_once_saying_what_was_not_saved() {
 
 #[test]
 fn ctrl_c_without_a_checkpoint_folder_says_nothing_was_saved() {
-    let dir = tempfile::tempdir().unwrap();
-    let metrics = dir.path().join("m.jsonl");
-    let mut child = spawn(&["--metrics", metrics.to_str().unwrap()], None);
-    wait_for("a first step", Duration::from_secs(120), || {
-        metric_lines(&metrics) >= 1
-    });
+    let Started {
+        mut child, _dir, ..
+    } = started(&[], false, None, 1);
     signal(&child, "INT");
     let (status, _, err) = exits_within(&mut child, Duration::from_secs(30));
     assert_eq!(status.code(), Some(130));
@@ -326,22 +330,13 @@ fn ctrl_c_without_a_checkpoint_folder_says_nothing_was_saved() {
 
 #[test]
 fn a_second_run_cannot_write_into_a_folder_in_use() {
-    let dir = tempfile::tempdir().unwrap();
-    let ckpt = dir.path().join("ckpt");
-    let metrics = dir.path().join("m.jsonl");
+    let Started {
+        child: mut first,
+        ckpt,
+        _dir,
+        ..
+    } = started(&[], true, None, 1);
     let ck = ckpt.to_str().unwrap();
-    let mut first = spawn(
-        &[
-            "--checkpoint-dir",
-            ck,
-            "--metrics",
-            metrics.to_str().unwrap(),
-        ],
-        None,
-    );
-    wait_for("a first step", Duration::from_secs(120), || {
-        metric_lines(&metrics) >= 1
-    });
     let second = Command::new(env!("CARGO_BIN_EXE_train"))
         .args(BASE)
         .args(["--steps", "2", "--checkpoint-dir", ck])
