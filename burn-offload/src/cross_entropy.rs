@@ -57,12 +57,30 @@ pub const IGNORE_INDEX: i64 = -100;
 /// `targets: [batch, seq]`, in f32, over the rows whose target is not
 /// ignored (negative): those add nothing to the sum and get a zero gradient.
 pub fn nll_sum<B: Backend>(logits: Tensor<B, 3>, targets: Tensor<B, 2, Int>) -> Tensor<B, 1> {
+    kept_rows_sum(logits, targets, nll_rows)
+}
+
+/// [`nll_sum`] in tensor ops ([`reference_nll_rows`]): the loss plain burn
+/// differentiates op by op, the oracle of the engine's tests.
+pub fn reference_nll_sum<B: Backend>(
+    logits: Tensor<B, 3>,
+    targets: Tensor<B, 2, Int>,
+) -> Tensor<B, 1> {
+    kept_rows_sum(logits, targets, reference_nll_rows)
+}
+
+/// The sum of `rows(logits, targets)` over the rows whose target is not
+/// ignored. Ignored rows are computed against token 0 (a valid row for the
+/// fused kernels) and masked out: the backward then seeds them with zero.
+fn kept_rows_sum<B: Backend>(
+    logits: Tensor<B, 3>,
+    targets: Tensor<B, 2, Int>,
+    rows: impl FnOnce(Tensor<B, 2>, Tensor<B, 1, Int>) -> Tensor<B, 1>,
+) -> Tensor<B, 1> {
     let [batch, seq, vocab] = logits.dims();
     let targets = targets.reshape([batch * seq]);
     let ignored = targets.clone().lower_elem(0);
-    // Ignored rows are computed against token 0 (a valid row for the fused
-    // kernels) and masked out: the backward then seeds them with zero.
-    nll_rows(
+    rows(
         logits.reshape([batch * seq, vocab]),
         targets.mask_fill(ignored.clone(), 0),
     )

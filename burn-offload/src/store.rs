@@ -84,13 +84,6 @@ impl Slab {
         // SAFETY: as above, and &mut self guarantees exclusive access.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
-
-    /// Sets every element to zero (in parallel: slabs can be gigabytes).
-    pub fn clear(&mut self) {
-        self.as_mut_slice()
-            .par_chunks_mut(1 << 16)
-            .for_each(|c| c.fill(0.0));
-    }
 }
 
 impl Drop for Slab {
