@@ -426,9 +426,13 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
                 );
             }
             let windows = prepared.windows;
-            let mut identity: Vec<u32> = windows.inputs.clone();
-            identity.extend(windows.targets.iter().map(|&t| t as u32));
-            let corpus = (windows.inputs.len(), corpus_crc32(&identity));
+            // The inputs, then the targets (ignored ones as their u32 bits).
+            let identity = windows
+                .inputs
+                .iter()
+                .copied()
+                .chain(windows.targets.iter().map(|&t| t as u32));
+            let corpus = (windows.inputs.len(), corpus_crc32(identity));
             (Batcher::windows(windows, opts.seed)?, corpus)
         }
         (Some(path), _) => {
@@ -456,7 +460,7 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
         }
         (None, _) => {
             let tokens = tokenizer.encode(&default_corpus());
-            let corpus = (tokens.len(), corpus_crc32(&tokens));
+            let corpus = (tokens.len(), corpus_crc32(tokens.iter().copied()));
             (Batcher::new(tokens, opts.seq_len, opts.seed)?, corpus)
         }
     };
@@ -712,7 +716,8 @@ impl Resume {
     }
 }
 
-fn corpus_crc32(tokens: &[u32]) -> u32 {
+/// CRC32 of token ids as little-endian u32, the corpus identity checkpoints keep.
+fn corpus_crc32(tokens: impl IntoIterator<Item = u32>) -> u32 {
     let mut h = crc32fast::Hasher::new();
     for t in tokens {
         h.update(&t.to_le_bytes());
