@@ -1,50 +1,54 @@
 //! burn-offload: train language models larger than GPU memory on one GPU.
 //!
-//! Parameters and optimizer state live in host memory ([`store::HostStore`]);
-//! the GPU is a transient compute engine that sees one or two transformer
-//! blocks at a time ([`pager::Pager`]). The [`engine::Engine`] runs the
-//! block-streamed schedule: forward without a graph keeping block inputs,
-//! chunked loss, per-block recompute and backward, CPU optimizer over host
-//! slabs ([`optim`]). Models take part by implementing [`BlockModel`].
+//! Parameters and optimizer state live in host memory ([`HostStore`]); the
+//! GPU is a transient compute engine that sees one or two transformer blocks
+//! at a time. The [`Engine`] runs the block-streamed schedule: forward
+//! without a graph keeping block inputs, chunked loss, per-block recompute
+//! and backward, CPU optimizer over host slabs. Models take part by
+//! implementing [`BlockModel`]. `Offload<B>` is the same idea as a burn
+//! backend decorator, for a plain burn training loop.
+//!
+//! The crate is layered, each layer using only those before it (checked by
+//! `tests/tests/layers.rs`): `host` (slabs, row math, optimizers, the worker
+//! thread; no device code) → `store` (the host store, bf16 copies,
+//! checkpoints) → `transfer` (the pager and the copy machinery's trait) →
+//! `backend` (the `Offload` and `Gemm` decorators) → `cuda` (everything that
+//! knows burn's CUDA backend) → `precision`, `matmul`, `ops` (custom autodiff
+//! operations) → `engine`. docs/ARCHITECTURE.md draws a step.
+#![warn(missing_docs)]
 
-pub mod attention;
+mod backend;
 #[cfg(feature = "cuda")]
-mod attention_cuda;
-pub mod backend;
-pub mod checkpoint;
-mod copy_window;
-pub mod cross_entropy;
-#[cfg(feature = "cuda")]
-mod cross_entropy_cuda;
-#[cfg(feature = "cuda")]
-pub mod cuda;
-pub mod engine;
-mod lookup;
-#[cfg(feature = "cuda")]
-mod lookup_cuda;
-#[cfg(feature = "cuda")]
-pub mod matmul_cuda;
-pub mod model;
-pub mod optim;
-pub mod pager;
-pub mod precision;
-pub mod rms_norm;
-#[cfg(feature = "cuda")]
-mod rms_norm_cuda;
-pub mod rotary;
-#[cfg(feature = "cuda")]
-mod rotary_cuda;
-pub mod store;
-pub mod swiglu;
-#[cfg(feature = "cuda")]
-mod swiglu_cuda;
-pub mod trace;
-mod worker;
+mod cuda;
+mod engine;
+mod host;
+mod matmul;
+mod model;
+pub mod ops;
+mod precision;
+mod store;
+mod transfer;
 
-pub use backend::gemm::{matmul_names, set_matmul, Gemm, DEFAULT_MATMUL};
-pub use backend::{HostParams, Offload, OffloadTensor, ParkParams};
-pub use engine::{Engine, EngineConfig, EngineError, MicroBatch, StepReport, StepSplit};
+pub use backend::{
+    residency, Gemm, GemmKernels, HostParams, MatmulError, Offload, OffloadTensor, ParkParams,
+};
+pub use engine::{
+    BatchError, ConfigError, Engine, EngineConfig, EngineError, MicroBatch, StepReport, StepSplit,
+};
+pub use host::optim::{AdamWConfig, OptimizerConfig, OptimizerError, SgdConfig, UpdateSlices};
+pub use host::trace;
+pub use matmul::{matmul_names, set_matmul, DEFAULT_MATMUL};
 pub use model::{BlockModel, DecoderBlock};
-pub use optim::{AdamWConfig, OptimizerConfig, SgdConfig};
-pub use precision::Compute;
-pub use store::{HostStore, StoreError};
+pub use precision::{cast_params, cast_to, Compute, PrecisionError};
+pub use store::{checkpoint, HostStore, StoreError, StoreLayout};
+pub use transfer::PagerStats;
+
+/// burn's CUDA backend as this crate sees it: the backend type, its device
+/// memory, and the matmul kernels `Gemm<Cuda>` can launch.
+#[cfg(feature = "cuda")]
+pub mod cuda_backend {
+    pub use crate::cuda::{
+        cublas_matmul, free_device_bytes, matmul_stats, matmul_strategies, pool_bytes, CudaBackend,
+        MatmulStats, CUBLAS, CUBLAS_TF32, FAST,
+    };
+}

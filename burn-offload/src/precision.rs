@@ -11,10 +11,7 @@ use std::str::FromStr;
 
 use burn::module::{Module, ModuleMapper, Param};
 use burn::tensor::backend::{Backend, DTypeUsage, DTypeUsageSet};
-use burn::tensor::{bf16, DType, FloatDType, Tensor};
-use rayon::prelude::*;
-
-use crate::store::{HostStore, Slab};
+use burn::tensor::{DType, FloatDType, Tensor};
 
 /// Compute precision of the device (`--compute`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -28,9 +25,34 @@ pub enum Compute {
     Bf16,
 }
 
+/// A compute precision a backend cannot run, or a name that is none.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PrecisionError {
+    /// The backend lacks general support for the precision's dtype.
+    #[error(
+        "the {backend} backend cannot compute in {compute} on this device (its {dtype} support: \
+         {usage}); use fp32 compute"
+    )]
+    Unsupported {
+        /// The backend's name.
+        backend: String,
+        /// The precision asked for.
+        compute: Compute,
+        /// Its dtype's name.
+        dtype: &'static str,
+        /// What the backend supports of it.
+        usage: String,
+    },
+    /// Not the name of a precision.
+    #[error("unknown compute precision `{0}`; expected one of: fp32, bf16")]
+    Unknown(String),
+}
+
 impl Compute {
+    /// Every precision.
     pub const ALL: [Compute; 2] = [Compute::Fp32, Compute::Bf16];
 
+    /// Its float dtype.
     pub fn float_dtype(self) -> FloatDType {
         match self {
             Compute::Fp32 => FloatDType::F32,
@@ -38,6 +60,7 @@ impl Compute {
         }
     }
 
+    /// Its dtype.
     pub fn dtype(self) -> DType {
         self.float_dtype().into()
     }
@@ -52,10 +75,11 @@ impl Compute {
 
     /// Whether backend `B` can compute in this precision on `device`: a
     /// clear error up front instead of a panic inside the first kernel.
-    pub fn check<B: Backend>(self, device: &B::Device) -> Result<(), String> {
+    pub fn check<B: Backend>(self, device: &B::Device) -> Result<(), PrecisionError> {
         check_usage(self, &B::name(device), B::dtype_usage(device, self.dtype()))
     }
 
+    /// Its name on the command line (`fp32`, `bf16`).
     pub fn name(self) -> &'static str {
         match self {
             Compute::Fp32 => "fp32",
@@ -64,15 +88,20 @@ impl Compute {
     }
 }
 
-fn check_usage(compute: Compute, backend: &str, usage: DTypeUsageSet) -> Result<(), String> {
+fn check_usage(
+    compute: Compute,
+    backend: &str,
+    usage: DTypeUsageSet,
+) -> Result<(), PrecisionError> {
     if usage.is_superset(DTypeUsage::general()) {
         return Ok(());
     }
-    Err(format!(
-        "the {backend} backend cannot compute in {compute} on this device (its {} support: {usage:?}); \
-         use fp32 compute",
-        compute.dtype().name()
-    ))
+    Err(PrecisionError::Unsupported {
+        backend: backend.to_string(),
+        compute,
+        dtype: compute.dtype().name(),
+        usage: format!("{usage:?}"),
+    })
 }
 
 impl fmt::Display for Compute {
@@ -82,18 +111,13 @@ impl fmt::Display for Compute {
 }
 
 impl FromStr for Compute {
-    type Err = String;
+    type Err = PrecisionError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         Compute::ALL
             .into_iter()
             .find(|c| c.name().eq_ignore_ascii_case(s))
-            .ok_or_else(|| {
-                format!(
-                    "unknown compute precision `{s}`; expected one of: {}",
-                    Compute::ALL.map(Compute::name).join(", ")
-                )
-            })
+            .ok_or_else(|| PrecisionError::Unknown(s.to_string()))
     }
 }
 
@@ -104,104 +128,6 @@ pub fn cast_to<B: Backend, const D: usize>(x: Tensor<B, D>, dtype: DType) -> Ten
     } else {
         x.cast(dtype)
     }
-}
-
-/// bf16 copies of every group's parameters: what the pager uploads in bf16
-/// mode (half the bytes of f32, and no cast kernel on the device, which
-/// could not be ordered after the copy stream). A copy is refreshed right
-/// after its group's update; anything else that writes parameters (loaders,
-/// surgery) marks every copy stale, and a stale copy is refreshed before its
-/// group is bound. Page-aligned like the store's slabs, so they can be pinned.
-pub struct Bf16Weights {
-    slabs: Vec<Slab>,
-    lens: Vec<usize>,
-    stale: Vec<bool>,
-}
-
-impl Bf16Weights {
-    /// Stale copies sized for `store`'s groups (2 host bytes per parameter).
-    pub fn new(store: &HostStore) -> Self {
-        let lens: Vec<usize> = store.groups.iter().map(|g| g.numel()).collect();
-        Self {
-            // A slab of f32 holds two bf16 per element.
-            slabs: lens.iter().map(|&n| Slab::zeros(n.div_ceil(2))).collect(),
-            stale: vec![true; lens.len()],
-            lens,
-        }
-    }
-
-    /// Group `g`'s bf16 values (refreshed or not).
-    pub fn values(&self, g: usize) -> &[bf16] {
-        &bytemuck::cast_slice(self.slabs[g].as_slice())[..self.lens[g]]
-    }
-
-    /// The bytes of every copy, for pinning.
-    pub fn slabs(&self) -> impl Iterator<Item = &[u8]> {
-        self.slabs
-            .iter()
-            .map(|s| bytemuck::cast_slice(s.as_slice()))
-    }
-
-    pub fn is_stale(&self, g: usize) -> bool {
-        self.stale[g]
-    }
-
-    pub fn mark_all_stale(&mut self) {
-        self.stale.fill(true);
-    }
-
-    /// Group `g`'s copy, for the optimizer to write as it updates the group
-    /// (it counts as fresh from then on).
-    pub fn updated(&mut self, g: usize) -> &mut [bf16] {
-        self.stale[g] = false;
-        Self::values_in(&mut self.slabs[g], self.lens[g])
-    }
-
-    /// Takes group `g`'s copy out for the optimizer to write (it counts as
-    /// fresh from then on), leaving an empty slab until [`Bf16Weights::put`].
-    pub(crate) fn take(&mut self, g: usize) -> Slab {
-        self.stale[g] = false;
-        std::mem::replace(&mut self.slabs[g], Slab::zeros(0))
-    }
-
-    /// Puts back what [`Bf16Weights::take`] took.
-    pub(crate) fn put(&mut self, g: usize, slab: Slab) {
-        self.slabs[g] = slab;
-    }
-
-    /// Group `g`'s `len` bf16 values inside `slab` (a slab taken out).
-    pub(crate) fn values_in(slab: &mut Slab, len: usize) -> &mut [bf16] {
-        &mut bytemuck::cast_slice_mut(slab.as_mut_slice())[..len]
-    }
-
-    /// Rounds group `g`'s f32 `params` to bf16 (to nearest even) into its copy.
-    pub fn refresh(&mut self, g: usize, params: &[f32]) {
-        assert_eq!(
-            params.len(),
-            self.lens[g],
-            "group {g}: parameters and copy differ in length"
-        );
-        self.updated(g)
-            .par_chunks_mut(1 << 16)
-            .zip(params.par_chunks(1 << 16))
-            .for_each(|(o, p)| round_into(o, p));
-    }
-
-    /// Host bytes of the copies.
-    pub fn bytes(&self) -> usize {
-        // From the lengths: a slab may be out with the optimizer.
-        self.lens
-            .iter()
-            .map(|n| n.div_ceil(2) * std::mem::size_of::<f32>())
-            .sum()
-    }
-}
-
-/// Rounds `values` to bf16 (to nearest even) into `out` (same length).
-pub(crate) fn round_into(out: &mut [bf16], values: &[f32]) {
-    out.iter_mut()
-        .zip(values)
-        .for_each(|(o, v)| *o = bf16::from_f32(*v));
 }
 
 /// `module` with every float parameter cast to `dtype`, ids kept. Under
@@ -227,7 +153,7 @@ mod tests {
     fn a_backend_without_the_dtype_is_a_clear_error() {
         let err = check_usage(Compute::Bf16, "ndarray", DTypeUsageSet::empty()).unwrap_err();
         assert!(
-            err.contains("the ndarray backend cannot compute in bf16"),
+            matches!(&err, PrecisionError::Unsupported { backend, compute: Compute::Bf16, .. } if backend == "ndarray"),
             "{err}"
         );
         let storage_only = DTypeUsage::Storage.into();
@@ -244,6 +170,7 @@ mod tests {
             assert_eq!(c.name().parse::<Compute>().unwrap(), c);
         }
         let err = "tf16".parse::<Compute>().unwrap_err();
-        assert!(err.contains("fp32, bf16"), "{err}");
+        assert_eq!(err, PrecisionError::Unknown("tf16".into()));
+        assert!(err.to_string().contains("fp32, bf16"), "{err}");
     }
 }

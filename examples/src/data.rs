@@ -544,7 +544,7 @@ enum Source {
 }
 
 /// Windows of `seq_len` inputs, each with its targets (the next tokens, or
-/// [`burn_offload::cross_entropy::IGNORE_INDEX`] where the token is not
+/// [`burn_offload::ops::cross_entropy::IGNORE_INDEX`] where the token is not
 /// trained on), row-major.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Windows {

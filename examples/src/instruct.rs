@@ -17,7 +17,7 @@ use std::fs;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-use burn_offload::cross_entropy::IGNORE_INDEX;
+use burn_offload::ops::cross_entropy::IGNORE_INDEX;
 use rayon::prelude::*;
 use serde_json::Value;
 

@@ -15,7 +15,8 @@
 
 use std::fmt::Write as _;
 
-use burn_offload::{attention, Compute};
+use burn_offload::ops::attention;
+use burn_offload::Compute;
 use models::ModelConfig;
 
 const GIB: f64 = (1u64 << 30) as f64;
@@ -172,7 +173,7 @@ impl Job {
 /// Device bytes one kept block graph holds through the step: the block's
 /// weights (bound until its backward) and the values its backward reads,
 /// none of the backward's own temporaries. Attention keeps no `[b, h, t, t]`
-/// tensor (`burn_offload::attention`). On the H100 a kept block cost 0.88 of
+/// tensor (`burn_offload::ops::attention`). On the H100 a kept block cost 0.88 of
 /// this estimate (run19 call 1: 0.85B fp32 at 16k tokens, 15 blocks kept at
 /// 54,751 MiB against 11,423 with none), so the estimate also covers the
 /// pools' page rounding; a GPU filled to the last page by kept graphs would
@@ -247,7 +248,7 @@ struct Shape {
     stem_params: u64,
     largest_tensor: u64,
     /// Values a block keeps for its backward, per token (attention keeps no
-    /// `[seq, seq]` scores: see `burn_offload::attention`).
+    /// `[seq, seq]` scores: see `burn_offload::ops::attention`).
     saved_per_token: u64,
 }
 

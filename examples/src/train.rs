@@ -566,7 +566,7 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
     if opts.progress && opts.matmul != "auto" {
         // How much of the work the chosen kernel took, and what it left to
         // burn's matmul: a kernel that declines the common cases buys nothing.
-        let stats = burn_offload::matmul_cuda::matmul_stats();
+        let stats = burn_offload::cuda_backend::matmul_stats();
         eprintln!(
             "matmul {}: ran {} matmuls ({:.2} s in its calls), left {} to burn's matmul",
             opts.matmul, stats.launched, stats.call_s, stats.fell_back
@@ -760,7 +760,7 @@ pub fn machine(opts: &TrainOptions) -> Result<Machine> {
 
 #[cfg(feature = "cuda")]
 fn gpu_free_bytes() -> Result<(Option<u64>, String)> {
-    let free = burn_offload::cuda::free_device_bytes(0)
+    let free = burn_offload::cuda_backend::free_device_bytes(0)
         .map_err(|e| anyhow::anyhow!("cannot query GPU memory: {e}"))?;
     Ok((Some(free), "free on GPU 0 (CUDA driver)".into()))
 }
@@ -773,7 +773,7 @@ fn gpu_free_bytes() -> Result<(Option<u64>, String)> {
 /// Bytes reserved by the GPU allocator's pools (CUDA builds).
 fn gpu_reserved_bytes() -> Option<u64> {
     #[cfg(feature = "cuda")]
-    return Some(burn_offload::cuda::pool_bytes(&Default::default()).1);
+    return Some(burn_offload::cuda_backend::pool_bytes(&Default::default()).1);
     #[cfg(not(feature = "cuda"))]
     None
 }
@@ -1211,8 +1211,7 @@ impl Job<'_> {
                 let (inputs, targets) = (tensor(inputs), tensor(targets));
                 let logits = match opts.compute {
                     Compute::Fp32 => model.forward(inputs),
-                    low => burn_offload::precision::cast_params(model.clone(), low.dtype())
-                        .forward(inputs),
+                    low => burn_offload::cast_params(model.clone(), low.dtype()).forward(inputs),
                 };
                 let loss = cross_entropy(logits, targets) * scale;
                 let micro: f32 = loss.clone().into_scalar().elem();

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{check_heads, check_positive, ConfigError};
 use crate::tokens::{forward_tokens, linear_tokens};
-use burn_offload::attention::causal_attention;
+use burn_offload::ops::attention::causal_attention;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -16,9 +16,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{check_heads, check_positive, ConfigError};
 use crate::tokens::{forward_tokens, linear_tokens};
-use burn_offload::attention::causal_attention;
-use burn_offload::rotary::rotate_half;
-use burn_offload::swiglu::swiglu;
+use burn_offload::ops::attention::causal_attention;
+use burn_offload::ops::rotary::rotate_half;
+use burn_offload::ops::swiglu::swiglu;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -623,7 +623,7 @@ pub fn cached_rope_tables<B: Backend>(
 
 /// Rotates `x [batch, heads, seq, head_dim]`: `x·cos + rotate_half(x)·sin`, where
 /// `rotate_half([a, b]) = [-b, a]` over the two halves of the head dimension, in
-/// `x`'s dtype: one operation each way (`burn_offload::rotary`), a kernel on CUDA.
+/// `x`'s dtype: one operation each way (`burn_offload::ops::rotary`), a kernel on CUDA.
 pub fn apply_rope<B: Backend>(
     x: Tensor<B, 4>,
     cos: &Tensor<B, 2>,
@@ -632,11 +632,11 @@ pub fn apply_rope<B: Backend>(
     rotate_half(x, cos, sin)
 }
 
-/// RMSNorm as one operation each way (`burn_offload::rms_norm`): burn's
+/// RMSNorm as one operation each way (`burn_offload::ops::rms_norm`): burn's
 /// `RmsNorm::forward` computed in f32 and rounded once, without its five
 /// passes and their autodiff records (a kernel each way on CUDA).
 fn rms_norm<B: Backend, const D: usize>(norm: &RmsNorm<B>, x: Tensor<B, D>) -> Tensor<B, D> {
-    burn_offload::rms_norm::rms_norm(x, norm.gamma.val(), norm.epsilon)
+    burn_offload::ops::rms_norm::rms_norm(x, norm.gamma.val(), norm.epsilon)
 }
 
 impl<B: Backend> LlamaAttention<B> {

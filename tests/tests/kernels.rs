@@ -1,29 +1,29 @@
 //! The models' fused operations against their tensor-op formulations on the
 //! test backend (on CUDA, in the GPU parity run, that is our kernels against
 //! burn's): values and gradients, in f32 and bf16.
-//! - The cross-entropy (`burn_offload::cross_entropy`, one autodiff
+//! - The cross-entropy (`burn_offload::ops::cross_entropy`, one autodiff
 //!   operation; one kernel each way on CUDA) against burn's `log_softmax`,
 //!   for logits whose rows are not contiguous and a vocabulary that is not a
 //!   multiple of the kernel's 256 units.
-//! - Causal attention (`burn_offload::attention`, one autodiff operation;
+//! - Causal attention (`burn_offload::ops::attention`, one autodiff operation;
 //!   its softmax one kernel each way on CUDA) against the reference that
 //!   burn differentiates op by op, with grouped-query heads and sequences
 //!   that cut into uneven query blocks.
-//! - The SwiGLU gate (`burn_offload::swiglu`, one kernel each way on CUDA)
+//! - The SwiGLU gate (`burn_offload::ops::swiglu`, one kernel each way on CUDA)
 //!   against burn's `silu(gate) * up`.
-//! - RMSNorm (`burn_offload::rms_norm`, one kernel forward and two backward
-//!   on CUDA) and the rotary embedding (`burn_offload::rotary`, one kernel
+//! - RMSNorm (`burn_offload::ops::rms_norm`, one kernel forward and two backward
+//!   on CUDA) and the rotary embedding (`burn_offload::ops::rotary`, one kernel
 //!   each way) against their tensor-op formulations computed in f32 from the
 //!   same inputs, for widths that are not multiples of a plane, rows in more
 //!   than one of the `dγ` kernel's chunks, and a strided view of the heads.
 
 use burn::prelude::*;
 use burn::tensor::{DType, Distribution, TensorData};
-use burn_offload::attention::{causal_attention, reference_causal_attention};
-use burn_offload::cross_entropy::{nll_rows, nll_sum, reference_nll_rows};
-use burn_offload::rms_norm::rms_norm;
-use burn_offload::rotary::rotate_half;
-use burn_offload::swiglu::swiglu;
+use burn_offload::ops::attention::{causal_attention, reference_causal_attention};
+use burn_offload::ops::cross_entropy::{nll_rows, nll_sum, reference_nll_rows};
+use burn_offload::ops::rms_norm::rms_norm;
+use burn_offload::ops::rotary::rotate_half;
+use burn_offload::ops::swiglu::swiglu;
 use burn_offload_tests::{random_tokens, TestAutodiff as AD};
 
 /// Logits `[rows, vocab]` as a column slice of a wider tensor (rows strided

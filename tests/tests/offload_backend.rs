@@ -8,7 +8,7 @@ use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{TensorData, TensorPrimitive};
-use burn_offload::backend::{residency, set_param_cache_bytes};
+use burn_offload::residency::{self, set_param_cache_bytes};
 use burn_offload::{BlockModel, HostParams, Offload};
 use burn_offload_tests::{random_tokens, TestAutodiff as Reference, TestBackend as B};
 use models::{cross_entropy, Llama, LlamaConfig};

@@ -333,7 +333,7 @@ fn auto_keeps_the_forward_graphs_that_fit_the_gpu() {
 }
 
 /// The GPU peaks measured on the H100 (whole process, nvidia-smi; 78.66 GiB
-/// free) with attention as one operation (`burn_offload::attention`): the
+/// free) with attention as one operation (`burn_offload::ops::attention`): the
 /// 0.85B rows with every block recomputed at 4k and 16k tokens
 /// (bench/results/cuda-bench/run19, call 1), each within 10% of the
 /// prediction. The head phase and the block backward do not add up, and

@@ -10,7 +10,7 @@ use burn::backend::{Autodiff, Flex};
 use burn::module::{Module, Param};
 use burn::optim::{AdamWConfig as BurnAdamW, GradientsParams, Optimizer};
 use burn::tensor::{Distribution, Tensor};
-use burn_offload::optim::UpdateSlices;
+use burn_offload::UpdateSlices;
 use burn_offload::{AdamWConfig, OptimizerConfig};
 use serde::Serialize;
 

@@ -1,14 +1,14 @@
 //! `Gemm<B>`: backend `B` with its matmuls launched by a chosen kernel.
 //!
-//! Two thirds of the engine's GPU time is matmul (Nsight Compute,
-//! bench/results/cuda-bench/run13), and burn 0.21 without autotune launches
+//! Two thirds of the engine's GPU time is matmul (Nsight Compute, see
+//! bench/results/cuda-bench), and burn 0.21 without autotune launches
 //! every matmul of its CUDA backend with cubek's `Auto` strategy: 82–94 TFLOPS
 //! in bf16 on the H100 where other cubek strategies reach 206–217 on the same
 //! shapes. burn offers no hook to choose, so this decorator sits under
 //! `Autodiff`: every operation goes straight to `B` (the tensor types *are*
 //! `B`'s, so nothing is wrapped or copied), except `float_matmul` and the
 //! `linear` ops, which on burn's CUDA backend launch the kernel chosen with
-//! [`set_matmul`]. The
+//! `set_matmul`. The
 //! default, `auto`, is burn's own path: `Gemm<B>` then computes exactly what `B`
 //! computes.
 
@@ -43,73 +43,65 @@ impl<B: Backend> std::fmt::Debug for Gemm<B> {
     }
 }
 
-/// Chooses the matmul kernel of every `Gemm<B>` in the process: `auto` (burn's
-/// own choice) or, with the `cuda` feature, one of [`matmul_names`]. A name
-/// that is not there is an error that lists them.
-pub fn set_matmul(name: &str) -> Result<(), String> {
-    if name == "auto" {
-        #[cfg(feature = "cuda")]
-        crate::matmul_cuda::select_matmul(None)?;
-        return Ok(());
-    }
-    #[cfg(feature = "cuda")]
+/// The matmul kernels a backend offers `Gemm` over it: the one place that
+/// says which backends have kernels of their own (burn's CUDA backend, in
+/// `crate::cuda`). The defaults are burn's own matmul.
+pub trait GemmKernels: Backend {
+    /// `lhs @ rhs` with the selected kernel; the operands back where none is
+    /// selected or it does not run this case.
+    #[allow(clippy::type_complexity)]
+    fn matmul(
+        lhs: Self::FloatTensorPrimitive,
+        rhs: Self::FloatTensorPrimitive,
+    ) -> Result<Self::FloatTensorPrimitive, (Self::FloatTensorPrimitive, Self::FloatTensorPrimitive)>
     {
-        crate::matmul_cuda::select_matmul(Some(name))
+        Err((lhs, rhs))
     }
-    #[cfg(not(feature = "cuda"))]
-    Err(format!(
-        "matmul kernel `{name}` needs a build with `--features cuda`; this build has only `auto`"
-    ))
+
+    /// Whether a kernel other than burn's is selected.
+    fn kernel_chosen() -> bool {
+        false
+    }
 }
 
-/// The kernel programs choose unless told otherwise: `fast` in CUDA builds
-/// (the fastest measured kernel per dtype; in f32 the same tf32 staging as
-/// burn's own matmul), `auto` elsewhere, where only burn's matmul exists.
-pub const DEFAULT_MATMUL: &str = if cfg!(feature = "cuda") {
-    "fast"
-} else {
-    "auto"
-};
+impl GemmKernels for burn::backend::Flex {}
 
-/// The matmul kernels [`set_matmul`] accepts.
-pub fn matmul_names() -> Vec<String> {
-    #[allow(unused_mut)]
-    let mut names = vec!["auto".to_string()];
-    #[cfg(feature = "cuda")]
-    names.push(crate::matmul_cuda::FAST.to_string());
-    #[cfg(feature = "cuda")]
-    names.push(crate::matmul_cuda::CUBLAS.to_string());
-    #[cfg(feature = "cuda")]
-    names.push(crate::matmul_cuda::CUBLAS_TF32.to_string());
-    #[cfg(feature = "cuda")]
-    names.extend(
-        crate::matmul_cuda::matmul_strategies()
-            .iter()
-            .map(|s| s.to_string()),
-    );
-    names
+/// Why a matmul kernel cannot be selected.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum MatmulError {
+    /// No kernel of that name.
+    #[error("unknown matmul kernel `{name}`; one of: {}", known.join(", "))]
+    Unknown {
+        /// The name asked for.
+        name: String,
+        /// The names there are.
+        known: Vec<String>,
+    },
+    /// A kernel of the CUDA build asked of a build without it.
+    #[error(
+        "matmul kernel `{0}` needs a build with `--features cuda`; this build has only `auto`"
+    )]
+    NeedsCuda(String),
+    /// A cuBLAS kernel without libcublas on the library path.
+    #[error(
+        "matmul kernel `{0}`: libcublas was not found; put the directory holding libcublas.so \
+         (CUDA 13; PyTorch's wheel ships one under site-packages/nvidia/cu13/lib) on LD_LIBRARY_PATH"
+    )]
+    NoCublas(String),
 }
 
-fn matmul<B: Backend>(
+fn matmul<B: GemmKernels>(
     lhs: B::FloatTensorPrimitive,
     rhs: B::FloatTensorPrimitive,
 ) -> B::FloatTensorPrimitive {
-    #[cfg(feature = "cuda")]
-    let (lhs, rhs) = match crate::matmul_cuda::matmul_selected::<B>(lhs, rhs) {
-        Ok(out) => return out,
-        Err(operands) => operands,
-    };
-    B::float_matmul(lhs, rhs)
+    match B::matmul(lhs, rhs) {
+        Ok(out) => out,
+        Err((lhs, rhs)) => B::float_matmul(lhs, rhs),
+    }
 }
 
-/// Whether `Gemm<B>`'s matmuls go to a chosen kernel rather than `B`'s
-/// (never without the `cuda` feature, where only `auto` exists).
-#[cfg_attr(not(feature = "cuda"), allow(clippy::extra_unused_type_parameters))]
-fn kernel_chosen<B: Backend>() -> bool {
-    #[cfg(feature = "cuda")]
-    return crate::matmul_cuda::selected_for::<B>();
-    #[cfg(not(feature = "cuda"))]
-    false
+fn kernel_chosen<B: GemmKernels>() -> bool {
+    B::kernel_chosen()
 }
 
 /// `[.., d]` as `[rows, d]`.
@@ -133,7 +125,7 @@ fn with_last(shape: &Shape, last: usize) -> Shape {
 // rows (`[b·s, d]`): that also spares the weight gradient burn's `[b, d_in,
 // d_out]` batch of partial products and the sum over it. Under `auto` they
 // are `B`'s, so that `Gemm<B>` computes exactly what `B` computes.
-fn linear<B: Backend>(
+fn linear<B: GemmKernels>(
     x: FloatTensor<B>,
     weight: FloatTensor<B>,
     bias: Option<FloatTensor<B>>,
@@ -154,7 +146,7 @@ fn linear<B: Backend>(
     }
 }
 
-fn linear_x_backward<B: Backend>(
+fn linear_x_backward<B: GemmKernels>(
     weight: FloatTensor<B>,
     output_grad: FloatTensor<B>,
 ) -> FloatTensor<B> {
@@ -166,7 +158,7 @@ fn linear_x_backward<B: Backend>(
     B::float_reshape(grad, input)
 }
 
-fn linear_weight_backward<B: Backend>(
+fn linear_weight_backward<B: GemmKernels>(
     x: FloatTensor<B>,
     output_grad: FloatTensor<B>,
 ) -> FloatTensor<B> {
@@ -207,7 +199,7 @@ macro_rules! gemm_call {
     };
 }
 
-impl<B: Backend> BackendTypes for Gemm<B> {
+impl<B: GemmKernels> BackendTypes for Gemm<B> {
     type Device = B::Device;
     type FloatTensorPrimitive = B::FloatTensorPrimitive;
     type FloatElem = B::FloatElem;
@@ -218,7 +210,7 @@ impl<B: Backend> BackendTypes for Gemm<B> {
     type QuantizedTensorPrimitive = B::QuantizedTensorPrimitive;
 }
 
-impl<B: Backend> Backend for Gemm<B> {
+impl<B: GemmKernels> Backend for Gemm<B> {
     fn name(device: &Self::Device) -> String {
         format!("gemm<{}>", B::name(device))
     }
@@ -244,7 +236,7 @@ impl<B: Backend> Backend for Gemm<B> {
     }
 }
 
-impl<B: Backend> FloatTensorOps<Self> for Gemm<B> {
+impl<B: GemmKernels> FloatTensorOps<Self> for Gemm<B> {
     forwarded_float_tensor_ops!();
 
     fn float_from_data(data: TensorData, device: &Device<Self>) -> FloatTensor<Self> {
@@ -308,7 +300,7 @@ impl<B: Backend> FloatTensorOps<Self> for Gemm<B> {
     }
 }
 
-impl<B: Backend> IntTensorOps<Self> for Gemm<B> {
+impl<B: GemmKernels> IntTensorOps<Self> for Gemm<B> {
     forwarded_int_tensor_ops!();
 
     fn int_into_data(
@@ -318,7 +310,7 @@ impl<B: Backend> IntTensorOps<Self> for Gemm<B> {
     }
 }
 
-impl<B: Backend> BoolTensorOps<Self> for Gemm<B> {
+impl<B: GemmKernels> BoolTensorOps<Self> for Gemm<B> {
     forwarded_bool_tensor_ops!();
 
     fn bool_into_data(
@@ -328,7 +320,7 @@ impl<B: Backend> BoolTensorOps<Self> for Gemm<B> {
     }
 }
 
-impl<B: Backend> ModuleOps<Self> for Gemm<B> {
+impl<B: GemmKernels> ModuleOps<Self> for Gemm<B> {
     forwarded_module_ops!();
 
     fn deform_conv2d_backward(
@@ -395,11 +387,11 @@ impl<B: Backend> ModuleOps<Self> for Gemm<B> {
     }
 }
 
-impl<B: Backend> ActivationOps<Self> for Gemm<B> {
+impl<B: GemmKernels> ActivationOps<Self> for Gemm<B> {
     forwarded_activation_ops!();
 }
 
-impl<B: Backend> QTensorOps<Self> for Gemm<B> {
+impl<B: GemmKernels> QTensorOps<Self> for Gemm<B> {
     forwarded_q_tensor_ops!();
 
     fn quantize(
@@ -420,4 +412,4 @@ impl<B: Backend> QTensorOps<Self> for Gemm<B> {
     }
 }
 
-impl<B: Backend> TransactionOps<Self> for Gemm<B> {}
+impl<B: GemmKernels> TransactionOps<Self> for Gemm<B> {}

@@ -59,6 +59,7 @@ pub struct OffloadStats {
     pub budget_bytes: u64,
 }
 
+/// The page cache's counters now.
 pub fn stats() -> OffloadStats {
     let s = state();
     OffloadStats {

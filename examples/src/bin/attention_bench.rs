@@ -11,7 +11,7 @@ use std::time::Instant;
 use burn::backend::Autodiff;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, Distribution, Tensor};
-use burn_offload::attention::{causal_attention, reference_causal_attention};
+use burn_offload::ops::attention::{causal_attention, reference_causal_attention};
 use clap::Parser;
 
 type G = burn_offload::Gemm<burn::backend::Cuda>;

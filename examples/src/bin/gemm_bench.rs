@@ -18,7 +18,7 @@ use burn::tensor::{DType, Distribution, Tensor};
 use burn_cubecl::cubecl::cuda::{CudaDevice, CudaRuntime};
 use burn_cubecl::cubecl::future::block_on;
 use burn_cubecl::tensor::CubeTensor;
-use burn_offload::cuda::CudaBackend;
+use burn_offload::cuda_backend::CudaBackend;
 use clap::Parser;
 use cubek::matmul::definition::{MatmulElems, MatmulGlobalElems};
 use cubek::matmul::launch::{launch_ref, Strategy};
@@ -63,7 +63,7 @@ struct Case {
 /// burn's default (`Auto`) first, then every strategy `--matmul` accepts.
 fn strategies() -> Vec<Strategy> {
     std::iter::once(Strategy::Auto)
-        .chain(burn_offload::matmul_cuda::matmul_strategies())
+        .chain(burn_offload::cuda_backend::matmul_strategies())
         .collect()
 }
 
@@ -134,7 +134,7 @@ fn time_cublas(
     tf32: bool,
 ) -> Result<f64, String> {
     let launch = || {
-        burn_offload::matmul_cuda::cublas_matmul(lhs, rhs, tf32)
+        burn_offload::cuda_backend::cublas_matmul(lhs, rhs, tf32)
             .map(drop)
             .ok_or_else(|| "cuBLAS declined the case (layout, dtype or a failed call)".to_string())
     };
@@ -248,8 +248,8 @@ fn main() {
             }
             let tf32_too = dtype_name == "f32";
             let kernels = [
-                (burn_offload::matmul_cuda::CUBLAS, false),
-                (burn_offload::matmul_cuda::CUBLAS_TF32, true),
+                (burn_offload::cuda_backend::CUBLAS, false),
+                (burn_offload::cuda_backend::CUBLAS_TF32, true),
             ];
             for (name, tf32) in kernels {
                 if !cli.cublas || (tf32 && !tf32_too) {

@@ -1,0 +1,116 @@
+//! The CUDA copy machinery as the pager's [`Transfer`]; on any other
+//! backend each call does what [`crate::transfer::HostTransfer`] does.
+
+use std::any::Any;
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{DType, Tensor};
+use burn_cubecl::cubecl::cuda::CudaDevice;
+
+use super::device::{
+    blocking_sync, flush_backend, pin, pool_bytes, release_free_memory, sync_backend, Pinned,
+};
+use super::download::{try_read_bytes, try_read_into, try_start_read, PendingRead};
+use super::types::is_cuda;
+use super::upload::{after_uploads, try_upload, wait_uploads, UploadBatch};
+use crate::store::ReadBack;
+use crate::transfer::{Download, HostTransfer, Landed, QueuedRead, Transfer, UploadWait};
+
+/// Copies for burn's CUDA backend (and `Gemm`, `Offload`, `Autodiff` over
+/// it) through page-locked memory and streams of their own.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CudaTransfer;
+
+impl ReadBack for CudaTransfer {
+    fn read_back<B: Backend, const D: usize>(tensor: Tensor<B, D>, out: &mut [f32]) {
+        if let Err(tensor) = try_read_into(tensor, out, false) {
+            HostTransfer::read_back(tensor, out);
+        }
+    }
+}
+
+impl QueuedRead for PendingRead {
+    fn bytes(&self) -> u64 {
+        PendingRead::bytes(self)
+    }
+
+    fn finish(self, out: &mut [f32], accumulate: bool) {
+        PendingRead::finish(self, out, accumulate)
+    }
+}
+
+impl Transfer for CudaTransfer {
+    type Pin = Pinned;
+    type Read = PendingRead;
+    type Batch = UploadBatch;
+
+    fn upload<X: Backend, const D: usize>(
+        bytes: &[u8],
+        dtype: DType,
+        shape: &[usize],
+        device: &X::Device,
+    ) -> Option<Tensor<X, D>> {
+        try_upload::<X, D>(bytes, dtype, shape, device)
+    }
+
+    fn begin_uploads<X: Backend>(device: &X::Device, sizes: &[usize]) -> UploadBatch {
+        UploadBatch::begin::<X>(device, sizes)
+    }
+
+    fn wait_uploads<X: Backend>(device: &X::Device) -> UploadWait {
+        wait_uploads::<X>(device)
+    }
+
+    fn after_uploads<X: Backend>(device: &X::Device, landed: Landed) -> Result<(), Landed> {
+        after_uploads::<X>(device, landed)
+    }
+
+    fn flush<X: Backend>(device: &X::Device) {
+        flush_backend::<X>(device)
+    }
+
+    fn sync<X: Backend>(device: &X::Device) {
+        sync_backend::<X>(device)
+    }
+
+    fn read_into<X: Backend, const D: usize>(
+        tensor: Tensor<X, D>,
+        out: &mut [f32],
+        accumulate: bool,
+    ) -> Result<Download, Tensor<X, D>> {
+        try_read_into(tensor, out, accumulate)
+    }
+
+    fn read_bytes<X: Backend, const D: usize>(
+        tensor: Tensor<X, D>,
+    ) -> Result<(Vec<u8>, Download), Tensor<X, D>> {
+        try_read_bytes(tensor)
+    }
+
+    fn start_read<X: Backend, const D: usize>(
+        tensor: Tensor<X, D>,
+        beside: bool,
+    ) -> Result<PendingRead, Tensor<X, D>> {
+        try_start_read(tensor, beside)
+    }
+
+    fn pin<X: Backend>(device: &X::Device, data: &[u8]) -> Option<Pinned> {
+        pin::<X>(device, data)
+    }
+
+    fn blocking_sync<X: Backend>(device: &X::Device) -> bool {
+        blocking_sync::<X>(device)
+    }
+
+    fn release_free_memory<X: Backend>(device: &X::Device) {
+        release_free_memory::<X>(device)
+    }
+
+    fn device_memory<X: Backend>(device: &X::Device) -> Option<(u64, u64)> {
+        if !is_cuda::<X>() {
+            return None;
+        }
+        let device = (device as &dyn Any).downcast_ref::<CudaDevice>()?;
+        Some(pool_bytes(device))
+    }
+}

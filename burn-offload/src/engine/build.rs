@@ -1,0 +1,147 @@
+//! Building an engine: the model's parameters moved into a host store (or
+//! an existing store checked against the model), the template kept, the
+//! slabs page-locked, the host worker started.
+
+use std::collections::{HashMap, HashSet};
+
+use burn::module::{HasAutodiffModule, Module, ParamId};
+use burn::tensor::backend::Backend;
+
+use super::config::ConfigError;
+use super::embedding::TableTouch;
+use super::{DeviceTransfer, Engine, EngineConfig, EngineError, StepSplit, AD};
+use crate::host::worker::HostWorker;
+use crate::precision::Compute;
+use crate::store::{Bf16Weights, Collect, HostStore, StoreError, StoreLayout, ToPlaceholders};
+use crate::transfer::Pager;
+use crate::{BlockModel, DecoderBlock};
+
+impl<B, M> Engine<B, M>
+where
+    B: Backend,
+    M: BlockModel<B> + HasAutodiffModule<AD<B>>,
+    M::TrainModule: BlockModel<AD<B>>,
+    M::Block: HasAutodiffModule<AD<B>>,
+    <M::Block as HasAutodiffModule<AD<B>>>::TrainModule: DecoderBlock<AD<B>>,
+{
+    /// Moves `model`'s parameters into a new host store; the engine keeps only
+    /// a stateless template of the model.
+    pub fn new(model: M, config: EngineConfig, device: &B::Device) -> Result<Self, EngineError> {
+        // Before the weights move into the store.
+        config.validate::<B>(device)?;
+        let layout = StoreLayout {
+            gradient_buffer: !config.fused,
+        };
+        let block_ids: Vec<Vec<ParamId>> = model
+            .blocks()
+            .iter()
+            .map(|block| {
+                let mut collect = Collect::default();
+                block.visit(&mut collect);
+                collect.out.into_iter().map(|p| p.id).collect()
+            })
+            .collect();
+        // Lazily initialised weights are drawn one tensor at a time, straight
+        // into the host store.
+        let (template, store) =
+            HostStore::take_from::<B, M, DeviceTransfer>(model, &block_ids, layout)?;
+        Self::with_store(template, store, config, device)
+    }
+
+    /// Pairs a model (its values are ignored) with an existing store, checking
+    /// that every group has the shapes the model expects.
+    pub fn with_store(
+        model: M,
+        store: HostStore,
+        config: EngineConfig,
+        device: &B::Device,
+    ) -> Result<Self, EngineError> {
+        config.validate::<B>(device)?;
+        if store.layout.gradient_buffer == config.fused {
+            return Err(ConfigError::StoreLayout {
+                store_has_buffer: store.layout.gradient_buffer,
+                fused: config.fused,
+            }
+            .into());
+        }
+        let blocks = model.blocks();
+        if blocks.len() != store.num_blocks() {
+            return Err(StoreError::BlockCount {
+                got: blocks.len(),
+                want: store.num_blocks(),
+            }
+            .into());
+        }
+        let mut slot_of = HashMap::new();
+        let mut block_ids = HashSet::new();
+        for (i, block) in blocks.iter().enumerate() {
+            let mut collect = Collect::default();
+            block.visit(&mut collect);
+            store.check_group(i + 1, collect.out.iter().map(|p| p.shape.clone()).collect())?;
+            for (k, p) in collect.out.into_iter().enumerate() {
+                block_ids.insert(p.id);
+                slot_of.insert(p.id, (i + 1, k));
+            }
+        }
+        let mut collect = Collect::default();
+        model.visit(&mut collect);
+        collect.out.retain(|p| !block_ids.contains(&p.id));
+        store.check_group(0, collect.out.iter().map(|p| p.shape.clone()).collect())?;
+        for (k, p) in collect.out.into_iter().enumerate() {
+            slot_of.insert(p.id, (0, k));
+        }
+        // Only a 2-D stem slot can take the host's scatter-add.
+        let embedding_slot = model
+            .embedding_table()
+            .and_then(|table| slot_of.get(&table.id))
+            .and_then(|&(g, k)| (g == 0 && store.groups[0].slots[k].shape.len() == 2).then_some(k));
+        let template = model.map(&mut ToPlaceholders);
+        // Uploads read the parameter slabs; page-locked, they run at DMA speed.
+        let mut pager = Pager::new(!config.overlap, config.host_checkpoints);
+        // Host work runs on every core beside the device: waiting threads
+        // must not spin (they kept the GPU busy only three quarters of a step).
+        if config.blocking_sync {
+            pager.blocking_sync::<B>(device);
+        }
+        let bf16 = (config.compute == Compute::Bf16).then(|| Bf16Weights::new(&store));
+        // What is uploaded: the f32 slabs, or in bf16 mode the bf16 copies
+        // and the stem's f32 slab (the embedding phases bind it in f32).
+        let f32_groups = match &bf16 {
+            Some(copies) => {
+                for slab in copies.slabs() {
+                    pager.pin::<B>(slab, device);
+                }
+                1
+            }
+            None => store.groups.len(),
+        };
+        for group in &store.groups[..f32_groups] {
+            pager.pin::<B>(bytemuck::cast_slice(group.params.as_slice()), device);
+        }
+        // The model's weights were drawn on the device; only placeholders remain.
+        pager.release_free_memory::<B>(device);
+        let worker =
+            (config.overlap && !config.fused).then(|| HostWorker::spawn(store.groups.len()));
+        let num_params = store.num_params();
+        Ok(Self {
+            template,
+            block_ids,
+            slot_of,
+            embedding_slot,
+            pager,
+            store,
+            bf16,
+            config,
+            device: device.clone(),
+            updates: 0,
+            split: StepSplit::default(),
+            grad_buffer: Vec::new(),
+            dy_buffer: Vec::new(),
+            num_params,
+            deferred: None,
+            table_touch: TableTouch::default(),
+            group_sum_sq: Vec::new(),
+            worker,
+        })
+    }
+}

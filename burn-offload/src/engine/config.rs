@@ -1,0 +1,195 @@
+//! The engine's settings, their one check, and its errors.
+
+use burn::tensor::backend::Backend;
+
+use crate::host::optim::{OptimizerConfig, OptimizerError};
+use crate::precision::{Compute, PrecisionError};
+use crate::store::StoreError;
+
+/// How the engine trains.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineConfig {
+    /// The optimizer run over the host slabs.
+    pub optimizer: OptimizerConfig,
+    /// Clip the global gradient norm to this value (`None`: no clipping).
+    pub grad_clip: Option<f64>,
+    /// Apply each block's update as soon as its gradient arrives (no gradient buffer).
+    pub fused: bool,
+    /// Tokens per chunk of the LM head and loss.
+    pub loss_chunk_tokens: usize,
+    /// Skip a step whose loss or gradients are not finite, leaving parameters
+    /// and optimizer state untouched. In fused mode this needs the gradient
+    /// norm before the first update, so the backward runs twice (as with clipping).
+    pub skip_non_finite: bool,
+    /// Overlap copies and CPU work with compute (the pipeline). `false` is the
+    /// serialised baseline of the bench: every bind first waits for the device
+    /// to go idle and then for its copies, and the CPU handles a block's
+    /// gradients only once the device is idle.
+    pub overlap: bool,
+    /// Keep block-input checkpoints in host memory on GPU backends, so device
+    /// memory stays flat in depth (each costs one small copy each way).
+    pub host_checkpoints: bool,
+    /// The precision the device computes in; the host state stays f32.
+    pub compute: Compute,
+    /// Blocks, counted back from the last, whose forward runs under
+    /// `Autodiff` and keeps its graph on the device until the backward, which
+    /// then seeds it directly instead of recomputing the block from its
+    /// checkpoint. Each costs one block's saved activations of device memory
+    /// for the whole step (and keeps its weights bound); 0 recomputes every
+    /// block. A GPU with memory to spare trades it for the recompute.
+    pub kept_graphs: usize,
+    /// On CUDA, have threads that wait for the device sleep instead of
+    /// spinning (the primary context's scheduling flag), leaving the cores to
+    /// the host work that overlaps the device. `false` keeps the driver's
+    /// default (a benchmark baseline).
+    pub blocking_sync: bool,
+    /// In overlap mode, have the host optimizer wait while one of the
+    /// forward's weight copies is in flight, so its pass over host memory
+    /// does not slow the copy (see `host::throttle`). `false` lets them share
+    /// host memory bandwidth.
+    pub hold_updates_for_copies: bool,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            optimizer: OptimizerConfig::AdamW(Default::default()),
+            grad_clip: None,
+            fused: false,
+            loss_chunk_tokens: 4096,
+            skip_non_finite: true,
+            overlap: true,
+            host_checkpoints: true,
+            compute: Compute::Fp32,
+            kept_graphs: 0,
+            blocking_sync: true,
+            hold_updates_for_copies: true,
+        }
+    }
+}
+
+impl EngineConfig {
+    /// Checks the settings on their own and against `device` (every way of
+    /// building an engine runs this one check).
+    pub fn validate<B: Backend>(&self, device: &B::Device) -> Result<(), EngineError> {
+        self.optimizer.validate()?;
+        self.compute
+            .check::<B>(device)
+            .map_err(ConfigError::Precision)?;
+        if self.loss_chunk_tokens == 0 {
+            return Err(ConfigError::LossChunk.into());
+        }
+        if let Some(clip) = self.grad_clip {
+            if !(clip.is_finite() && clip > 0.0) {
+                return Err(ConfigError::GradClip(clip).into());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Why the engine refused to build or to step.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The model and the store disagree.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// An optimizer setting or learning rate out of range.
+    #[error(transparent)]
+    Optimizer(#[from] OptimizerError),
+    /// A setting of the engine that cannot work.
+    #[error("invalid engine config: {0}")]
+    Config(#[from] ConfigError),
+    /// Micro-batches the engine cannot train on.
+    #[error("bad batch: {0}")]
+    Batch(#[from] BatchError),
+    /// A block that changed the shape of its input.
+    #[error("block {block} returned hidden states of shape {got:?} for an input of shape {want:?}; blocks must preserve [batch, seq, d_model]")]
+    Checkpoint {
+        /// The block.
+        block: usize,
+        /// Its output's shape.
+        got: Vec<usize>,
+        /// Its input's.
+        want: Vec<usize>,
+    },
+}
+
+/// A setting of [`EngineConfig`] (or a use of the engine) that cannot work.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ConfigError {
+    /// The backend cannot compute in the chosen precision.
+    #[error(transparent)]
+    Precision(#[from] PrecisionError),
+    /// `loss_chunk_tokens` is 0.
+    #[error("loss_chunk_tokens must be at least 1")]
+    LossChunk,
+    /// `grad_clip` is not a positive number.
+    #[error("grad_clip must be positive, got {0}")]
+    GradClip(f64),
+    /// A store built for the other mode.
+    #[error(
+        "store was built {} a gradient buffer but the engine is {}",
+        if *store_has_buffer { "with" } else { "without" },
+        if *fused { "fused" } else { "not fused" }
+    )]
+    StoreLayout {
+        /// Whether the store keeps a gradient buffer.
+        store_has_buffer: bool,
+        /// Whether the engine is fused.
+        fused: bool,
+    },
+    /// More than one micro-batch in fused mode.
+    #[error(
+        "fused mode applies each block's update during the backward pass and cannot accumulate \
+         micro-batches; use one micro-batch or disable fused mode"
+    )]
+    FusedAccumulation,
+    /// A gradient buffer asked of fused mode.
+    #[error("fused mode keeps no gradient buffer")]
+    FusedGradients,
+}
+
+/// Micro-batches the engine cannot train on.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum BatchError {
+    /// An empty list.
+    #[error("no micro-batches")]
+    NoMicroBatches,
+    /// Inputs and targets of different shapes.
+    #[error("micro-batch {index}: inputs {inputs:?} and targets {targets:?} differ in shape")]
+    TargetShape {
+        /// Which micro-batch.
+        index: usize,
+        /// Its inputs' shape.
+        inputs: [usize; 2],
+        /// Its targets'.
+        targets: [usize; 2],
+    },
+    /// A micro-batch shaped unlike the first.
+    #[error("micro-batch {index} has shape {shape:?}, the first has {first:?}")]
+    Uneven {
+        /// Which micro-batch.
+        index: usize,
+        /// Its shape.
+        shape: [usize; 2],
+        /// The first one's.
+        first: [usize; 2],
+    },
+    /// No tokens.
+    #[error("micro-batch {index} is empty ({shape:?})")]
+    Empty {
+        /// Which micro-batch (0 for a sampling input).
+        index: usize,
+        /// Its shape.
+        shape: [usize; 2],
+    },
+    /// A token outside the embedding table.
+    #[error("token id {token} is outside the embedding table's {rows} rows")]
+    Token {
+        /// The token.
+        token: i64,
+        /// The table's rows.
+        rows: usize,
+    },
+}

@@ -1,0 +1,256 @@
+//! Phase 1, the forward: the blocks streamed through the device with no
+//! graph, each bound just before it runs and dropped after, their inputs
+//! kept for the backward (and sampling's forward, which keeps nothing).
+
+use std::collections::HashSet;
+
+use burn::module::{AutodiffModule, HasAutodiffModule, Module};
+use burn::tensor::backend::Backend;
+use burn::tensor::{DType, Int, Tensor};
+
+use super::{BlockAd, Engine, EngineError, AD};
+use crate::engine::config::BatchError;
+use crate::host::{throttle, trace};
+use crate::precision::cast_to;
+use crate::transfer::Stash;
+use crate::{BlockModel, DecoderBlock};
+
+/// A block whose forward kept its graph: the bound block, its input
+/// (requiring a gradient) and its output, for a backward with no recompute.
+pub(super) type KeptGraph<B, M> = (BlockAd<B, M>, Tensor<AD<B>, 3>, Tensor<AD<B>, 3>);
+
+/// A block bound for the forward: graph-free, or under `Autodiff` when its
+/// graph is kept for the backward.
+pub(super) enum ForwardBlock<P, A> {
+    Plain(P),
+    Graph(A),
+}
+
+/// What the forward leaves for the backward: a checkpoint per recomputed
+/// block, then the kept graphs of the last blocks.
+pub(super) struct ForwardState<B: Backend, M: BlockModel<B>>
+where
+    M::Block: HasAutodiffModule<AD<B>>,
+{
+    pub checkpoints: Vec<Stash<B>>,
+    pub graphs: Vec<KeptGraph<B, M>>,
+}
+
+impl<B, M> Engine<B, M>
+where
+    B: Backend,
+    M: BlockModel<B> + HasAutodiffModule<AD<B>>,
+    M::TrainModule: BlockModel<AD<B>>,
+    M::Block: HasAutodiffModule<AD<B>>,
+    <M::Block as HasAutodiffModule<AD<B>>>::TrainModule: DecoderBlock<AD<B>>,
+{
+    /// The first block whose graph the forward keeps (`num_blocks` when none).
+    pub(super) fn first_kept(&self, num_blocks: usize) -> usize {
+        num_blocks - self.config.kept_graphs.min(num_blocks)
+    }
+
+    /// Binds block `i` for the forward: under `Autodiff` from `first_kept` on.
+    pub(super) fn bind_forward(
+        &mut self,
+        blocks: &[M::Block],
+        i: usize,
+        first_kept: usize,
+    ) -> ForwardBlock<M::Block, BlockAd<B, M>> {
+        // Trace marks for the first blocks, whose binds follow the step
+        // boundary: the wait for the update, then the copies' issue.
+        let marked = i < 2 && trace::enabled();
+        // The block's own update first: it would wait for the copy's window.
+        self.settle(i + 1);
+        if marked {
+            self.mark(format_args!("block {i} updated"));
+        }
+        // The copy's window: the host optimizer yields host memory bandwidth
+        // to it until it lands (see `host::throttle`).
+        let copying = (self.worker.is_some() && self.config.hold_updates_for_copies)
+            .then(throttle::copy_started);
+        let bound = if i >= first_kept {
+            ForwardBlock::Graph(self.bind_block_ad(blocks, i))
+        } else {
+            ForwardBlock::Plain(self.bind_block(blocks, i))
+        };
+        if let Some(landed) = copying {
+            self.pager.after_uploads::<B>(&self.device, landed);
+        }
+        if marked {
+            self.mark(format_args!("block {i} copies issued"));
+        }
+        bound
+    }
+
+    /// Streams the blocks forward: the stem embeds `inputs`, then each block
+    /// runs while the next one's weights are copied. In training (`train`)
+    /// every recomputed block's input is stashed for the backward, and the
+    /// last [`EngineConfig::kept_graphs`] blocks run under `Autodiff` and keep
+    /// their graphs (and weights) until the backward; otherwise no graph.
+    pub(super) fn stream_forward(
+        &mut self,
+        blocks: &[M::Block],
+        inputs: &Tensor<B, 2, Int>,
+        train: bool,
+    ) -> Result<(Tensor<B, 3>, ForwardState<B, M>), EngineError> {
+        let num_blocks = blocks.len();
+        let first_kept = if train {
+            self.first_kept(num_blocks)
+        } else {
+            num_blocks
+        };
+        let embedded = match self.embedding_slot {
+            Some(slot) => self.embed_on_host(slot, inputs)?,
+            None => {
+                let stem = self.bind_stem::<B, M>(self.template.clone(), false, true);
+                self.pager.ready::<B>(&self.device);
+                let embedded = stem.embed(inputs.clone());
+                drop(stem);
+                self.pager.evict(0);
+                embedded
+            }
+        };
+        let mut x = cast_to(embedded, self.config.compute.dtype());
+        self.mark("embedded");
+        let mut state = ForwardState {
+            checkpoints: Vec::with_capacity(first_kept),
+            graphs: Vec::with_capacity(num_blocks - first_kept),
+        };
+        let mut next = (num_blocks > 0).then(|| self.bind_forward(blocks, 0, first_kept));
+        for i in 0..num_blocks {
+            let block = next.take().expect("block bound ahead");
+            // Block i's weights have landed.
+            self.pager.ready::<B>(&self.device);
+            if i < 2 {
+                self.mark(format_args!("block {i} landed"));
+            }
+            // Block i+1's copy runs behind block i's compute: bound before
+            // block i's kernels are submitted, unless the host worker is still
+            // updating it (after the step boundary), where waiting for it
+            // would keep block i's kernels from a device with nothing to do.
+            let bind_after = i + 1 < num_blocks && self.update_running(i + 2);
+            if i + 1 < num_blocks && !bind_after {
+                next = Some(self.bind_forward(blocks, i + 1, first_kept));
+            }
+            let want = x.dims();
+            match block {
+                ForwardBlock::Plain(block) => {
+                    if train {
+                        state.checkpoints.push(self.pager.stash(x.clone()));
+                    }
+                    x = block.forward(x);
+                    drop(block);
+                    self.pager.evict(i + 1);
+                }
+                ForwardBlock::Graph(block) => {
+                    // Bound until its backward, which reads this graph.
+                    let input = Tensor::<AD<B>, 3>::from_inner(x).require_grad();
+                    let output = block.forward(input.clone());
+                    x = output.clone().inner();
+                    state.graphs.push((block, input, output));
+                }
+            }
+            if bind_after {
+                self.pager.flush::<B>(&self.device);
+                next = Some(self.bind_forward(blocks, i + 1, first_kept));
+            }
+            if x.dims() != want {
+                // Later blocks and the recompute would read a mis-shaped checkpoint.
+                drop(next);
+                drop(state);
+                for g in 1..=num_blocks {
+                    self.pager.evict(g);
+                }
+                return Err(EngineError::Checkpoint {
+                    block: i,
+                    got: x.dims().to_vec(),
+                    want: want.to_vec(),
+                });
+            }
+        }
+        Ok((x, state))
+    }
+
+    /// Binds block `i` (its weights paged in) for graph-free forward.
+    pub(super) fn bind_block(&mut self, blocks: &[M::Block], i: usize) -> M::Block {
+        self.bind_group::<B, _>(blocks[i].clone(), i + 1, false, false)
+    }
+
+    /// Binds block `i` under `Autodiff`, its parameters requiring gradients.
+    pub(super) fn bind_block_ad(&mut self, blocks: &[M::Block], i: usize) -> BlockAd<B, M> {
+        let template = BlockAd::<B, M>::from_inner(blocks[i].clone());
+        self.bind_group::<AD<B>, _>(template, i + 1, true, false)
+    }
+
+    /// Binds the stem (embeddings, final norm, head) into the whole template,
+    /// in the compute precision or, with `f32`, from the f32 master weights.
+    /// The embedding phases bind it in f32: a bf16 embedding gradient would
+    /// sum every occurrence of a token in bf16 (autocast keeps embeddings f32
+    /// too); its output is cast to the compute precision.
+    pub(super) fn bind_stem<X: Backend, T: Module<X>>(
+        &mut self,
+        template: T,
+        require_grad: bool,
+        f32: bool,
+    ) -> T
+    where
+        X::Device: From<B::Device>,
+    {
+        self.bind_group(template, 0, require_grad, f32)
+    }
+
+    /// Binds group `g` into `template` once its deferred update is applied,
+    /// from its bf16 copy in bf16 mode unless `f32`.
+    pub(super) fn bind_group<X: Backend, T: Module<X>>(
+        &mut self,
+        template: T,
+        g: usize,
+        require_grad: bool,
+        f32: bool,
+    ) -> T
+    where
+        X::Device: From<B::Device>,
+    {
+        self.settle(g);
+        if !f32 {
+            self.refresh_bf16(g);
+        }
+        let bf16 = self.bf16.as_ref().filter(|_| !f32).map(|c| c.values(g));
+        // The stem is bound into the whole model, whose blocks it skips.
+        let no_skip = HashSet::new();
+        let skip = if g == 0 { &self.block_ids } else { &no_skip };
+        let device = X::Device::from(self.device.clone());
+        self.pager.bind(
+            template,
+            g,
+            &self.store.groups[g],
+            bf16,
+            skip,
+            require_grad,
+            &device,
+        )
+    }
+
+    /// Logits at the last position of each sequence, `[batch, vocab]`, with
+    /// the blocks streamed as in training's forward (no graph): sampling never
+    /// needs the whole model on the device.
+    pub fn last_logits(&mut self, inputs: &Tensor<B, 2, Int>) -> Result<Tensor<B, 2>, EngineError> {
+        let [batch, seq] = inputs.dims();
+        if batch == 0 || seq == 0 {
+            return Err(BatchError::Empty {
+                index: 0,
+                shape: [batch, seq],
+            }
+            .into());
+        }
+        let blocks = self.template.blocks().to_vec();
+        let (x, _) = self.stream_forward(&blocks, inputs, false)?;
+        let stem = self.bind_stem::<B, M>(self.template.clone(), false, false);
+        self.pager.ready::<B>(&self.device);
+        let logits = stem.head(x.narrow(1, seq - 1, 1));
+        drop(stem);
+        self.pager.evict(0);
+        let vocab = logits.dims()[2];
+        Ok(cast_to(logits, DType::F32).reshape([batch, vocab]))
+    }
+}

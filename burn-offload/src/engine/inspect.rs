@@ -1,0 +1,182 @@
+//! What the engine shows of its state: the store (every deferred update
+//! applied first), single parameters and their gradients and moments, the
+//! whole model, checkpoints, and trace marks.
+
+use std::collections::HashMap;
+
+use burn::module::{HasAutodiffModule, ModuleMapper, Param, ParamId};
+use burn::tensor::backend::Backend;
+use burn::tensor::{Tensor, TensorData};
+
+use super::{Engine, EngineConfig, AD};
+use crate::host::trace;
+use crate::store::checkpoint::{self, CheckpointError};
+use crate::store::{Bf16Weights, HostStore};
+use crate::transfer::PagerStats;
+use crate::{BlockModel, DecoderBlock};
+
+impl<B, M> Engine<B, M>
+where
+    B: Backend,
+    M: BlockModel<B> + HasAutodiffModule<AD<B>>,
+    M::TrainModule: BlockModel<AD<B>>,
+    M::Block: HasAutodiffModule<AD<B>>,
+    <M::Block as HasAutodiffModule<AD<B>>>::TrainModule: DecoderBlock<AD<B>>,
+{
+    /// The parameters and optimizer state, with every update applied.
+    pub fn store(&mut self) -> &HostStore {
+        self.settle_all();
+        &self.store
+    }
+
+    /// Mutable access to the parameters and optimizer state (loaders,
+    /// surgery), with every update applied.
+    pub fn store_mut(&mut self) -> &mut HostStore {
+        self.settle_all();
+        if let Some(copies) = &mut self.bf16 {
+            copies.mark_all_stale();
+        }
+        &mut self.store
+    }
+
+    /// Number of parameters (no update needs to be settled to count them).
+    pub fn num_params(&self) -> usize {
+        self.num_params
+    }
+
+    /// Host bytes of the compute-precision weight copies (bf16 mode; 0 otherwise).
+    pub fn compute_copy_bytes(&self) -> usize {
+        self.bf16.as_ref().map_or(0, Bf16Weights::bytes)
+    }
+
+    /// Writes a checkpoint (parameters, Adam state, update count and the
+    /// trainer's `state`) into `dir`, atomically, rotating the run's oldest.
+    pub fn save_checkpoint(
+        &mut self,
+        dir: &mut checkpoint::CheckpointDir,
+        state: serde_json::Value,
+    ) -> Result<std::path::PathBuf, CheckpointError> {
+        self.settle_all();
+        dir.save(&self.store, self.updates, state)
+    }
+
+    /// Restores parameters, Adam state and the update count from a
+    /// checkpoint; on any error the engine is left as it was.
+    pub fn load_checkpoint(
+        &mut self,
+        path: &std::path::Path,
+    ) -> Result<checkpoint::Manifest, CheckpointError> {
+        // The store is read whole, so the deferred update is applied first; a
+        // failed load leaves the engine as it was (with that update).
+        self.settle_all();
+        let manifest = checkpoint::load_into(path, &mut self.store)?;
+        if let Some(copies) = &mut self.bf16 {
+            copies.mark_all_stale();
+        }
+        self.updates = manifest.updates;
+        Ok(manifest)
+    }
+
+    /// Gives up the engine, keeping its store (parameters and optimizer state).
+    pub fn into_store(mut self) -> HostStore {
+        self.settle_all();
+        self.store
+    }
+
+    /// The pager's traffic and residency counters.
+    pub fn pager_stats(&self) -> PagerStats {
+        self.pager.stats()
+    }
+
+    /// Forgets the pager's traffic counters and peak.
+    pub fn reset_pager_counters(&mut self) {
+        self.pager.reset_counters();
+    }
+
+    /// How the engine trains.
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// Number of optimizer updates applied so far.
+    pub fn updates(&self) -> u64 {
+        self.updates
+    }
+
+    /// The current value of a parameter (by the id it had in the model given to [`Engine::new`]).
+    pub fn param(&mut self, id: &ParamId) -> Option<&[f32]> {
+        let (g, k) = *self.slot_of.get(id)?;
+        self.settle(g);
+        let slot = &self.store.groups[g].slots[k];
+        Some(&self.store.groups[g].params.as_slice()[slot.range()])
+    }
+
+    /// The accumulated gradient of a parameter (`None` in fused mode).
+    pub fn grad(&mut self, id: &ParamId) -> Option<&[f32]> {
+        let (g, k) = *self.slot_of.get(id)?;
+        self.settle(g);
+        let slot = &self.store.groups[g].slots[k];
+        Some(&self.store.groups[g].grads.as_ref()?.as_slice()[slot.range()])
+    }
+
+    /// Adam moments `(m, v)` of a parameter.
+    pub fn moments(&mut self, id: &ParamId) -> Option<(&[f32], &[f32])> {
+        let (g, k) = *self.slot_of.get(id)?;
+        self.settle(g);
+        let (group, slot) = (&self.store.groups[g], &self.store.groups[g].slots[k]);
+        let range = slot.range();
+        Some((
+            &group.adam_m.as_slice()[range.clone()],
+            &group.adam_v.as_slice()[range],
+        ))
+    }
+
+    /// A complete, ordinary module with the store's current values (for
+    /// evaluation, sampling or saving).
+    pub fn model(&mut self) -> M {
+        self.settle_all();
+        let mut export = Export {
+            store: &self.store,
+            slot_of: &self.slot_of,
+            device: &self.device,
+        };
+        self.template.clone().map(&mut export)
+    }
+
+    /// A trace line (`BURN_OFFLOAD_TRACE=1`), with the device pools' figures.
+    pub(super) fn mark(&self, what: impl std::fmt::Display) {
+        if !trace::enabled() {
+            return;
+        }
+        match self.pager.device_memory::<B>(&self.device) {
+            Some((used, reserved)) => trace::mark(format_args!(
+                "{what} (device pools: {:.2} GiB in use, {:.2} GiB reserved)",
+                used as f64 / (1u64 << 30) as f64,
+                reserved as f64 / (1u64 << 30) as f64
+            )),
+            None => trace::mark(what),
+        }
+    }
+}
+
+/// Binds every parameter from the store (by id) into a full module.
+struct Export<'a, B: Backend> {
+    store: &'a HostStore,
+    slot_of: &'a HashMap<ParamId, (usize, usize)>,
+    device: &'a B::Device,
+}
+
+impl<B: Backend> ModuleMapper<B> for Export<'_, B> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let Some(&(g, k)) = self.slot_of.get(&param.id) else {
+            return param;
+        };
+        let group = &self.store.groups[g];
+        let slot = &group.slots[k];
+        let values = group.params.as_slice()[slot.range()].to_vec();
+        Param::initialized(
+            param.id,
+            Tensor::from_data(TensorData::new(values, slot.shape.clone()), self.device),
+        )
+    }
+}

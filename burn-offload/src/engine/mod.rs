@@ -1,0 +1,410 @@
+//! The block-streamed training engine (DESIGN.md §1).
+//!
+//! A step, per micro-batch:
+//! 1. **Forward, no graph.** Embed, then run block 0..L on the inner backend,
+//!    binding each block's weights from the host store just before it runs and
+//!    dropping them right after. Only the block inputs `x_0..x_{L-1}` are kept.
+//! 2. **Head + loss in chunks** of tokens under `Autodiff`, so `tokens × vocab`
+//!    logits never exist at once; each chunk's backward yields its slice of
+//!    `dL/dx_L` and adds to the head's parameter gradients.
+//! 3. **Backward, one block at a time,** L-1..0: recompute block i under
+//!    `Autodiff` from its checkpoint, seed it with the incoming gradient
+//!    (`(y ⊙ dy).backward()`: the seed of ones hands `dy` to `y`), take
+//!    `dx_i` and the block's parameter gradients; the gradients go to the
+//!    host at once and the graph is dropped.
+//! 4. **Embedding backward** from `dx_0`: on the host, as a scatter-add of
+//!    its rows (on CUDA, of its rows' sums per token, formed on the device:
+//!    `host::lookup`), where the model's `embed` is a plain table lookup
+//!    ([`BlockModel::embedding_table`]); otherwise burn differentiates `embed`
+//!    with the stem bound on the device. With the host worker and a lookup,
+//!    the head's gradients were folded into the store during step 3, so this
+//!    step is only `dy`'s copy and the scatter: it lies on the path from the
+//!    last block's backward to the next step's first kernel, where the device
+//!    idles.
+//!
+//! With [`EngineConfig::kept_graphs`] = k, the last k blocks run step 1 under
+//! `Autodiff` and keep their graphs on the device through step 2, and step 3
+//! seeds those graphs directly: a GPU with memory to spare skips k of the L
+//! recomputes.
+//!
+//! Then the optimizer runs over the host slabs. By default (not fused, overlap
+//! on) the host work runs on a **worker thread** (`host::worker`), never on the
+//! thread that submits kernels: each block's gradients are folded into the
+//! buffer there while the device runs the next block's backward, and at the
+//! end of the step every group is lent to it for its update, in the order the
+//! next forward binds them. A bind takes its group back (waiting only if the
+//! worker has not got that far), so the update is **deferred** to the next
+//! step and overlaps its forward. Where `embed` is a table lookup, that
+//! forward embeds on the host (the table's rows gathered and uploaded, the
+//! stem not bound) and hands the update out itself: first the rows it reads
+//! are updated, on its own thread, then the blocks and the rest of the stem
+//! go to the worker (`Engine::deferred`, `ledger`). Everything that reads the store takes every
+//! group back first. With overlap off (the bench's serialised baseline) the
+//! same work runs inline, the update right after the backward. In **fused** mode each block is
+//! updated as soon as its gradient arrives and no gradient buffer exists (12
+//! host bytes/param instead of 16). Global-norm clipping needs the norm before
+//! the first update, so fused mode with clipping runs the backward twice: a
+//! first pass only measures the norm, the second applies the clipped updates.
+//! Fused mode cannot accumulate micro-batches (there is nowhere to accumulate).
+//!
+//! The files follow the step: `build` (an engine from a model or a store),
+//! `forward` (phase 1), `head` (2), `backward` (3), `embedding` (the
+//! forward's lookup and phase 4), `sink` (where gradients land), `ledger`
+//! (groups lent to the worker, deferred updates), `inspect` (the store, the
+//! model, checkpoints), `config` and `report`.
+
+mod backward;
+mod build;
+mod config;
+mod embedding;
+mod forward;
+mod head;
+mod inspect;
+mod ledger;
+mod report;
+mod sink;
+
+pub use config::{BatchError, ConfigError, EngineConfig, EngineError};
+pub use report::{StepReport, StepSplit};
+
+use std::collections::{HashMap, HashSet};
+use std::time::Instant;
+
+use burn::backend::Autodiff;
+use burn::module::{HasAutodiffModule, ParamId};
+use burn::tensor::backend::Backend;
+use burn::tensor::{ElementConversion, Int, Tensor};
+
+use crate::host::norm::clip_scale;
+use crate::host::optim::check_lr;
+use crate::host::worker::HostWorker;
+use crate::ops::cross_entropy::kept_targets;
+use crate::store::{Bf16Weights, HostStore};
+use crate::transfer::{Pager, PagerStats};
+use crate::{BlockModel, DecoderBlock};
+use embedding::TableTouch;
+use ledger::{Lent, Update};
+use sink::Sink;
+
+/// The copy machinery the engine's pager drives: CUDA's in CUDA builds
+/// (which does the host's on any other backend), the host's otherwise.
+#[cfg(feature = "cuda")]
+type DeviceTransfer = crate::cuda::CudaTransfer;
+#[cfg(not(feature = "cuda"))]
+type DeviceTransfer = crate::transfer::HostTransfer;
+
+type AD<B> = Autodiff<B>;
+
+/// A model's block type on `Autodiff<B>`.
+type BlockAd<B, M> = <<M as BlockModel<B>>::Block as HasAutodiffModule<AD<B>>>::TrainModule;
+
+/// Token ids `(inputs, targets)`, each `[batch, seq]`; a negative target
+/// ([`crate::ops::cross_entropy::IGNORE_INDEX`]) takes no part in the loss.
+pub type MicroBatch<B> = (Tensor<B, 2, Int>, Tensor<B, 2, Int>);
+
+/// The weight of each trained token in a step: one over the number of
+/// targets, not ignored, of all its micro-batches (at least one), so the
+/// step's loss is the mean over the tokens it trains on. On the device: no
+/// host round trip.
+fn token_weight<B: Backend>(micro_batches: &[MicroBatch<B>]) -> Tensor<B, 1> {
+    micro_batches
+        .iter()
+        .map(|(_, targets)| kept_targets(targets))
+        .reduce(|a, b| a + b)
+        .expect("checked: at least one micro-batch")
+        .clamp_min(1.0)
+        .recip()
+}
+
+/// Trains a [`BlockModel`] whose parameters live in a [`HostStore`].
+pub struct Engine<B: Backend, M: BlockModel<B>> {
+    /// Stateless template: the model with every parameter a zero-cost placeholder.
+    template: M,
+    /// Parameters inside blocks (skipped when binding the stem).
+    block_ids: HashSet<ParamId>,
+    /// Parameter id → (group, slot) for export and inspection.
+    slot_of: HashMap<ParamId, (usize, usize)>,
+    /// The stem slot of the token-embedding table, where the model's `embed`
+    /// is a plain lookup in it ([`BlockModel::embedding_table`]): its gradient
+    /// is then formed on the host.
+    embedding_slot: Option<usize>,
+    /// Declared before `store`: it unlocks page-locked slabs before they are freed.
+    pager: Pager<DeviceTransfer>,
+    store: HostStore,
+    /// bf16 copies of the parameters, the weights uploaded in bf16 mode.
+    bf16: Option<Bf16Weights>,
+    config: EngineConfig,
+    device: B::Device,
+    /// Optimizer updates applied so far.
+    updates: u64,
+    /// The current step's time split.
+    split: StepSplit,
+    /// Host buffer for one group's gradients on their way to the optimizer,
+    /// kept across steps: a fresh one would fault in its pages every step
+    /// (half a gigabyte for the 0.85B Llama's stem).
+    grad_buffer: Vec<f32>,
+    /// Host copy of the embedding's output gradient (see
+    /// [`BlockModel::embedding_table`]), kept across steps for the same reason.
+    dy_buffer: Vec<f32>,
+    /// Parameters in the store (counted once: lent groups hold empty slabs).
+    num_params: usize,
+    /// The step's update, not yet handed to the worker (overlap mode, with a
+    /// lookup embedding): the next forward first updates only the table rows
+    /// it reads, on this thread, looks them up on the host, and then hands
+    /// the worker every block's update and the rest of the stem's. The next
+    /// step so starts without waiting for the stem's whole update and its
+    /// upload, and nothing else holds the cores meanwhile (lent first, the
+    /// blocks' updates would delay that lookup). Anything else that takes a group back hands them all out
+    /// first, the stem's whole ([`Engine::settle`]).
+    deferred: Option<Update>,
+    /// The table rows the step's embedding gradients wrote (lookup embedding).
+    table_touch: TableTouch,
+    /// Squared norm of each group's accumulated gradient, as measured (on
+    /// the worker, collected as groups come back, or here); summed in group
+    /// order, so the total does not depend on which thread measured what.
+    group_sum_sq: Vec<f64>,
+    /// The thread that runs the host work in overlap mode (not fused). Last,
+    /// so it is dropped last: the pager unlocks the slabs lent to it while
+    /// they are still allocated.
+    worker: Option<HostWorker<Lent>>,
+}
+
+impl<B, M> Engine<B, M>
+where
+    B: Backend,
+    M: BlockModel<B> + HasAutodiffModule<AD<B>>,
+    M::TrainModule: BlockModel<AD<B>>,
+    M::Block: HasAutodiffModule<AD<B>>,
+    <M::Block as HasAutodiffModule<AD<B>>>::TrainModule: DecoderBlock<AD<B>>,
+{
+    /// One optimizer step over `micro_batches` of `(inputs, targets)`, each
+    /// `[batch, seq]`; their gradients are averaged (gradient accumulation).
+    /// The step is the phases it is: the loss and the gradient's squared
+    /// norm (phases 1–4, `forward_backward`, per micro-batch), the clipping
+    /// factor from that norm, then the update.
+    pub fn step(
+        &mut self,
+        micro_batches: &[MicroBatch<B>],
+        lr: f64,
+    ) -> Result<StepReport, EngineError> {
+        check_lr(lr)?;
+        self.check_batches(micro_batches)?;
+        if self.config.fused && micro_batches.len() > 1 {
+            return Err(ConfigError::FusedAccumulation.into());
+        }
+        self.split = StepSplit::default();
+        let tokens = micro_batches
+            .iter()
+            .map(|(x, _)| x.dims()[0] * x.dims()[1])
+            .sum();
+        let step = self.updates + 1;
+        let fused = self.config.fused;
+        if fused && self.config.grad_clip.is_none() && !self.config.skip_non_finite {
+            // Nothing needs the norm first: one pass applies each block's
+            // update as its gradient arrives.
+            let mut update = Sink::Update {
+                step,
+                lr,
+                scale: 1.0,
+            };
+            let loss = self.fused_pass(micro_batches, &mut update)?;
+            self.updates = step;
+            return Ok(self.report(loss, f64::NAN, 1.0, tokens, false));
+        }
+        // The loss and the squared norm: accumulated into the gradient
+        // buffer, or (fused, no buffer) from a pass that only measures.
+        let (loss, sum) = if fused {
+            let mut norm = Sink::Norm(0.0);
+            let loss = self.fused_pass(micro_batches, &mut norm)?;
+            let Sink::Norm(sum) = norm else {
+                unreachable!("the sink stays a norm sink")
+            };
+            (loss, sum)
+        } else {
+            self.accumulate(micro_batches)?
+        };
+        // Fused mode cannot take back a non-finite update it has applied.
+        if (fused || self.config.skip_non_finite) && !(loss.is_finite() && sum.is_finite()) {
+            return Ok(self.report(loss, sum.sqrt(), 0.0, tokens, true));
+        }
+        let (norm, scale) = clip_scale(sum.sqrt(), self.config.grad_clip);
+        if fused {
+            let mut update = Sink::Update {
+                step,
+                lr,
+                scale: scale as f32,
+            };
+            self.fused_pass(micro_batches, &mut update)?;
+        } else {
+            self.update_all(step, lr, scale as f32);
+            self.mark("updates handed out");
+        }
+        self.updates = step;
+        Ok(self.report(loss, norm, scale, tokens, false))
+    }
+
+    /// Phases 1–4 of fused mode's one micro-batch into `sink`.
+    fn fused_pass(
+        &mut self,
+        micro_batches: &[MicroBatch<B>],
+        sink: &mut Sink,
+    ) -> Result<f32, EngineError> {
+        let (inputs, targets) = &micro_batches[0];
+        let weight = token_weight(micro_batches);
+        self.forward_backward(inputs, targets, &weight, sink)
+    }
+
+    /// The step's report, with its time split.
+    fn report(
+        &self,
+        loss: f32,
+        grad_norm: f64,
+        clip_scale: f64,
+        tokens: usize,
+        skipped: bool,
+    ) -> StepReport {
+        StepReport {
+            loss,
+            grad_norm,
+            clip_scale,
+            tokens,
+            skipped,
+            split: self.split,
+        }
+    }
+
+    /// Writes the mean gradient of the micro-batches into the gradient buffer
+    /// (over its old contents); returns the mean loss. Non-fused mode only.
+    pub fn accumulate_gradients(
+        &mut self,
+        micro_batches: &[MicroBatch<B>],
+    ) -> Result<f32, EngineError> {
+        if self.config.fused {
+            return Err(ConfigError::FusedGradients.into());
+        }
+        Ok(self.accumulate(micro_batches)?.0)
+    }
+
+    /// [`Engine::accumulate_gradients`], also returning the squared norm of
+    /// the accumulated gradient: the last micro-batch measures each group as
+    /// it lands, while the device computes the next block, rather than in a
+    /// pass over the whole buffer after the backward.
+    pub(super) fn accumulate(
+        &mut self,
+        micro_batches: &[MicroBatch<B>],
+    ) -> Result<(f32, f64), EngineError> {
+        self.check_batches(micro_batches)?;
+        let k = micro_batches.len();
+        let weight = token_weight(micro_batches);
+        let mut loss = 0.0;
+        self.group_sum_sq = vec![0.0; self.store.groups.len()];
+        for (i, (inputs, targets)) in micro_batches.iter().enumerate() {
+            let mut sink = Sink::Accumulate {
+                first: i == 0,
+                last: i + 1 == k,
+            };
+            loss += self.forward_backward(inputs, targets, &weight, &mut sink)?;
+        }
+        self.mark("loss read");
+        // The worker's share of the norm comes back with its groups.
+        self.settle_all();
+        self.mark("gradients settled");
+        Ok((loss, self.group_sum_sq.iter().sum()))
+    }
+
+    pub(super) fn check_batches(&self, micro_batches: &[MicroBatch<B>]) -> Result<(), EngineError> {
+        if micro_batches.is_empty() {
+            return Err(BatchError::NoMicroBatches.into());
+        }
+        let first = micro_batches[0].0.dims();
+        for (index, (x, y)) in micro_batches.iter().enumerate() {
+            let (inputs, targets) = (x.dims(), y.dims());
+            if inputs != targets {
+                return Err(BatchError::TargetShape {
+                    index,
+                    inputs,
+                    targets,
+                }
+                .into());
+            }
+            if inputs != first {
+                return Err(BatchError::Uneven {
+                    index,
+                    shape: inputs,
+                    first,
+                }
+                .into());
+            }
+            if inputs[0] == 0 || inputs[1] == 0 {
+                return Err(BatchError::Empty {
+                    index,
+                    shape: inputs,
+                }
+                .into());
+            }
+        }
+        Ok(())
+    }
+
+    /// Phases 1–4 for one micro-batch; parameter gradients of `weight ×` the
+    /// sum of its tokens' losses go to `sink`. Returns that weighted sum:
+    /// with [`token_weight`], the micro-batch's share of the step's mean.
+    ///
+    /// The next block is always bound before the current one runs (prefetch;
+    /// on a GPU its copy overlaps the current block's compute), so at most two
+    /// blocks are resident. The stem is resident only while it is used.
+    fn forward_backward(
+        &mut self,
+        inputs: &Tensor<B, 2, Int>,
+        targets: &Tensor<B, 2, Int>,
+        weight: &Tensor<B, 1>,
+        sink: &mut Sink,
+    ) -> Result<f32, EngineError> {
+        // Placeholder templates: cloning them copies no weights.
+        let blocks = self.template.blocks().to_vec();
+        let copies = self.pager.stats();
+
+        // 1. Forward: keep the block inputs, no graph (but the kept blocks').
+        let phase = Instant::now();
+        let (x, state) = self.stream_forward(&blocks, inputs, true)?;
+        let first_kept = blocks.len() - state.graphs.len();
+        self.split.forward_s += phase.elapsed().as_secs_f64();
+        let copies = self.split_copies(copies, true);
+        self.mark("forward done");
+        // Every block was bound above, so no update is left but, after a host
+        // embedding, the rest of the stem's; the backward writes over the
+        // gradients a deferred update reads.
+        self.settle_all();
+
+        // 2. Head and loss in chunks of positions.
+        let phase = Instant::now();
+        let head = self.head(&blocks, first_kept, x, targets, weight, sink);
+        self.split.head_s += phase.elapsed().as_secs_f64();
+        self.mark("head and loss done");
+
+        // 3. Backward, one block at a time, recomputed from its checkpoint.
+        let phase = Instant::now();
+        let dx_0 = self.backward(&blocks, state, head.next, head.dy, head.beside, sink);
+        self.split.backward_s += phase.elapsed().as_secs_f64();
+
+        // 4. Embedding backward from dx_0, added to the head's gradients.
+        let phase = Instant::now();
+        self.embedding_backward(inputs, dx_0, head.grads, sink)?;
+        self.split.head_s += phase.elapsed().as_secs_f64();
+        self.split_copies(copies, false);
+        self.mark("embedding backward done");
+
+        let loss = head.loss_sum.map_or(0.0, |sum| {
+            (sum * weight.clone()).into_scalar().elem::<f64>()
+        });
+        Ok(loss as f32)
+    }
+
+    /// Adds the copies timed since `since` to the step's split (as the
+    /// forward's with `forward`); returns the counters now.
+    fn split_copies(&mut self, since: PagerStats, forward: bool) -> PagerStats {
+        let now = self.pager.stats();
+        self.split.add_copies(&since, &now, forward);
+        now
+    }
+}

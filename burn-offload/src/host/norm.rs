@@ -1,0 +1,29 @@
+//! Gradient norms and global-norm clipping.
+
+use rayon::prelude::*;
+
+use super::optim::CHUNK;
+
+/// Sum of squares of a slice, in f64 (parallel; the global gradient norm is
+/// the square root of the sum over all groups).
+pub fn sum_of_squares(x: &[f32]) -> f64 {
+    x.par_chunks(CHUNK)
+        .map(|c| c.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>())
+        .sum()
+}
+
+/// The squared norm of `x` outside `range`, as two sums (before it, then
+/// after it: an empty range at 0 gives exactly `sum_of_squares(x)`).
+pub fn sum_of_squares_outside(x: &[f32], range: std::ops::Range<usize>) -> f64 {
+    sum_of_squares(&x[..range.start]) + sum_of_squares(&x[range.end..])
+}
+
+/// `(norm, scale)`: gradients are multiplied by `clip / norm` when the norm
+/// exceeds `clip` (no clipping: `None`, scale 1).
+pub fn clip_scale(norm: f64, clip: Option<f64>) -> (f64, f64) {
+    let scale = match clip {
+        Some(clip) if norm > clip => clip / norm,
+        _ => 1.0,
+    };
+    (norm, scale)
+}

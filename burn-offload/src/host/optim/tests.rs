@@ -1,0 +1,156 @@
+//! The optimizers against textbook recurrences and their own invariants.
+
+use burn::tensor::bf16;
+
+use super::slices::CHUNK;
+use super::*;
+
+#[test]
+fn invalid_values_are_rejected() {
+    let bad = |c: AdamWConfig| {
+        OptimizerConfig::AdamW(c)
+            .validate()
+            .unwrap_err()
+            .to_string()
+    };
+    let base = AdamWConfig::default();
+    assert!(bad(AdamWConfig {
+        beta_1: 1.0,
+        ..base
+    })
+    .contains("beta_1 must be in [0, 1)"));
+    assert!(bad(AdamWConfig {
+        beta_2: f32::NAN,
+        ..base
+    })
+    .contains("beta_2"));
+    assert!(bad(AdamWConfig {
+        epsilon: 0.0,
+        ..base
+    })
+    .contains("epsilon must be positive"));
+    assert!(bad(AdamWConfig {
+        weight_decay: -0.1,
+        ..base
+    })
+    .contains("weight_decay"));
+    let sgd = OptimizerConfig::Sgd(SgdConfig {
+        momentum: -0.5,
+        weight_decay: 0.0,
+    });
+    assert!(sgd.validate().unwrap_err().to_string().contains("momentum"));
+    assert!(check_lr(f64::INFINITY).is_err() && check_lr(-1.0).is_err() && check_lr(0.0).is_ok());
+    assert!(OptimizerConfig::AdamW(base).validate().is_ok());
+}
+
+#[test]
+fn sgd_with_momentum_matches_the_textbook_recurrence() {
+    let config = OptimizerConfig::Sgd(SgdConfig {
+        momentum: 0.9,
+        weight_decay: 0.01,
+    });
+    let (mut p, mut m, mut v) = (vec![1.0f32, -2.0], vec![0.0; 2], vec![0.0; 2]);
+    let (mut want_p, mut want_buf) = (p.clone(), vec![0.0f32; 2]);
+    for step in 1..=3u64 {
+        let g = [0.5f32 * step as f32, -0.25];
+        config.update(
+            step,
+            0.1,
+            1.0,
+            UpdateSlices {
+                params: &mut p,
+                m: &mut m,
+                v: &mut v,
+                grads: &g,
+                bf16: None,
+            },
+        );
+        for i in 0..2 {
+            let d = g[i] + 0.01 * want_p[i];
+            want_buf[i] = if step == 1 { d } else { 0.9 * want_buf[i] + d };
+            want_p[i] -= 0.1 * want_buf[i];
+        }
+    }
+    assert_eq!(p, want_p);
+}
+
+/// Updating a table's picked rows, then the others, gives the bits of one
+/// update of the whole table, bf16 copy included, for both optimizers.
+#[test]
+fn rows_updated_in_two_selections_equal_one_update() {
+    let (rows, width) = (7, 5);
+    let n = rows * width;
+    let grads: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
+    let start: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos()).collect();
+    let picked = [true, false, false, true, true, false, true];
+    let sgd = OptimizerConfig::Sgd(SgdConfig {
+        momentum: 0.9,
+        weight_decay: 0.01,
+    });
+    for config in [OptimizerConfig::AdamW(AdamWConfig::default()), sgd] {
+        let run = |selections: &[Rows<'_>]| {
+            let (mut p, mut m, mut v) = (start.clone(), vec![0.1; n], vec![0.2; n]);
+            let mut copy = vec![bf16::ZERO; n];
+            for step in 1..=2 {
+                for &rows in selections {
+                    let slices = UpdateSlices {
+                        params: &mut p,
+                        m: &mut m,
+                        v: &mut v,
+                        grads: &grads,
+                        bf16: Some(&mut copy),
+                    };
+                    config.update_rows(step, 1e-2, 0.5, slices, rows);
+                }
+            }
+            (p, m, v, copy)
+        };
+        let pick = |pick| Rows::Picked {
+            width,
+            picked: &picked,
+            pick,
+        };
+        let whole = run(&[Rows::All]);
+        assert_eq!(run(&[pick(true), pick(false)]), whole);
+        // One selection alone leaves the other rows as they were.
+        let (p, ..) = run(&[pick(true)]);
+        for (r, &was_picked) in picked.iter().enumerate() {
+            let row = r * width..(r + 1) * width;
+            let want = if was_picked {
+                &whole.0[row.clone()]
+            } else {
+                &start[row.clone()]
+            };
+            assert_eq!(&p[row], want, "row {r}");
+        }
+    }
+}
+
+/// The bf16 copy written during the update is the rounding of the new
+/// parameters, across chunk boundaries, and the f32 result is unchanged.
+#[test]
+fn the_bf16_copy_is_the_rounded_update() {
+    let n = 3 * CHUNK + 17;
+    let grads: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
+    let start: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos()).collect();
+    let config = OptimizerConfig::AdamW(AdamWConfig::default());
+    let run = |copy: Option<&mut [bf16]>| {
+        let (mut p, mut m, mut v) = (start.clone(), vec![0.0; n], vec![0.0; n]);
+        let slices = UpdateSlices {
+            params: &mut p,
+            m: &mut m,
+            v: &mut v,
+            grads: &grads,
+            bf16: copy,
+        };
+        config.update(1, 1e-2, 1.0, slices);
+        p
+    };
+    let mut copy = vec![bf16::ZERO; n];
+    let with = run(Some(&mut copy));
+    assert_eq!(with, run(None));
+    assert!(copy
+        .iter()
+        .zip(&with)
+        .all(|(c, p)| *c == bf16::from_f32(*p)));
+}

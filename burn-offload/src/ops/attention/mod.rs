@@ -1,0 +1,35 @@
+//! Causal attention whose backward keeps `O(tokens)` values, not the
+//! `[batch, heads, seq, seq]` probabilities.
+//!
+//! Written out in tensor ops, attention leaves autodiff a score-sized tensor
+//! per block (the probabilities, 2 GiB for the 0.85B Llama at 16k tokens in
+//! f32: a third of what a block keeps), and its backward runs a dozen
+//! score-sized elementwise passes. On the autodiff backends this crate runs,
+//! [`causal_attention`] is one autodiff operation instead, in the manner of
+//! FlashAttention's backward but in plain tensor ops of the inner backend:
+//! - the forward keeps `q`, `k`, `v`, the output and each row's log-sum-exp;
+//! - the backward recomputes the probabilities from them (one `q·kᵀ` and one
+//!   `exp`) and applies the softmax gradient in closed form,
+//!   `dS = P ⊙ (dP − rowsum(dO ⊙ O))`.
+//!
+//! Both passes split each sequence's queries into [`QUERY_BLOCKS`] blocks of
+//! consecutive positions; a block's queries see only the keys up to its last
+//! position, so the scores of block `r` are `len × (r+1)·len`, not `len × seq`:
+//! with four blocks the score-sized passes (matmuls, mask, `exp`, the row
+//! reductions, the softmax gradient) cover 10/16 of the square instead of all
+//! of it, the masked half being mostly skipped. They work through the batch in
+//! chunks whose scores hold at most [`SCORE_CHUNK_ELEMENTS`], so the
+//! score-sized temporaries stay bounded too.
+//! Grouped-query attention needs no repeated keys and values: the `g` query
+//! heads of one key/value head are laid end to end (`[b, kv, g·s, d]`), and
+//! one matmul serves the group (its key and value gradients come out summed
+//! over the group).
+//!
+//! Other autodiff backends get [`reference_causal_attention`], which burn
+//! differentiates op by op; graph-free backends get the forward alone.
+
+mod base;
+#[cfg(feature = "cuda")]
+mod cuda;
+
+pub use base::*;

@@ -1,0 +1,653 @@
+//! Training checkpoints: parameters and Adam state streamed from the host
+//! slabs into safetensors files, plus a JSON manifest.
+//!
+//! Layout: `<dir>/step-<N>/{model.safetensors, optimizer.safetensors,
+//! manifest.json}`. Tensors are named `stem.<path>` / `blocks.<i>.<path>`
+//! (`m.`/`v.` prefixes in the optimizer file). Each tensor is a view of its
+//! slab range, so writing makes no second copy of the model in memory.
+//!
+//! Crash safety: a checkpoint is written into `<dir>/.tmp-step-<N>`, every
+//! file is fsynced, the manifest is written last, and only then is the folder
+//! renamed to `step-<N>` (and the parent fsynced). A crash at any point leaves
+//! earlier checkpoints untouched and, at worst, a `.tmp-*` folder that loading
+//! ignores and the next write removes.
+//!
+//! Ownership: a folder belongs to one run at a time. [`CheckpointDir::open`]
+//! takes an advisory lock on `<dir>/.lock` (released by the OS when the
+//! process ends, even by `kill -9`) and refuses a folder that holds another
+//! run's checkpoints. Each checkpoint records its run and a write sequence
+//! number, so rotation removes only the run's own checkpoints, oldest written
+//! first, and [`resolve`] picks the newest written one (not the highest step:
+//! a run resumed from an earlier step writes lower step numbers again).
+
+use std::borrow::Cow;
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use rayon::prelude::*;
+use safetensors::tensor::{Dtype, SafeTensors, View};
+use serde::{Deserialize, Serialize};
+
+use super::HostStore;
+use crate::host::slab::Slab;
+
+/// The manifest's `format`.
+pub const FORMAT: &str = "burn-offload-checkpoint";
+/// The manifest format this build writes and reads.
+pub const FORMAT_VERSION: u32 = 1;
+const MODEL_FILE: &str = "model.safetensors";
+const OPTIMIZER_FILE: &str = "optimizer.safetensors";
+const MANIFEST_FILE: &str = "manifest.json";
+const LOCK_FILE: &str = ".lock";
+
+/// Why a checkpoint could not be written, found or read.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    // The OS error is part of the message rather than a `source`, so that
+    // error-chain printers do not repeat it.
+    /// A file operation failed.
+    #[error("`{}`: {error}", path.display())]
+    Io {
+        /// The file or folder.
+        path: PathBuf,
+        /// What the OS said.
+        error: std::io::Error,
+    },
+    /// Another process holds the folder's lock.
+    #[error("checkpoint folder `{}` is in use by another run{}", dir.display(), holder.as_ref().map(|h| format!(" ({h})")).unwrap_or_default())]
+    Locked {
+        /// The folder.
+        dir: PathBuf,
+        /// Who holds it, where known.
+        holder: Option<String>,
+    },
+    /// The folder holds another run's checkpoints.
+    #[error("checkpoint folder `{}` holds checkpoints of another run (newest: `{}`)", dir.display(), newest.display())]
+    OtherRun {
+        /// The folder.
+        dir: PathBuf,
+        /// Its newest checkpoint.
+        newest: PathBuf,
+    },
+    /// No checkpoint where one was expected.
+    #[error("no checkpoint in `{0}` (expected step-<N> folders with a manifest.json)")]
+    NotFound(PathBuf),
+    /// A manifest that does not parse.
+    #[error("`{path}` is not a valid checkpoint manifest: {reason}")]
+    Manifest {
+        /// The manifest.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A manifest of another format version.
+    #[error(
+        "checkpoint `{path}` has format version {found}, this build reads version {FORMAT_VERSION}"
+    )]
+    Version {
+        /// The checkpoint.
+        path: PathBuf,
+        /// Its format version.
+        found: u32,
+    },
+    /// A data file whose bytes do not check out.
+    #[error("`{path}` is truncated or corrupted: {reason}")]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A checkpoint of another model.
+    #[error("checkpoint `{path}` does not fit this model: {reason}")]
+    Mismatch {
+        /// The checkpoint.
+        path: PathBuf,
+        /// How it differs.
+        reason: String,
+    },
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
+    move |error| CheckpointError::Io {
+        path: path.to_path_buf(),
+        error,
+    }
+}
+
+/// What a checkpoint says about itself.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Always [`FORMAT`].
+    pub format: String,
+    /// The format version it was written in.
+    pub format_version: u32,
+    /// Version of the burn-offload crate that wrote it.
+    pub writer_version: String,
+    /// Optimizer updates applied to the parameters.
+    pub updates: u64,
+    /// The run that wrote it (empty in checkpoints written before runs had
+    /// names): a folder holds one run's checkpoints.
+    #[serde(default)]
+    pub run: String,
+    /// Position in the run's write order (1 for its first checkpoint).
+    #[serde(default)]
+    pub sequence: u64,
+    /// Parameter names and shapes per group (stem first).
+    pub groups: Vec<Vec<(String, Vec<usize>)>>,
+    /// CRC32 of `model.safetensors` and `optimizer.safetensors` (bit rot and
+    /// partial writes that keep the header intact are caught on load).
+    pub crc32: [u32; 2],
+    /// Whatever the trainer needs to continue (config, step, RNG and data
+    /// state), opaque to the library.
+    pub trainer: serde_json::Value,
+}
+
+/// One slab range as a safetensors view (borrowed: no copy).
+struct SlabView<'a> {
+    shape: &'a [usize],
+    data: &'a [f32],
+}
+
+impl View for SlabView<'_> {
+    fn dtype(&self) -> Dtype {
+        Dtype::F32
+    }
+    fn shape(&self) -> &[usize] {
+        self.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        // Little-endian hosts store f32 exactly as safetensors wants it.
+        Cow::Borrowed(bytemuck::cast_slice(self.data))
+    }
+    fn data_len(&self) -> usize {
+        std::mem::size_of_val(self.data)
+    }
+}
+
+fn tensor_name(group: usize, slot: &str) -> String {
+    if group == 0 {
+        format!("stem.{slot}")
+    } else {
+        format!("blocks.{}.{slot}", group - 1)
+    }
+}
+
+fn views<'a>(
+    store: &'a HostStore,
+    prefix: &str,
+    slab: impl Fn(usize) -> &'a Slab,
+) -> Vec<(String, SlabView<'a>)> {
+    let mut out = Vec::new();
+    for (g, group) in store.groups.iter().enumerate() {
+        let data = slab(g).as_slice();
+        for slot in &group.slots {
+            let view = SlabView {
+                shape: &slot.shape,
+                data: &data[slot.range()],
+            };
+            out.push((format!("{prefix}{}", tensor_name(g, &slot.name)), view));
+        }
+    }
+    out
+}
+
+fn write_synced(
+    path: &Path,
+    write: impl FnOnce(&Path) -> Result<(), CheckpointError>,
+) -> Result<(), CheckpointError> {
+    write(path)?;
+    File::open(path)
+        .and_then(|f| f.sync_all())
+        .map_err(io(path))
+}
+
+fn sync_dir(path: &Path) -> Result<(), CheckpointError> {
+    File::open(path)
+        .and_then(|f| f.sync_all())
+        .map_err(io(path))
+}
+
+fn step_dir_name(updates: u64) -> String {
+    format!("step-{updates:08}")
+}
+
+/// A checkpoint folder that one run owns for as long as this value lives.
+///
+/// Opening it takes the folder's lock, so a second process cannot write into
+/// it at the same time, and checks that every checkpoint already there is
+/// the same run's; saving rotates only that run's checkpoints.
+#[derive(Debug)]
+pub struct CheckpointDir {
+    dir: PathBuf,
+    run: String,
+    keep: usize,
+    next_sequence: u64,
+    /// Holds the advisory lock until dropped (or the process ends).
+    _lock: File,
+}
+
+impl CheckpointDir {
+    /// Creates `dir` if needed, locks it, and checks that it holds no
+    /// checkpoint of a run other than `run`. At most `keep` (at least one)
+    /// of the run's checkpoints are kept. Leftovers of an interrupted write
+    /// are removed, now that no other process can be writing them.
+    pub fn open(dir: &Path, run: &str, keep: usize) -> Result<Self, CheckpointError> {
+        fs::create_dir_all(dir).map_err(io(dir))?;
+        let lock_path = dir.join(LOCK_FILE);
+        let mut lock = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&lock_path)
+            .map_err(io(&lock_path))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(fs::TryLockError::WouldBlock) => {
+                let holder = fs::read_to_string(&lock_path)
+                    .ok()
+                    .map(|text| text.trim().to_string())
+                    .filter(|text| !text.is_empty());
+                return Err(CheckpointError::Locked {
+                    dir: dir.to_path_buf(),
+                    holder,
+                });
+            }
+            Err(fs::TryLockError::Error(error)) => return Err(io(&lock_path)(error)),
+        }
+        // Who holds the lock, for the message a second process prints; also
+        // proves the folder writable before any training.
+        lock.set_len(0)
+            .and_then(|()| write!(lock, "pid {}", std::process::id()))
+            .and_then(|()| lock.sync_all())
+            .map_err(io(&lock_path))?;
+        remove_stale_temporaries(dir)?;
+        let mut next_sequence = 1;
+        let mut others = Vec::new();
+        for (path, manifest) in manifests(dir)? {
+            let manifest = manifest?;
+            if manifest.run == run {
+                next_sequence = next_sequence.max(manifest.sequence + 1);
+            } else {
+                others.push((manifest.sequence, path));
+            }
+        }
+        if let Some((_, newest)) = others.into_iter().max() {
+            return Err(CheckpointError::OtherRun {
+                dir: dir.to_path_buf(),
+                newest,
+            });
+        }
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            run: run.to_string(),
+            keep: keep.max(1),
+            next_sequence,
+            _lock: lock,
+        })
+    }
+
+    /// The folder.
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Writes a checkpoint of `store` after `updates` optimizer updates into
+    /// `step-<updates>`, atomically, then removes the run's oldest written
+    /// checkpoints beyond `keep`. Returns the checkpoint's folder.
+    pub fn save(
+        &mut self,
+        store: &HostStore,
+        updates: u64,
+        trainer: serde_json::Value,
+    ) -> Result<PathBuf, CheckpointError> {
+        let dir = self.dir.clone();
+        remove_stale_temporaries(&dir)?;
+        let name = step_dir_name(updates);
+        let tmp = dir.join(format!(".tmp-{name}"));
+        fs::create_dir_all(&tmp).map_err(io(&tmp))?;
+
+        let safetensors_error = |path: &Path| {
+            let path = path.to_path_buf();
+            move |e: safetensors::SafeTensorError| CheckpointError::Io {
+                path,
+                error: std::io::Error::other(e.to_string()),
+            }
+        };
+        let model = tmp.join(MODEL_FILE);
+        write_synced(&model, |p| {
+            safetensors::serialize_to_file(views(store, "", |g| &store.groups[g].params), None, p)
+                .map_err(safetensors_error(p))
+        })?;
+        pause_for_crash_tests();
+        let optimizer = tmp.join(OPTIMIZER_FILE);
+        write_synced(&optimizer, |p| {
+            let mut all = views(store, "m.", |g| &store.groups[g].adam_m);
+            all.extend(views(store, "v.", |g| &store.groups[g].adam_v));
+            safetensors::serialize_to_file(all, None, p).map_err(safetensors_error(p))
+        })?;
+        let crc = [
+            Mapped::open(&model)?.crc32(),
+            Mapped::open(&optimizer)?.crc32(),
+        ];
+        let manifest = Manifest {
+            crc32: crc,
+            format: FORMAT.into(),
+            format_version: FORMAT_VERSION,
+            writer_version: env!("CARGO_PKG_VERSION").into(),
+            updates,
+            run: self.run.clone(),
+            sequence: self.next_sequence,
+            groups: store.slot_table(),
+            trainer,
+        };
+        let manifest_path = tmp.join(MANIFEST_FILE);
+        write_synced(&manifest_path, |p| {
+            let mut f = File::create(p).map_err(io(p))?;
+            let json = serde_json::to_vec_pretty(&manifest).expect("manifest serialises");
+            f.write_all(&json).map_err(io(p))
+        })?;
+        sync_dir(&tmp)?;
+
+        let target = dir.join(&name);
+        if target.exists() {
+            // The run saved this step before: again right after a periodic
+            // save (Ctrl-C), or in a branch it was resumed from an earlier
+            // step of. The folder is locked and holds only this run's.
+            remove_atomically(&target)?;
+        }
+        fs::rename(&tmp, &target).map_err(io(&target))?;
+        sync_dir(&dir)?;
+        self.next_sequence += 1;
+        self.prune()?;
+        Ok(target)
+    }
+
+    /// Removes the run's oldest written checkpoints beyond `keep`.
+    fn prune(&self) -> Result<(), CheckpointError> {
+        let mut ours = Vec::new();
+        for (path, manifest) in manifests(&self.dir)? {
+            if let Ok(m) = manifest {
+                if m.run == self.run {
+                    ours.push((m.sequence, path));
+                }
+            }
+        }
+        ours.sort();
+        for (_, old) in ours.iter().take(ours.len().saturating_sub(self.keep)) {
+            remove_atomically(old)?;
+        }
+        Ok(())
+    }
+}
+
+/// Test hook: `BURN_OFFLOAD_CHECKPOINT_PAUSE_MS` sleeps in the middle of a
+/// write, so the crash-safety test can kill the process there.
+fn pause_for_crash_tests() {
+    if let Some(ms) = std::env::var("BURN_OFFLOAD_CHECKPOINT_PAUSE_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
+}
+
+/// Removes a checkpoint folder so that a crash never leaves half of it
+/// looking complete: it is renamed to a temporary name first (which loading
+/// ignores and the next write clears), then deleted.
+fn remove_atomically(checkpoint: &Path) -> Result<(), CheckpointError> {
+    let name = checkpoint
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let doomed = checkpoint.with_file_name(format!(".tmp-{name}.removed"));
+    fs::rename(checkpoint, &doomed).map_err(io(checkpoint))?;
+    fs::remove_dir_all(&doomed).map_err(io(&doomed))
+}
+
+fn remove_stale_temporaries(dir: &Path) -> Result<(), CheckpointError> {
+    for entry in fs::read_dir(dir).map_err(io(dir))? {
+        let path = entry.map_err(io(dir))?.path();
+        if path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with(".tmp-step-"))
+        {
+            fs::remove_dir_all(&path).map_err(io(&path))?;
+        }
+    }
+    Ok(())
+}
+
+/// Complete checkpoints under `dir`, by name (step order).
+pub fn list(dir: &Path) -> Result<Vec<PathBuf>, CheckpointError> {
+    let mut found = Vec::new();
+    for entry in fs::read_dir(dir).map_err(io(dir))? {
+        let path = entry.map_err(io(dir))?.path();
+        let is_step = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with("step-"));
+        if is_step && path.join(MANIFEST_FILE).is_file() {
+            found.push(path);
+        }
+    }
+    found.sort();
+    Ok(found)
+}
+
+/// A checkpoint's folder with its manifest as read.
+type Listed = (PathBuf, Result<Manifest, CheckpointError>);
+
+/// Every complete checkpoint under `dir` with its manifest as read.
+fn manifests(dir: &Path) -> Result<Vec<Listed>, CheckpointError> {
+    Ok(list(dir)?
+        .into_iter()
+        .map(|path| {
+            let manifest = read_manifest(&path);
+            (path, manifest)
+        })
+        .collect())
+}
+
+/// The checkpoint `path` points at: itself if it holds a manifest, else the
+/// newest written complete checkpoint inside it. One whose manifest cannot be
+/// read counts as the newest, so that resuming reports it instead of quietly
+/// going back to an older one.
+pub fn resolve(path: &Path) -> Result<PathBuf, CheckpointError> {
+    if path.join(MANIFEST_FILE).is_file() {
+        return Ok(path.to_path_buf());
+    }
+    if !path.is_dir() {
+        return Err(CheckpointError::NotFound(path.to_path_buf()));
+    }
+    manifests(path)?
+        .into_iter()
+        .map(|(path, manifest)| (manifest.map_or(u64::MAX, |m| m.sequence), path))
+        .max()
+        .map(|(_, path)| path)
+        .ok_or_else(|| CheckpointError::NotFound(path.to_path_buf()))
+}
+
+/// Reads and checks a checkpoint's manifest.
+pub fn read_manifest(checkpoint: &Path) -> Result<Manifest, CheckpointError> {
+    let path = checkpoint.join(MANIFEST_FILE);
+    let text = fs::read_to_string(&path).map_err(io(&path))?;
+    let manifest: Manifest =
+        serde_json::from_str(&text).map_err(|e| CheckpointError::Manifest {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
+    if manifest.format != FORMAT {
+        return Err(CheckpointError::Manifest {
+            path,
+            reason: format!("format is `{}`, not `{FORMAT}`", manifest.format),
+        });
+    }
+    if manifest.format_version != FORMAT_VERSION {
+        return Err(CheckpointError::Version {
+            path,
+            found: manifest.format_version,
+        });
+    }
+    Ok(manifest)
+}
+
+/// Loads a checkpoint's parameters and Adam state into `store` (whose layout
+/// must match the manifest). Checks everything before writing anything, so a
+/// bad checkpoint leaves the store as it was. Returns the manifest.
+pub fn load_into(checkpoint: &Path, store: &mut HostStore) -> Result<Manifest, CheckpointError> {
+    let manifest = read_manifest(checkpoint)?;
+    let layout = store.slot_table();
+    if manifest.groups != layout {
+        let describe = |g: &Vec<Vec<(String, Vec<usize>)>>| {
+            let params: usize = g
+                .iter()
+                .flatten()
+                .map(|(_, s)| s.iter().product::<usize>())
+                .sum();
+            format!("{} blocks, {params} parameters", g.len().saturating_sub(1))
+        };
+        return Err(CheckpointError::Mismatch {
+            path: checkpoint.to_path_buf(),
+            reason: format!(
+                "it holds {}, the model has {}",
+                describe(&manifest.groups),
+                describe(&layout)
+            ),
+        });
+    }
+    let model = Mapped::open(&checkpoint.join(MODEL_FILE))?;
+    let optimizer = Mapped::open(&checkpoint.join(OPTIMIZER_FILE))?;
+    for (file, want) in [&model, &optimizer].into_iter().zip(manifest.crc32) {
+        let got = file.crc32();
+        if got != want {
+            let reason = format!("checksum {got:08x} differs from the manifest's {want:08x}");
+            return Err(CheckpointError::Corrupt {
+                path: file.path.clone(),
+                reason,
+            });
+        }
+    }
+    let (model_st, optim_st) = (model.parse()?, optimizer.parse()?);
+    // Validate every tensor first.
+    for (g, group) in store.groups.iter().enumerate() {
+        for slot in &group.slots {
+            let name = tensor_name(g, &slot.name);
+            model.check(&model_st, &name, &slot.shape)?;
+            optimizer.check(&optim_st, &format!("m.{name}"), &slot.shape)?;
+            optimizer.check(&optim_st, &format!("v.{name}"), &slot.shape)?;
+        }
+    }
+    for (g, group) in store.groups.iter_mut().enumerate() {
+        for k in 0..group.slots.len() {
+            let (name, range) = {
+                let s = &group.slots[k];
+                (tensor_name(g, &s.name), s.range())
+            };
+            copy_f32(
+                model_st.tensor(&name).expect("checked").data(),
+                &mut group.params.as_mut_slice()[range.clone()],
+            );
+            copy_f32(
+                optim_st
+                    .tensor(&format!("m.{name}"))
+                    .expect("checked")
+                    .data(),
+                &mut group.adam_m.as_mut_slice()[range.clone()],
+            );
+            copy_f32(
+                optim_st
+                    .tensor(&format!("v.{name}"))
+                    .expect("checked")
+                    .data(),
+                &mut group.adam_v.as_mut_slice()[range],
+            );
+        }
+    }
+    Ok(manifest)
+}
+
+fn copy_f32(bytes: &[u8], out: &mut [f32]) {
+    out.par_chunks_mut(1 << 16)
+        .zip(bytes.par_chunks(4 << 16))
+        .for_each(|(o, b)| {
+            for (x, c) in o.iter_mut().zip(b.chunks_exact(4)) {
+                *x = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        });
+}
+
+fn crc32(bytes: &[u8]) -> u32 {
+    const CHUNK: usize = 8 << 20;
+    bytes
+        .par_chunks(CHUNK)
+        .map(|c| {
+            let mut h = crc32fast::Hasher::new();
+            h.update(c);
+            h
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .fold(crc32fast::Hasher::new(), |mut acc, h| {
+            acc.combine(&h);
+            acc
+        })
+        .finalize()
+}
+
+/// A memory-mapped safetensors file.
+struct Mapped {
+    path: PathBuf,
+    map: memmap2::Mmap,
+}
+
+impl Mapped {
+    fn open(path: &Path) -> Result<Self, CheckpointError> {
+        let file = File::open(path).map_err(io(path))?;
+        // SAFETY: the file is only read; checkpoints are never modified in
+        // place (writes go to a new folder that is renamed into place).
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io(path))?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            map,
+        })
+    }
+
+    fn parse(&self) -> Result<SafeTensors<'_>, CheckpointError> {
+        SafeTensors::deserialize(&self.map).map_err(|e| CheckpointError::Corrupt {
+            path: self.path.clone(),
+            reason: e.to_string(),
+        })
+    }
+
+    fn check(
+        &self,
+        st: &SafeTensors<'_>,
+        name: &str,
+        shape: &[usize],
+    ) -> Result<(), CheckpointError> {
+        let corrupt = |reason: String| CheckpointError::Corrupt {
+            path: self.path.clone(),
+            reason,
+        };
+        let t = st
+            .tensor(name)
+            .map_err(|_| corrupt(format!("tensor `{name}` is missing")))?;
+        if t.dtype() != Dtype::F32 || t.shape() != shape {
+            return Err(corrupt(format!(
+                "tensor `{name}` is {:?} {:?}, expected F32 {shape:?}",
+                t.dtype(),
+                t.shape()
+            )));
+        }
+        Ok(())
+    }
+
+    /// CRC32 of the whole file, computed on parallel chunks and combined.
+    fn crc32(&self) -> u32 {
+        crc32(&self.map)
+    }
+}

@@ -1,0 +1,15 @@
+//! The host store: every parameter and its optimizer state in page-aligned
+//! host slabs, one group per block plus the stem; the bf16 copies the device
+//! reads in bf16 mode; checkpoints of it all.
+
+mod bf16;
+pub mod checkpoint;
+mod group;
+mod host_store;
+mod template;
+
+pub use bf16::Bf16Weights;
+pub use group::{GroupSlabs, ParamGroup, ParamSlot};
+pub use host_store::{HostStore, StoreError, StoreLayout};
+pub use template::ReadBack;
+pub(crate) use template::{Collect, ToPlaceholders};

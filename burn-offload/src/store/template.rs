@@ -1,0 +1,96 @@
+//! The engine's template of a model (every parameter a zero-cost
+//! placeholder) and the visitors that walk a model's parameters.
+
+use std::collections::HashMap;
+use std::marker::PhantomData;
+
+use burn::module::{ModuleMapper, ModuleVisitor, Param, ParamId};
+use burn::tensor::{backend::Backend, Tensor};
+
+use super::ParamGroup;
+
+/// One float parameter as visited: id, module path and shape.
+pub(crate) struct Visited {
+    pub id: ParamId,
+    pub name: String,
+    pub shape: Vec<usize>,
+}
+
+/// How parameter values come back to the host when a model moves into a
+/// store. The default reads through `into_data`; a device's own copy
+/// machinery (`crate::transfer::Transfer`) reads through page-locked memory
+/// where `into_data` is far slower (it dominated the initialisation of
+/// multi-billion-parameter models on CUDA).
+pub trait ReadBack {
+    /// Copies `tensor` (f32 values) into `out`.
+    fn read_back<B: Backend, const D: usize>(tensor: Tensor<B, D>, out: &mut [f32]) {
+        let data = tensor.into_data().convert::<f32>();
+        out.copy_from_slice(data.as_slice::<f32>().expect("f32 data"));
+    }
+}
+
+/// Takes each parameter's value into its slot and leaves a placeholder.
+pub(super) struct Fill<'a, R> {
+    pub groups: &'a mut [ParamGroup],
+    pub slot_of: &'a HashMap<ParamId, (usize, usize)>,
+    pub read: PhantomData<R>,
+}
+
+impl<B: Backend, R: ReadBack> ModuleMapper<B> for Fill<'_, R> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let (id, tensor, _) = param.consume();
+        let (g, k) = self.slot_of[&id];
+        let group = &mut self.groups[g];
+        let slot = &group.slots[k];
+        let range = slot.range();
+        let (shape, device) = (tensor.dims(), tensor.device());
+        R::read_back(tensor, &mut group.params.as_mut_slice()[range]);
+        Param::initialized(id, placeholder::<B, D>(shape, &device))
+    }
+}
+
+/// Collects every float parameter of a module in visit order, with its path
+/// and shape (no value is read, and no lazy parameter drawn).
+#[derive(Default)]
+pub(crate) struct Collect {
+    pub out: Vec<Visited>,
+    path: Vec<String>,
+}
+
+impl<B: Backend> ModuleVisitor<B> for Collect {
+    fn enter_module(&mut self, name: &str, _container_type: &str) {
+        self.path.push(name.to_string());
+    }
+
+    fn exit_module(&mut self, _name: &str, _container_type: &str) {
+        self.path.pop();
+    }
+
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        // `lazy_shape`: reading a lazy parameter's shape must not draw it.
+        self.out.push(Visited {
+            id: param.id,
+            name: self.path.join("."),
+            shape: param.lazy_shape().dims::<D>().to_vec(),
+        });
+    }
+}
+
+/// A template parameter costs nothing: a single zero broadcast to the shape.
+pub fn placeholder<B: Backend, const D: usize>(
+    shape: [usize; D],
+    device: &B::Device,
+) -> Tensor<B, D> {
+    Tensor::<B, D>::zeros([1; D], device).expand(shape)
+}
+
+/// Replaces every float parameter of a module with a placeholder of its shape.
+pub struct ToPlaceholders;
+
+impl<B: Backend> ModuleMapper<B> for ToPlaceholders {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let shape: [usize; D] = param.lazy_shape().dims();
+        let device = param.lazy_device();
+        Param::initialized(param.id, placeholder::<B, D>(shape, &device))
+    }
+}

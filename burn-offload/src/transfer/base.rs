@@ -1,0 +1,195 @@
+//! How tensors cross between host memory and a backend's device.
+//!
+//! [`Transfer`] is the copy machinery the [`super::Pager`] drives: uploads
+//! straight from page-locked host slabs, reads queued behind the kernels
+//! that produce them, and the waits between. [`HostTransfer`] is the
+//! portable one (every copy through burn's `from_data`/`into_data`, done when
+//! issued); the CUDA build has its own (`crate::cuda::CudaTransfer`), which
+//! falls back to the host's on other backends. Each method that takes a
+//! tensor gives it back (`Err`) or returns `None` where it has no fast path,
+//! and the pager then does the portable thing.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{DType, Tensor};
+
+use crate::store::ReadBack;
+
+/// A callback run once the uploads started before it have landed.
+pub type Landed = Box<dyn FnOnce() + Send>;
+
+/// What a wait for uploads saw: how long the host waited, and the uploads it
+/// waited for (their bytes and the time between the first copy's start and
+/// the last one's end on the copy stream).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct UploadWait {
+    /// Host time spent waiting.
+    pub waited: Duration,
+    /// Bytes of the uploads waited for.
+    pub bytes: u64,
+    /// Their time on the copy stream.
+    pub copy_time: Duration,
+}
+
+/// A device→host copy: its bytes and how long it took on the copy stream.
+#[derive(Debug, Clone, Copy)]
+pub struct Download {
+    /// Bytes that crossed the bus.
+    pub bytes: u64,
+    /// Time the copy took.
+    pub time: Duration,
+}
+
+/// A device→host copy in flight, finished by any thread.
+pub trait QueuedRead: Send {
+    /// Bytes that cross the bus.
+    fn bytes(&self) -> u64;
+    /// Waits for the copy and writes (or, with `accumulate`, adds) the
+    /// values into `out` (same length, f32).
+    fn finish(self, out: &mut [f32], accumulate: bool);
+}
+
+/// The copy machinery of one kind of device, chosen once by type (the engine
+/// picks it for the build), never probed per call.
+pub trait Transfer: ReadBack + 'static {
+    /// A page-locked host range; unlocked when dropped.
+    type Pin: Send + Sync;
+    /// A device→host copy queued behind the kernels that produce it.
+    type Read: QueuedRead;
+    /// Held while one bind's uploads are issued (their buffers allocated ahead).
+    type Batch;
+
+    /// A tensor whose upload from `bytes` (elements of `dtype`, shape
+    /// `shape`) has been started; `None` where this backend has no fast path.
+    fn upload<X: Backend, const D: usize>(
+        bytes: &[u8],
+        dtype: DType,
+        shape: &[usize],
+        device: &X::Device,
+    ) -> Option<Tensor<X, D>>;
+    /// Starts a bind's uploads, of `sizes` bytes each, in order.
+    fn begin_uploads<X: Backend>(device: &X::Device, sizes: &[usize]) -> Self::Batch;
+    /// Lets the device run what was submitted, then waits for every started upload.
+    fn wait_uploads<X: Backend>(device: &X::Device) -> UploadWait;
+    /// Runs `landed` once every upload started so far has landed (from a
+    /// driver thread; it must not call into the device); `Err(landed)` where
+    /// copies are done when issued.
+    fn after_uploads<X: Backend>(device: &X::Device, landed: Landed) -> Result<(), Landed>;
+    /// Lets the device start on the work submitted so far.
+    fn flush<X: Backend>(device: &X::Device);
+    /// Waits until the device has finished the work submitted so far.
+    fn sync<X: Backend>(device: &X::Device);
+    /// Copies (or adds) an f32 or bf16 tensor into `out` as f32, waiting for it.
+    fn read_into<X: Backend, const D: usize>(
+        tensor: Tensor<X, D>,
+        out: &mut [f32],
+        accumulate: bool,
+    ) -> Result<Download, Tensor<X, D>>;
+    /// An f32 or bf16 tensor's bytes on the host, in its dtype.
+    fn read_bytes<X: Backend, const D: usize>(
+        tensor: Tensor<X, D>,
+    ) -> Result<(Vec<u8>, Download), Tensor<X, D>>;
+    /// Queues the copy of an f32 or bf16 tensor to the host without waiting:
+    /// behind the kernels that produce it, or with `beside` on a stream of
+    /// its own ordered behind them.
+    fn start_read<X: Backend, const D: usize>(
+        tensor: Tensor<X, D>,
+        beside: bool,
+    ) -> Result<Self::Read, Tensor<X, D>>;
+    /// Page-locks `data` so copies from it run at DMA speed (`None`: not
+    /// possible here; copies still work).
+    fn pin<X: Backend>(device: &X::Device, data: &[u8]) -> Option<Self::Pin>;
+    /// Has threads that wait for the device sleep instead of spinning;
+    /// whether it took.
+    fn blocking_sync<X: Backend>(device: &X::Device) -> bool;
+    /// Gives the device allocator's unused memory back.
+    fn release_free_memory<X: Backend>(device: &X::Device);
+    /// `(bytes in use, bytes reserved)` by the device allocator's pools.
+    fn device_memory<X: Backend>(device: &X::Device) -> Option<(u64, u64)>;
+}
+
+/// Copies through burn's `from_data`/`into_data`: every backend, no
+/// overlap (a copy is done when issued).
+// A CUDA build's engine uses CUDA's machinery, which falls back to this
+// behaviour itself.
+#[cfg_attr(feature = "cuda", allow(dead_code))]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HostTransfer;
+
+impl QueuedRead for Infallible {
+    fn bytes(&self) -> u64 {
+        match *self {}
+    }
+
+    fn finish(self, _: &mut [f32], _: bool) {
+        match self {}
+    }
+}
+
+impl ReadBack for HostTransfer {}
+
+impl Transfer for HostTransfer {
+    type Pin = Infallible;
+    type Read = Infallible;
+    type Batch = ();
+
+    fn upload<X: Backend, const D: usize>(
+        _: &[u8],
+        _: DType,
+        _: &[usize],
+        _: &X::Device,
+    ) -> Option<Tensor<X, D>> {
+        None
+    }
+
+    fn begin_uploads<X: Backend>(_: &X::Device, _: &[usize]) {}
+
+    fn wait_uploads<X: Backend>(_: &X::Device) -> UploadWait {
+        UploadWait::default()
+    }
+
+    fn after_uploads<X: Backend>(_: &X::Device, landed: Landed) -> Result<(), Landed> {
+        Err(landed)
+    }
+
+    fn flush<X: Backend>(_: &X::Device) {}
+
+    fn sync<X: Backend>(_: &X::Device) {}
+
+    fn read_into<X: Backend, const D: usize>(
+        tensor: Tensor<X, D>,
+        _: &mut [f32],
+        _: bool,
+    ) -> Result<Download, Tensor<X, D>> {
+        Err(tensor)
+    }
+
+    fn read_bytes<X: Backend, const D: usize>(
+        tensor: Tensor<X, D>,
+    ) -> Result<(Vec<u8>, Download), Tensor<X, D>> {
+        Err(tensor)
+    }
+
+    fn start_read<X: Backend, const D: usize>(
+        tensor: Tensor<X, D>,
+        _: bool,
+    ) -> Result<Infallible, Tensor<X, D>> {
+        Err(tensor)
+    }
+
+    fn pin<X: Backend>(_: &X::Device, _: &[u8]) -> Option<Infallible> {
+        None
+    }
+
+    fn blocking_sync<X: Backend>(_: &X::Device) -> bool {
+        false
+    }
+
+    fn release_free_memory<X: Backend>(_: &X::Device) {}
+
+    fn device_memory<X: Backend>(_: &X::Device) -> Option<(u64, u64)> {
+        None
+    }
+}

@@ -1,0 +1,192 @@
+//! Gradients on their way from a bound module to the host: read at once,
+//! queued behind the backward that produces them, or summed on the device
+//! over several backward passes first.
+
+use std::collections::HashSet;
+
+use burn::module::{ModuleVisitor, Param, ParamId};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{DType, Tensor};
+use rayon::prelude::*;
+
+use super::{PagerStats, QueuedRead, Transfer};
+use crate::host::rows::write_into;
+use crate::store::ParamGroup;
+
+/// A bound block's gradients on their way to the host
+/// ([`super::Pager::start_gradients`]).
+pub struct PendingGradients<T: Transfer> {
+    /// Per slot of the group, in visit order: its range in the group's buffer
+    /// and what arrives there (`None`: the parameter got no gradient).
+    pub(super) slots: Vec<(std::ops::Range<usize>, Option<PendingGrad<T>>)>,
+}
+
+impl<T: Transfer> PendingGradients<T> {
+    /// Whether slot `k` of the group (visit order) got a gradient.
+    pub fn has_gradient(&self, k: usize) -> bool {
+        self.slots[k].1.is_some()
+    }
+
+    /// Waits for the copies and writes them over `out` (`out.len() ==
+    /// group.numel()`; zeros where a parameter got no gradient), or adds
+    /// them to it with `accumulate`. Any thread may finish them.
+    pub fn finish(self, out: &mut [f32], accumulate: bool) {
+        for (range, grad) in self.slots {
+            let out = &mut out[range];
+            match grad {
+                None if accumulate => {}
+                None => out.par_chunks_mut(1 << 16).for_each(|c| c.fill(0.0)),
+                Some(grad) => grad.finish(out, accumulate),
+            }
+        }
+    }
+}
+
+/// One gradient on its way to the host.
+pub(super) enum PendingGrad<T: Transfer> {
+    /// A copy queued on the device behind the backward.
+    Queued(T::Read),
+    /// Read at once (no queued copies on this backend).
+    Read(Vec<f32>),
+}
+
+impl<T: Transfer> PendingGrad<T> {
+    /// Waits for the values and writes (or adds) them into `out`.
+    pub(super) fn finish(self, out: &mut [f32], accumulate: bool) {
+        match self {
+            PendingGrad::Queued(read) => read.finish(out, accumulate),
+            PendingGrad::Read(values) => write_into(out, &values, accumulate),
+        }
+    }
+}
+
+/// Starts the copy of one gradient to the host: queued behind the work that
+/// produces it where `T` can, read at once elsewhere.
+pub(super) fn start_read<T: Transfer, X: Backend, const D: usize>(
+    grad: Tensor<X, D>,
+    beside: bool,
+    stats: &mut PagerStats,
+) -> PendingGrad<T> {
+    let grad = match T::start_read(grad, beside) {
+        Ok(read) => {
+            stats.bytes_to_host += read.bytes();
+            return PendingGrad::Queued(read);
+        }
+        Err(grad) => grad,
+    };
+    stats.bytes_to_host += (grad.shape().num_elements() * grad.dtype().size()) as u64;
+    let data = grad.into_data().convert::<f32>();
+    PendingGrad::Read(data.into_vec::<f32>().expect("f32 gradient"))
+}
+
+/// The gradients of one group summed on the device over several backward
+/// passes (the LM head's loss chunks), in f32, one flat tensor per slot in
+/// visit order (`None`: no gradient yet). The sum crosses to the host once.
+pub struct DeviceGrads<B: Backend> {
+    pub(super) sums: Vec<Option<Tensor<B, 1>>>,
+}
+
+impl<B: Backend> DeviceGrads<B> {
+    /// No gradient yet for any of `group`'s slots.
+    pub fn new(group: &ParamGroup) -> Self {
+        Self {
+            sums: vec![None; group.slots.len()],
+        }
+    }
+}
+
+/// Adds `value` to a running sum on the device (`None`: nothing summed yet).
+pub fn add_to<B: Backend, const D: usize>(sum: &mut Option<Tensor<B, D>>, value: Tensor<B, D>) {
+    *sum = Some(match sum.take() {
+        Some(sum) => sum + value,
+        None => value,
+    });
+}
+
+/// Queues each parameter's gradient copy ([`super::Pager::start_gradients`]).
+pub(super) struct GradsStart<'a, B: AutodiffBackend, T: Transfer> {
+    pub group: &'a ParamGroup,
+    pub next: usize,
+    pub grads: &'a B::Gradients,
+    pub beside: bool,
+    pub slots: Vec<(std::ops::Range<usize>, Option<PendingGrad<T>>)>,
+    pub stats: &'a mut PagerStats,
+}
+
+impl<B: AutodiffBackend, T: Transfer> ModuleVisitor<B> for GradsStart<'_, B, T> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let slot = &self.group.slots[self.next];
+        self.next += 1;
+        let range = slot.range();
+        let grad = param
+            .val()
+            .grad(self.grads)
+            .map(|grad| start_read::<T, _, D>(grad, self.beside, self.stats));
+        self.slots.push((range, grad));
+    }
+}
+
+/// Adds each parameter's gradient to a device sum ([`super::Pager::keep_gradients`]).
+pub(super) struct GradsKeep<'a, B: AutodiffBackend> {
+    pub group: &'a ParamGroup,
+    pub next: usize,
+    pub skip: &'a HashSet<ParamId>,
+    pub grads: &'a B::Gradients,
+    pub kept: &'a mut DeviceGrads<B::InnerBackend>,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for GradsKeep<'_, B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        if self.skip.contains(&param.id) {
+            return;
+        }
+        let slot = &self.group.slots[self.next];
+        let sum = &mut self.kept.sums[self.next];
+        self.next += 1;
+        let Some(grad) = param.val().grad(self.grads) else {
+            return;
+        };
+        add_to(sum, grad.reshape([slot.len]).cast(DType::F32));
+    }
+}
+
+/// Reads each parameter's gradient into the host buffer, waiting for it
+/// ([`super::Pager::gradients_to_host`]).
+pub(super) struct GradsOut<'a, B: AutodiffBackend, T: Transfer> {
+    pub group: &'a ParamGroup,
+    pub next: usize,
+    pub skip: &'a HashSet<ParamId>,
+    pub grads: &'a B::Gradients,
+    pub out: &'a mut [f32],
+    pub accumulate: bool,
+    pub stats: &'a mut PagerStats,
+    pub transfer: std::marker::PhantomData<T>,
+}
+
+impl<B: AutodiffBackend, T: Transfer> ModuleVisitor<B> for GradsOut<'_, B, T> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        if self.skip.contains(&param.id) {
+            return;
+        }
+        let slot = &self.group.slots[self.next];
+        self.next += 1;
+        let out = &mut self.out[slot.range()];
+        let Some(grad) = param.val().grad(self.grads) else {
+            if !self.accumulate {
+                out.fill(0.0);
+            }
+            return;
+        };
+        let grad = match T::read_into(grad, out, self.accumulate) {
+            Ok(copy) => return self.stats.timed_download(copy.bytes, copy.time),
+            Err(grad) => grad,
+        };
+        self.stats.bytes_to_host += (out.len() * grad.dtype().size()) as u64;
+        let data = grad.into_data().convert::<f32>();
+        write_into(
+            out,
+            data.as_slice::<f32>().expect("f32 gradient"),
+            self.accumulate,
+        );
+    }
+}

@@ -1,0 +1,13 @@
+//! Moving parameter groups, checkpoints and gradients between the host store
+//! and the compute device: the [`Pager`] keeps the books and drives a
+//! [`Transfer`], the copy machinery of one kind of device.
+
+mod base;
+mod grads;
+mod pager;
+
+#[cfg(feature = "cuda")]
+pub use base::{Download, Landed, UploadWait};
+pub use base::{HostTransfer, QueuedRead, Transfer};
+pub use grads::{add_to, DeviceGrads, PendingGradients};
+pub use pager::{Pager, PagerStats, Stash};
