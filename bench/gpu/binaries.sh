@@ -4,8 +4,11 @@
 # for the device tool's `carry` (64 MiB per call; xz brings ~80 MB to ~20 MB).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-cargo build --release --features cuda -p burn-offload-examples --bin train
-cargo build --release --features cuda -p burn-offload-examples --bin gemm_bench
+# The package with the train binary; `cargo xtask bench cuda build` passes its
+# own constant, and a test in xtask keeps this default equal to it.
+PKG=${TRAIN_PACKAGE:-burn-offload-examples}
+cargo build --release --features cuda -p "$PKG" --bin train
+cargo build --release --features cuda -p "$PKG" --bin gemm_bench
 cargo test --release --features cuda -p burn-offload-tests --test engine --test init --test precision --test gemm --no-run
 rm -rf .device/bin && mkdir -p .device/bin
 cp target/release/train .device/bin/train

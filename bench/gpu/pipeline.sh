@@ -11,12 +11,14 @@
 # parts then name their burn rows ...-<system>@<kernel> and skip PyTorch's, so
 #   bash bench/gpu/pipeline.sh bench-bf16; MATMUL=matmul_simple_tma_mma bash bench/gpu/pipeline.sh bench-bf16
 # puts both into one results.tgz.
+# On a machine with its own build (`cargo xtask bench cuda run`), TRAIN_BIN
+# names the train binary and WORK the folder the rows' files land in.
 set -u
 # The binaries travel xz-compressed (the device tool carries 64 MiB per call).
-if [ -f .device/bin.tar.xz ]; then rm -rf .device/bin; tar xJf .device/bin.tar.xz -C .device; fi
+if [ -z "${TRAIN_BIN:-}" ] && [ -f .device/bin.tar.xz ]; then rm -rf .device/bin; tar xJf .device/bin.tar.xz -C .device; fi
 # An earlier build, for before/after rows (BENCH_OLD); it unpacks as bin-old.
 if [ -f .device/bin-old.tar.xz ]; then rm -rf .device/bin-old; mkdir -p .device/bin-old; tar xJf .device/bin-old.tar.xz -C .device/bin-old --strip-components 1; fi
-B=.device/bin/train
+B=${TRAIN_BIN:-.device/bin/train}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 # libcublas for MATMUL=cublas and the gemm tests' cuBLAS case.
 . bench/gpu/cublas_env.sh
@@ -24,10 +26,11 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 # (few files come back from the device machine, and a timed-out call keeps it).
 # Several invocations in one device call add to the same $W (the machine
 # starts bare each call, so nothing older is there to mix in). RESULTS names
-# another work folder and tarball.
+# another work folder and tarball. With WORK the caller keeps the folder
+# itself, where it wants it, so no tarball is made.
 R=${RESULTS:-results}
-FINAL=$OUT; W=/tmp/bench-work-$R; mkdir -p $W; OUT=$W
-pack() { tar czf $FINAL/$R.tgz -C $W . ; }
+FINAL=$OUT; W=${WORK:-/tmp/bench-work-$R}; mkdir -p "$W"; OUT=$W
+pack() { [ -n "${WORK:-}" ] || tar czf $FINAL/$R.tgz -C $W . ; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee $OUT/gpu.txt
 free -g | tee -a $OUT/gpu.txt
 # Llama shape of ~0.85B (16 layers, hidden 2048, GQA 32/8), the issue's calibration shape.
@@ -112,6 +115,72 @@ PY
   pack
 }
 
+# `cargo xtask bench cuda` rows (issue 9): `bench_rows <shape> "<k tokens>..."
+# "<system>..."` runs every system at every tokens/step on one shape, files
+# named bench-<shape>-<N>k-<system>; `cargo xtask bench cuda report` turns them
+# into JSON, markdown and a plot. Shapes: 085b (the 0.85B Llama above), 3b.
+# Systems: resident burn, the engine pipelined and with serialised copies,
+# PyTorch resident (torch-resident, and torch-ckpt with per-block
+# checkpointing) and FSDP2 CPU offload (torch-fsdp2). Systems ending in -bf16
+# compute in bf16 over fp32 master weights (issue 7): `train --compute bf16`,
+# torch_llama.py --dtype bf16.
+# BENCH_OLD: also run the rows named in it with the binaries in
+# .device/bin-old (an earlier build, for a before/after in the same call).
+bench_rows() {
+  local shape=$1 tokens=$2 systems=$3 cfg
+  echo '{"arch":"llama","vocab_size":32000,"d_model":3072,"n_layer":28,"n_head":24,"n_kv_head":8,"d_ff":8192,"max_seq_len":2048}' > /tmp/llama-3b.json
+  case $shape in
+  085b) cfg=/tmp/llama-0.85b.json ;;
+  3b) cfg=/tmp/llama-3b.json ;;
+  *) echo "unknown shape $shape (085b, 3b)"; exit 2 ;;
+  esac
+  for b in $tokens; do for sys in $systems; do
+    name=bench-$shape-${b}k-$sys
+    # With MATMUL, the burn rows again under `--matmul $MATMUL`, named
+    # ...-<system>@<kernel> (the report sets them against the default row);
+    # PyTorch rows and BENCH_OLD do not depend on it and are skipped.
+    # TAG=<label> ARGS="<train flags>" likewise names rows ...-<system>@<label>.
+    if [ -n "${MATMUL:-}${TAG:-}" ]; then
+      case $sys in torch-*) continue ;; esac
+      name=$name@${TAG:-$MATMUL}
+    fi
+    S="--model $cfg --steps ${BENCH_STEPS:-7} --warmup 1 --lr 3e-4 --seq-len 1024 --batch $b"
+    base=${sys%-bf16}; dtype=fp32; [ "$base" != "$sys" ] && dtype=bf16
+    S="$S --compute $dtype"
+    case $base in
+    resident)
+      # Resident burn keeps every block's activations: above RESIDENT_BATCH
+      # sequences (default 16: with attention as one operation, 16 x 1024
+      # tokens at 0.85B fp32 fit the 80 GB, 76 GB peak in run20, and ran 5%
+      # faster than 4 micro-batches of 4) it accumulates micro-batches of that
+      # size, the same tokens per optimizer step.
+      # (Its own variable: `R` names the results tarball, which pack() writes.)
+      rb=${RESIDENT_BATCH:-16}; rargs=$S
+      [ $b -gt $rb ] && rargs="${S% --batch *} --batch $rb --accum $((b / rb)) --compute $dtype"
+      LIMIT=${LIMIT_ROW:-120} run $name $rargs --resident ;;
+    pipelined) LIMIT=${LIMIT_ROW:-150} run $name $S ;;
+    serial) LIMIT=${LIMIT_ROW:-150} run $name $S --serial-copies ;;
+    torch-*)
+      mode=${base#torch-}; mode=${mode/ckpt/resident-ckpt}; mode=${mode/fsdp2/fsdp2-offload}
+      echo "== $name"
+      nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 > $OUT/$name.gpumem &
+      poll=$!
+      timeout ${LIMIT_ROW:-150} python3 bench/peers/torch_llama.py --config $cfg --mode $mode --dtype $dtype --batch $b --seq-len 1024 --steps ${BENCH_STEPS:-7} > $OUT/$name.torch.json 2> $OUT/$name.err
+      echo "exit $?"; kill $poll 2>/dev/null
+      sort -n $OUT/$name.gpumem | tail -1 > $OUT/$name.smi; rm -f $OUT/$name.gpumem
+      cat $OUT/$name.torch.json; tail -2 $OUT/$name.err; pack ;;
+    *) echo "unknown system $sys (resident, pipelined, serial, torch-resident, torch-ckpt, torch-fsdp2, each with -bf16)"; exit 2 ;;
+    esac
+    if [[ " ${BENCH_OLD:-} " == *" $sys-${b}k "* ]] && [ -x .device/bin-old/train ]; then
+      # Builds before issue 7 have no --compute: fp32 rows only. The earlier
+      # build's row is ...-<system>-old[@<label>], under the same MATMUL/ARGS.
+      S=${S% --compute fp32}
+      old=bench-$shape-${b}k-$sys-old; [ "$name" != "${name%@*}" ] && old=$old@${name#*@}
+      B=.device/bin-old/train LIMIT=${LIMIT_ROW:-150} run $old $S $( [ $sys = resident ] && echo --resident ) $( [ $sys = serial ] && echo --serial-copies )
+    fi
+  done; done
+}
+
 for part in "$@"; do case $part in
 parity)
 # Parity of the engine with plain burn, on CUDA (tolerances in tests/tests/engine.rs;
@@ -193,18 +262,17 @@ for spec in "resident 4" "resident-ckpt 4" "fsdp2-offload 4" "resident-ckpt 16" 
   pack
 done
 ;;
+bench)
+# Any selection (what `cargo xtask bench cuda run` asks for): every shape in
+# SHAPES at every k tokens/step in BENCH_TOKENS, every system in SYSTEMS.
+for shape in ${SHAPES:-085b}; do
+  bench_rows $shape "${BENCH_TOKENS:-4 16}" "${SYSTEMS:-resident pipelined serial torch-resident torch-ckpt torch-fsdp2}"
+done
+;;
 bench-085b|bench-085b-peers|bench-3b|bench-3b-peers|bench-64k|bench-bf16|bench-bf16-peers|bench-3b-bf16)
-# `cargo xtask bench cuda` rows (issue 9): per shape and tokens/step, resident
-# burn, the engine pipelined and with serialised copies, PyTorch resident (with
-# and without per-block checkpointing) and FSDP2 CPU offload. Files are named
-# bench-<shape>-<tokens>-<system>; `cargo xtask bench cuda report` turns them
-# into JSON, markdown and a plot. A device call runs at most 10 minutes, so
-# the matrix is split into parts, each one call on the same machine kind.
-# BENCH_OLD: also run the rows named in it with the binaries in
-# .device/bin-old (an earlier build, for a before/after in the same call).
-# Systems ending in -bf16 compute in bf16 over fp32 master weights (issue 7):
-# `train --compute bf16`, torch_llama.py --dtype bf16.
-echo '{"arch":"llama","vocab_size":32000,"d_model":3072,"n_layer":28,"n_head":24,"n_kv_head":8,"d_ff":8192,"max_seq_len":2048}' > /tmp/llama-3b.json
+# The matrix the committed results ran, split into parts because a device
+# call runs at most 10 minutes; each part is one call on the same machine kind.
+# SYSTEMS="pipelined-bf16" runs only those rows, BENCH_TOKENS="64" only that size.
 case $part in
 bench-085b) shape=085b; tokens="4 16"; systems="resident pipelined serial" ;;
 bench-085b-peers) shape=085b; tokens="4 16"; systems="torch-resident torch-ckpt torch-fsdp2" ;;
@@ -215,53 +283,8 @@ bench-bf16) shape=085b; tokens="16 64"; systems="resident-bf16 pipelined-bf16 se
 bench-bf16-peers) shape=085b; tokens="16 64"; systems="torch-resident-bf16 torch-ckpt-bf16 torch-fsdp2-bf16" ;;
 bench-3b-bf16) shape=3b; tokens="16"; systems="pipelined-bf16 serial-bf16 torch-ckpt-bf16 torch-fsdp2-bf16" ;;
 esac
-systems=${SYSTEMS:-$systems}  # SYSTEMS="pipelined-bf16" runs only those rows
-if [ $shape = 085b ]; then cfg=/tmp/llama-0.85b.json; else cfg=/tmp/llama-3b.json; fi
-for b in ${BENCH_TOKENS:-$tokens}; do for sys in $systems; do
-  name=bench-$shape-${b}k-$sys
-  # With MATMUL, the burn rows again under `--matmul $MATMUL`, named
-  # ...-<system>@<kernel> (the report sets them against the default row);
-  # PyTorch rows and BENCH_OLD do not depend on it and are skipped.
-  # TAG=<label> ARGS="<train flags>" likewise names rows ...-<system>@<label>.
-  if [ -n "${MATMUL:-}${TAG:-}" ]; then
-    case $sys in torch-*) continue ;; esac
-    name=$name@${TAG:-$MATMUL}
-  fi
-  S="--model $cfg --steps ${BENCH_STEPS:-7} --warmup 1 --lr 3e-4 --seq-len 1024 --batch $b"
-  base=${sys%-bf16}; dtype=fp32; [ "$base" != "$sys" ] && dtype=bf16
-  S="$S --compute $dtype"
-  case $base in
-  resident)
-    # Resident burn keeps every block's activations: above RESIDENT_BATCH
-    # sequences (default 16: with attention as one operation, 16 x 1024
-    # tokens at 0.85B fp32 fit the 80 GB, 76 GB peak in run20, and ran 5%
-    # faster than 4 micro-batches of 4) it accumulates micro-batches of that
-    # size, the same tokens per optimizer step.
-    # (Its own variable: `R` names the results tarball, which pack() writes.)
-    rb=${RESIDENT_BATCH:-16}; rargs=$S
-    [ $b -gt $rb ] && rargs="${S% --batch *} --batch $rb --accum $((b / rb)) --compute $dtype"
-    LIMIT=${LIMIT_ROW:-120} run $name $rargs --resident ;;
-  pipelined) LIMIT=${LIMIT_ROW:-150} run $name $S ;;
-  serial) LIMIT=${LIMIT_ROW:-150} run $name $S --serial-copies ;;
-  torch-*)
-    mode=${base#torch-}; mode=${mode/ckpt/resident-ckpt}; mode=${mode/fsdp2/fsdp2-offload}
-    echo "== $name"
-    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 > $OUT/$name.gpumem &
-    poll=$!
-    timeout ${LIMIT_ROW:-150} python3 bench/peers/torch_llama.py --config $cfg --mode $mode --dtype $dtype --batch $b --seq-len 1024 --steps ${BENCH_STEPS:-7} > $OUT/$name.torch.json 2> $OUT/$name.err
-    echo "exit $?"; kill $poll 2>/dev/null
-    sort -n $OUT/$name.gpumem | tail -1 > $OUT/$name.smi; rm -f $OUT/$name.gpumem
-    cat $OUT/$name.torch.json; tail -2 $OUT/$name.err; pack ;;
-  esac
-  if [[ " ${BENCH_OLD:-} " == *" $sys-${b}k "* ]] && [ -x .device/bin-old/train ]; then
-    # Builds before issue 7 have no --compute: fp32 rows only. The earlier
-    # build's row is ...-<system>-old[@<label>], under the same MATMUL/ARGS.
-    S=${S% --compute fp32}
-    old=bench-$shape-${b}k-$sys-old; [ "$name" != "${name%@*}" ] && old=$old@${name#*@}
-    B=.device/bin-old/train LIMIT=${LIMIT_ROW:-150} run $old $S $( [ $sys = resident ] && echo --resident ) $( [ $sys = serial ] && echo --serial-copies )
-  fi
-done; done
+bench_rows $shape "${BENCH_TOKENS:-$tokens}" "${SYSTEMS:-$systems}"
 ;;
-*) echo "unknown part $part (parity, pipeline, depth, 7b, largest, headmem, peers, bench-085b, bench-085b-peers, bench-3b, bench-3b-peers, bench-64k, bench-bf16, bench-bf16-peers, bench-3b-bf16)"; exit 2 ;;
+*) echo "unknown part $part (parity, pipeline, depth, 7b, largest, headmem, peers, bench, bench-085b, bench-085b-peers, bench-3b, bench-3b-peers, bench-64k, bench-bf16, bench-bf16-peers, bench-3b-bf16)"; exit 2 ;;
 esac; done
 pack

@@ -1,14 +1,21 @@
-//! `cargo xtask bench cuda`: the GPU comparison of issue 9, in two halves,
-//! because the GPU machine has no Rust toolchain.
+//! `cargo xtask bench cuda`: the GPU comparison of issue 9. The rows (resident
+//! burn, the engine pipelined and with serialised copies, PyTorch resident
+//! with and without per-block checkpointing, FSDP2 CPU offload, per shape and
+//! tokens/step) are always run by `bench/gpu/pipeline.sh`'s `bench_rows`, and
+//! always reported by [`write_report`]; the commands differ in where the GPU is.
 //!
-//! - `build` compiles and packs the CUDA binaries (`bench/gpu/binaries.sh`)
-//!   and prints the device command that runs the rows
-//!   (`bench/gpu/pipeline.sh bench-085b ...`): resident burn, the engine
-//!   pipelined and with serialised copies, PyTorch resident (with and without
-//!   per-block checkpointing) and FSDP2 CPU offload, per shape and tokens/step.
-//! - `report` reads the files those rows leave (`bench-<shape>-<N>k-<system>`
-//!   `.summary.json` for burn rows, `.torch.json` for PyTorch rows) and writes
-//!   `bench.json`, `bench.md` (rows, the issue's ratios) and `bench.png`.
+//! - `run` (module `local`): on a machine with the GPU and the toolchain, in
+//!   one go: builds `train`, runs the rows chosen with `--shape`, `--tokens`,
+//!   `--systems`, `--precision` (pipeline.sh's `bench` part) and writes the
+//!   report into `--out`.
+//! - `build` is the first half of the remote flow, for a GPU machine without a
+//!   Rust toolchain: it compiles and packs the CUDA binaries
+//!   (`bench/gpu/binaries.sh`) and prints the device commands
+//!   (`bench/gpu/pipeline.sh bench-085b ...`).
+//! - `report` is its second half: it reads the files the rows leave
+//!   (`bench-<shape>-<N>k-<system>` `.summary.json` for burn rows,
+//!   `.torch.json` for PyTorch rows) and writes `bench.json`, `bench.md`
+//!   (rows, the issue's ratios) and `bench.png`.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -18,9 +25,18 @@ use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use serde_json::Value;
 
+mod local;
+
 #[derive(clap::Subcommand)]
 pub enum Command {
-    /// Build and pack the CUDA binaries; print the device command.
+    /// On this machine's GPU: build train, run the rows, write the report.
+    ///
+    /// The rows run through bench/gpu/pipeline.sh, whose knobs in the
+    /// environment apply (LIMIT_ROW, BENCH_STEPS, RESIDENT_BATCH, MATMUL,
+    /// TAG, ARGS, ...); the report's command line quotes the ones set.
+    Run(local::RunArgs),
+    /// Build and pack the CUDA binaries for a remote GPU machine; print the
+    /// device commands.
     Build,
     /// Turn a results folder of the GPU rows into JSON, markdown and a plot.
     Report(ReportArgs),
@@ -50,6 +66,7 @@ pub fn run(command: Command) -> Result<()> {
         Command::Build => {
             let status = std::process::Command::new("bash")
                 .arg("bench/gpu/binaries.sh")
+                .env("TRAIN_PACKAGE", local::TRAIN_PACKAGE)
                 .status()
                 .context("cannot run bench/gpu/binaries.sh")?;
             if !status.success() {
@@ -59,12 +76,16 @@ pub fn run(command: Command) -> Result<()> {
                 "packed .device/bin.tar.xz; on the GPU machine (device tool, carry .device/bin.tar.xz):\n  \
                  bash bench/gpu/pipeline.sh parity bench-085b\n  \
                  bash bench/gpu/pipeline.sh bench-085b-peers bench-3b\n  \
-                 bash bench/gpu/pipeline.sh bench-bf16    (then bench-bf16-peers, bench-3b-bf16)\n\
+                 bash bench/gpu/pipeline.sh bench-bf16    (then bench-bf16-peers, bench-3b-bf16)\n  \
+                 or any selection: SHAPES=\"085b 3b\" BENCH_TOKENS=\"4 16\" SYSTEMS=\"pipelined serial\" bash bench/gpu/pipeline.sh bench\n\
                  then: cargo xtask bench cuda report --results <unpacked results.tgz> --out bench/results/<run>"
             );
             Ok(())
         }
-        Command::Report(args) => report(&args),
+        Command::Run(args) => local::run(&args),
+        Command::Report(args) => {
+            write_report(&args.results, &args.out, &args.command, &[], &args.font)
+        }
     }
 }
 
@@ -490,10 +511,13 @@ fn cell(x: Option<f64>, digits: usize) -> String {
     x.map_or("—".into(), |x| format!("{x:.digits$}"))
 }
 
-fn markdown(rows: &[Row], ratios: &[Ratio], command: &str) -> String {
+fn markdown(rows: &[Row], ratios: &[Ratio], command: &str, notes: &[String]) -> String {
     let mut md = String::from("# burn-offload vs resident burn and PyTorch on the GPU\n\n");
     if !command.is_empty() {
         md += &format!("Command: `{command}`\n\n");
+    }
+    for note in notes {
+        md += &format!("Note: {note}.\n\n");
     }
     md += "Tokens/s: median of the steps after the first two. Model TFLOPS: 6 · parameters · \
            tokens/s. Hardware TFLOPS adds burn-offload's recompute (2 · block parameters · \
@@ -678,31 +702,36 @@ fn plot(rows: &[Row], gpu: &str, path: &Path, font: &Path) -> Result<()> {
     Ok(())
 }
 
-fn report(args: &ReportArgs) -> Result<()> {
-    let rows = read_rows(&args.results)?;
+/// Reads the rows in `results` and writes `bench.json`, `bench.md` and
+/// `bench.png` into `out`; `notes` (rows left out and why) go into the
+/// JSON and the markdown.
+fn write_report(
+    results: &Path,
+    out: &Path,
+    command: &str,
+    notes: &[String],
+    font: &Path,
+) -> Result<()> {
+    let rows = read_rows(results)?;
     let ratios = ratios(&rows);
-    fs::create_dir_all(&args.out)
-        .with_context(|| format!("cannot create `{}`", args.out.display()))?;
-    let json = serde_json::json!({ "command": args.command, "rows": rows, "ratios": ratios });
+    fs::create_dir_all(out).with_context(|| format!("cannot create `{}`", out.display()))?;
+    let json = serde_json::json!({
+        "command": command,
+        "notes": notes,
+        "rows": rows,
+        "ratios": ratios,
+    });
+    fs::write(out.join("bench.json"), serde_json::to_string_pretty(&json)?)?;
     fs::write(
-        args.out.join("bench.json"),
-        serde_json::to_string_pretty(&json)?,
+        out.join("bench.md"),
+        markdown(&rows, &ratios, command, notes),
     )?;
-    fs::write(
-        args.out.join("bench.md"),
-        markdown(&rows, &ratios, &args.command),
-    )?;
-    plot(
-        &rows,
-        &gpu_name(&args.results),
-        &args.out.join("bench.png"),
-        &args.font,
-    )?;
+    plot(&rows, &gpu_name(results), &out.join("bench.png"), font)?;
     println!(
         "{} rows, {} ratios → {}/bench.{{json,md,png}}",
         rows.len(),
         ratios.len(),
-        args.out.display()
+        out.display()
     );
     Ok(())
 }
@@ -858,11 +887,18 @@ mod tests {
             get("offload ÷ resident burn at 4096 tokens/step (the most that fits)"),
             Some(0.8)
         );
-        let md = markdown(&rows, &q, "cmd");
+        let md = markdown(&rows, &q, "cmd", &[]);
         assert!(md.contains("| 085b | 16384 | burn resident (Autodiff) | out of GPU memory |"));
         assert!(md.contains("| 085b | 16384 | PyTorch FSDP2 CPU offload bf16 |"));
         assert!(md.contains("| pipelined ÷ serialised | 2.00 | ≥ 1.3 | yes |"));
         assert!(!md.contains("forward_h2d_copy"));
+        let noted = markdown(
+            &rows,
+            &q,
+            "cmd",
+            &["PyTorch peer rows skipped: no torch".into()],
+        );
+        assert!(noted.contains("Command: `cmd`\n\nNote: PyTorch peer rows skipped: no torch.\n"));
         // The plot needs a font; CI machines may have none, so it is exercised
         // only where the default one exists.
         assert_eq!(gpu_name(&dir), "GPU");

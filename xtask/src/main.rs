@@ -4,8 +4,11 @@
 //! - `cargo xtask bench optim`: CPU AdamW throughput of burn-offload's fused
 //!   rayon loop against burn-optim's AdamW on the CPU backend and a
 //!   single-threaded scalar loop, side by side in one process.
-//! - `cargo xtask bench cuda build|report`: the GPU comparison against
-//!   resident burn and PyTorch (see `bench_cuda`).
+//! - `cargo xtask bench cuda run`: the GPU comparison against resident burn
+//!   and PyTorch on this machine's GPU, built, run and reported in one go.
+//! - `cargo xtask bench cuda build|report`: the same comparison on a remote
+//!   GPU machine without a Rust toolchain, in two halves around
+//!   `bench/gpu/pipeline.sh` (see `bench_cuda`).
 
 mod bench_cuda;
 mod bench_optim;
