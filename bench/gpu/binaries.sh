@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 # The package with the train binary; `cargo xtask bench cuda build` passes its
 # own constant, and a test in xtask keeps this default equal to it.
-PKG=${TRAIN_PACKAGE:-burn-offload-examples}
+PKG=${TRAIN_PACKAGE:-trainer}
 cargo build --release --features cuda -p "$PKG" --bin train
 cargo build --release --features cuda -p "$PKG" --bin gemm_bench
 cargo test --release --features cuda -p burn-offload-tests --test engine --test init --test precision --test gemm --no-run

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Matmul throughput per cubek strategy (examples/src/bin/gemm_bench.rs) beside
+# Matmul throughput per cubek strategy (trainer/src/bin/gemm_bench.rs) beside
 # cuBLAS through PyTorch (bench/gpu/torch_gemm.py) and through burn-offload's
 # fenced `--matmul cublas` path, on the 0.85B block's shapes.
 # Carry .device/gemm (the stripped, xz-packed gemm_bench: cargo build --release
-# --features cuda -p burn-offload-examples --bin gemm_bench). Output: $OUT/gemm.jsonl.
+# --features cuda -p trainer --bin gemm_bench). Output: $OUT/gemm.jsonl.
 # STRATEGIES=auto,matmul_simple_tma_mma times only those cubek strategies.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"

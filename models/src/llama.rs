@@ -3,7 +3,7 @@
 //! or linear frequency scaling), SwiGLU MLP, grouped-query attention, a tied
 //! or untied head. Mistral adds a sliding attention window, Qwen2 biases on
 //! the query/key/value projections, Qwen3 an RMSNorm on each query and key
-//! head and a head size of its own (DESIGN.md §10).
+//! head and a head size of its own (docs/ARCHITECTURE.md §5).
 
 use std::any::{Any, TypeId};
 use std::sync::Mutex;
@@ -567,6 +567,11 @@ pub fn rope_tables<B: Backend>(
 /// [`rope_tables`]). Built per call, each block's forward would compute the
 /// angles on the thread that submits the kernels and upload them, a copy that
 /// on the GPU queues behind the next block's weight prefetch.
+///
+/// Process-wide rather than owned by the model: a module's non-parameter
+/// state must be the same type on every backend (burn converts modules to and
+/// from `Autodiff` each step), and the tables are tensors of one backend.
+/// The key (backend, device, frequencies) keeps two models apart.
 pub fn cached_rope_tables<B: Backend>(
     seq: usize,
     inv_freqs: &[f64],

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use examples::train::{run, TrainOptions};
+use trainer::train::{run, TrainOptions};
 
 fn opts(dir: &Path) -> TrainOptions {
     TrainOptions {

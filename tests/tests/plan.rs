@@ -4,9 +4,9 @@
 use burn_offload::Compute;
 use burn_offload::{Engine, EngineConfig};
 use burn_offload_tests::TestBackend as B;
-use examples::plan::{kept_graph_bytes, BlockInputs, Job, KeptGraphs, Machine, Plan};
-use examples::train::{run, TrainOptions};
 use models::{Gpt2Config, LlamaConfig, ModelConfig};
+use trainer::plan::{kept_graph_bytes, BlockInputs, Job, KeptGraphs, Machine, Plan};
+use trainer::train::{run, TrainOptions};
 
 fn job(config: ModelConfig, fused: bool) -> Job {
     Job {
@@ -196,7 +196,7 @@ fn auto_places_block_inputs_on_the_gpu_only_when_they_fit() {
         ..job(ModelConfig::Llama(medium_llama()), false)
     };
     let holds =
-        |items: &[examples::plan::Item]| items.iter().any(|i| i.what == "block-input checkpoints");
+        |items: &[trainer::plan::Item]| items.iter().any(|i| i.what == "block-input checkpoints");
     let device_plan = Plan::new(&Job {
         block_inputs: BlockInputs::Device,
         ..base.clone()
@@ -337,7 +337,7 @@ fn auto_keeps_the_forward_graphs_that_fit_the_gpu() {
 /// 0.85B rows with every block recomputed at 4k and 16k tokens
 /// (bench/results/cuda-bench/run19, call 1), each within 10% of the
 /// prediction. The head phase and the block backward do not add up, and
-/// small jobs sit on cubecl's page floor. (The 7.39B run of run12 measured
+/// small jobs sit on cubecl's page floor. (A 7.39B run, bench/results/cuda-bench/run12, measured
 /// 11373 MiB with the earlier attention, which kept the `[b, h, t, t]`
 /// weights for the backward; it has not been run again.)
 #[test]

@@ -3,8 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
-use examples::chat::{ChatTemplate, Message};
-use examples::tokenizer::{HfTokenizer, Tokenizer, TokenizerError};
+use trainer::chat::{ChatTemplate, Message};
+use trainer::tokenizer::{HfTokenizer, Tokenizer, TokenizerError};
 
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/tokenizer")

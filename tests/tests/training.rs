@@ -1,7 +1,7 @@
 //! End-to-end: the `tiny` models learn a small repetitive corpus.
 
 use burn_offload::Compute;
-use examples::train::{run, TrainOptions};
+use trainer::train::{run, TrainOptions};
 
 /// A corpus a tiny model can nearly memorise: one sentence pattern repeated.
 fn repetitive_corpus(dir: &std::path::Path) -> std::path::PathBuf {

@@ -218,8 +218,8 @@ pub(super) const RETIRED_PENDING: usize = 1;
 ///   dropped (letting cubecl reuse the memory) only after a later bind has
 ///   waited for that fence.
 ///
-/// Until run20 every bind waited for the whole device instead: the GPU ran
-/// dry at every block while the host issued the next one.
+/// Waiting for the whole device at every bind instead left the GPU dry at
+/// every block while the host issued the next one.
 pub(super) struct UploadPool {
     pub(super) stream: StreamId,
     pub(super) live: Vec<Handle>,

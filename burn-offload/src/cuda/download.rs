@@ -112,10 +112,9 @@ pub(super) fn read_with<X: Backend, const D: usize, R>(
 ///   orders behind the kernels submitted so far with an event: the copy runs
 ///   on the copy engine while the next block computes (3.4 GB of gradients
 ///   per step at 0.85B fp32, about 0.07 s of the compute stream's time
-///   otherwise). Until run21 the engine's host worker issued these copies
-///   itself, when it got to them: ordered behind whatever had been submitted
-///   by then (the next block's backward too), they landed a block late and the
-///   worker ended each step about 85 ms behind the device.
+///   otherwise). Issued by the engine's host worker when it got to them, they
+///   would be ordered behind whatever had been submitted by then (the next
+///   block's backward too) and land a block late.
 ///
 /// Any thread may finish it (the engine's host worker does): it binds the
 /// context first.

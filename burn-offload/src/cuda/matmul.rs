@@ -5,15 +5,15 @@
 //! A strategy that cannot run a case (unsupported layout or dtype, or a launch
 //! error) falls back to burn's own matmul for that call, so a choice can make
 //! a matmul slower but never wrong. Which one is fastest depends on shape and
-//! dtype: `bench/gpu/gemm.sh` times them all (run13: on the 0.85B block's
+//! dtype: `bench/gpu/gemm.sh` times them all (on the 0.85B block's
 //! bf16 shapes `auto` ran 82–94 TFLOPS, `simple_tma_mma` and
 //! `specialized_tma_mma` 188–217, cuBLAS through PyTorch 735–803).
 //!
 //! cuBLAS runs on cubecl's own stream, which cubecl 0.10 keeps private: the
 //! vendored cubecl-cuda (vendor/cubecl-cuda/PATCH.md) hands it out with a
-//! buffer's device address. Until run27 each cuBLAS matmul was fenced on the
-//! host instead (wait for cubecl's queue, run on a stream of our own, wait
-//! for that), and the GPU idled while the host queued the next kernels.
+//! buffer's device address, so no cuBLAS matmul is fenced on the host (wait
+//! for cubecl's queue, run on a stream of our own, wait for that), which
+//! left the GPU idle while the host queued the next kernels.
 
 use std::any::{Any, TypeId};
 use std::collections::HashSet;
@@ -105,10 +105,10 @@ enum Kernel {
 /// stages f32 as tf32) and bf16/f16 with f32 accumulation. On the H100 it ran
 /// the 0.85B engine at 16k tokens 1.65× faster in fp32 than cubek's fastest
 /// f32 strategy, and at 64k tokens in bf16 1.38× faster than when each cuBLAS
-/// call was fenced on the host (run27). Without libcublas, cubek's
+/// call was fenced on the host. Without libcublas, cubek's
 /// tensor-core strategies: for f32 `specialized_tma_mma`, then
-/// `simple_cyclic_mma_multi_rows` for layouts TMA cannot load (1.3× `auto`,
-/// run15); for bf16/f16 `simple_tma_mma`.
+/// `simple_cyclic_mma_multi_rows` for layouts TMA cannot load (1.3× `auto`);
+/// for bf16/f16 `simple_tma_mma`.
 // Held boxed (`Kernel::Fast`), once per process: the variants' sizes do not matter.
 #[allow(clippy::large_enum_variant)]
 enum FastKernels {
@@ -562,7 +562,7 @@ mod cublas {
         let b = operand(rhs.meta.shape(), rhs.meta.strides(), batch_dims)?;
         // The output's rows may be padded: cubecl may pitch a buffer whose
         // rows miss its alignment (assuming a contiguous bf16 [.., 80]
-        // attention output made the loss NaN, run17), so its strides are
+        // attention output made the loss NaN), so its strides are
         // read, not assumed from its shape.
         let c = operand(&out_shape, out.meta.strides(), batch_dims).filter(|c| !c.transposed)?;
         let (m, n) = (out_shape[r - 2], out_shape[r - 1]);

@@ -41,8 +41,8 @@ thread_local! {
 /// each and retire nothing more), and allocates all of the bind's buffers
 /// ahead, waiting once for their allocation: the copies are then issued back
 /// to back. Allocated one by one, each buffer's host round trips left the
-/// copy stream idle behind every small tensor (run21: 42–46 GB/s over a
-/// bind's copies, against 50–53 serialised).
+/// copy stream idle behind every small tensor (42–46 GB/s over a bind's
+/// copies, against 50–53 serialised).
 pub struct UploadBatch(bool);
 
 impl UploadBatch {

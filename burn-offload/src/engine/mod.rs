@@ -1,4 +1,4 @@
-//! The block-streamed training engine (DESIGN.md §1).
+//! The block-streamed training engine (docs/ARCHITECTURE.md §2).
 //!
 //! A step, per micro-batch:
 //! 1. **Forward, no graph.** Embed, then run block 0..L on the inner backend,

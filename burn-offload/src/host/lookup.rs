@@ -1,5 +1,5 @@
 //! The embedding-table rows a batch of tokens reads, for the engine's lookup
-//! on the host side of the bus (DESIGN.md §1, phase 4 and the forward's
+//! on the host side of the bus (docs/ARCHITECTURE.md §2, phase 4 and the forward's
 //! embedding).
 //!
 //! A batch of 64k tokens reads a few hundred distinct rows with a byte

@@ -17,7 +17,7 @@ use super::SYSTEMS;
 
 /// The package with the `train` binary. `bench/gpu/binaries.sh` defaults to
 /// the same name (a test keeps them equal).
-pub const TRAIN_PACKAGE: &str = "burn-offload-examples";
+pub const TRAIN_PACKAGE: &str = "trainer";
 
 /// The shapes `pipeline.sh`'s `bench_rows` knows, as named in row files, with
 /// the spellings accepted for each.

@@ -518,7 +518,7 @@ mod tests {
             // f32 rounding of each score, which `exp` turns into a relative
             // error of the weights: about 1.5e-4 at std 30 (scores near 2500).
             // Two formulations then agree only to that; the draws are random,
-            // so a fixed 1e-5 failed now and then (run21's CI: 2.7e-5).
+            // so a fixed 1e-5 failed now and then (2.7e-5 was seen).
             let scale = (1.0 + std * std / 10.0) as f32;
             let diff = max_abs_diff(got.clone().inner(), want.clone().inner());
             assert!(

@@ -3,7 +3,7 @@
 //! subtraction, an `exp` and a sum over the scores (forward), and a mask, two
 //! subtractions, an `exp` and a product (backward), each a full pass over
 //! `[b, kv, g·len, keys]` values; at 64k tokens of the 0.85B Llama in bf16
-//! they were ~0.6 s of a 2.7 s step (run27's kernel times).
+//! they were ~0.6 s of a 2.7 s step (measured kernel times).
 //! - `softmax_rows_kernel` (forward): a plane per row finds the maximum and
 //!   the sum of `exp(s − max)` over the keys the row's query sees, then writes
 //!   the probabilities (zero past the diagonal) and the row's log-sum-exp in
@@ -116,7 +116,7 @@ mod kernels {
     ) {
         // A plane per row, as in the forward: the row's offsets are found
         // once per lane, not once per score (a unit per score spent most of
-        // its time in 64-bit index divisions: 6× the forward's time, run27).
+        // its time in 64-bit index divisions: 6× the forward's time).
         let row = (CUBE_POS_X * CUBE_DIM_Y + UNIT_POS_Y) as usize;
         let rows = probs.shape(2);
         if row >= probs.shape(0) * probs.shape(1) * rows {
@@ -238,7 +238,7 @@ pub(crate) fn softmax_backward<B: Backend>(
 /// cuBLAS cannot walk both batch dimensions of such a view with one stride,
 /// so every score and value product became a loop of a call per sequence,
 /// ~25k small launches a step that the host could not issue as fast as the
-/// GPU ran them (run27 call 3). One copy of the keys and values per pass
+/// GPU ran them. One copy of the keys and values per pass
 /// makes each product one call.
 pub(crate) fn dense<B: Backend>(t: Tensor<B, 4>) -> Tensor<B, 4> {
     match float_cube(&t) {

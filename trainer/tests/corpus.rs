@@ -3,13 +3,13 @@
 
 use std::path::Path;
 
-use examples::data::read_corpus;
-use examples::token_cache::{tokenize, CHUNK_BYTES};
-use examples::tokenizer::Tokenizer;
+use trainer::data::read_corpus;
+use trainer::token_cache::{tokenize, CHUNK_BYTES};
+use trainer::tokenizer::Tokenizer;
 
 mod common;
 
-fn ids(file: &examples::token_cache::TokenFile) -> Vec<u32> {
+fn ids(file: &trainer::token_cache::TokenFile) -> Vec<u32> {
     (0..file.len()).map(|i| file.get(i)).collect()
 }
 

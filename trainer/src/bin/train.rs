@@ -9,8 +9,8 @@ use std::process::ExitCode;
 use burn_offload::Compute;
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
-use examples::signals;
-use examples::train::{run, TrainOptions};
+use trainer::signals;
+use trainer::train::{run, TrainOptions};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -63,7 +63,7 @@ struct Cli {
     /// instruction formats `alpaca`, `sharegpt`, `chat` (JSON Lines or a
     /// JSON array), rendered with the tokenizer's chat template.
     #[arg(long, default_value = "auto")]
-    data_format: examples::instruct::DataFormat,
+    data_format: trainer::instruct::DataFormat,
     /// Where tokenized text corpora are cached (keyed by the data files and
     /// the tokenizer; reused by later runs and resumes). Default:
     /// $XDG_CACHE_HOME/burn-offload/tokens or ~/.cache/burn-offload/tokens.
@@ -141,13 +141,13 @@ struct Cli {
     /// memory flat in depth; `auto` takes `device` when the memory plan
     /// still fits the GPU with them there (`--plan` shows the choice).
     #[arg(long, default_value = "auto")]
-    block_inputs: examples::plan::BlockInputs,
+    block_inputs: trainer::plan::BlockInputs,
     /// Engine: how many of the last blocks run their forward under autodiff
     /// and keep the graph on the device until the backward, which then skips
     /// their recompute. `auto`: on a GPU, as many as the memory plan fits in
     /// 90% of the free memory it leaves (`--plan` shows the count); 0 on CPU.
     #[arg(long, default_value = "auto")]
-    keep_graphs: examples::plan::KeptGraphs,
+    keep_graphs: trainer::plan::KeptGraphs,
     /// Write checkpoints (safetensors + manifest) into this folder: every
     /// --checkpoint-every steps, at the end, and on Ctrl-C.
     #[arg(long)]
@@ -302,12 +302,12 @@ fn main() -> ExitCode {
         poison_at_step: None,
     };
     #[cfg(feature = "cuda")]
-    if let Err(err) = examples::preflight::cuda_driver() {
+    if let Err(err) = trainer::preflight::cuda_driver() {
         eprintln!("error: {err}");
         return ExitCode::FAILURE;
     }
     if cli.plan {
-        return match examples::train::plan_table(&opts) {
+        return match trainer::train::plan_table(&opts) {
             Ok(table) => {
                 print!("{table}");
                 ExitCode::SUCCESS

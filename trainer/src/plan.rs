@@ -5,7 +5,7 @@
 //! Host figures are exact for the store (fp32 weights, Adam m and v, and the
 //! gradient buffer unless fused) and close for the engine's own buffers.
 //! Device figures are estimates: one Llama/GPT-2 block's activations under
-//! autodiff are counted tensor by tensor (DESIGN.md §3) with a margin for the
+//! autodiff are counted tensor by tensor (docs/ARCHITECTURE.md §6) with a margin for the
 //! backward's temporaries, plus a fixed allowance for the CUDA context and
 //! the allocator's pools. The block backward and the LM head are phases that
 //! never hold memory at the same time: the larger of the two counts. On a GPU
@@ -174,11 +174,11 @@ impl Job {
 /// weights (bound until its backward) and the values its backward reads,
 /// none of the backward's own temporaries. Attention keeps no `[b, h, t, t]`
 /// tensor (`burn_offload::ops::attention`). On the H100 a kept block cost 0.88 of
-/// this estimate (run19 call 1: 0.85B fp32 at 16k tokens, 15 blocks kept at
-/// 54,751 MiB against 11,423 with none), so the estimate also covers the
+/// this estimate (0.85B fp32 at 16k tokens, 15 blocks kept at 54,751 MiB
+/// against 11,423 with none), so the estimate also covers the
 /// pools' page rounding; a GPU filled to the last page by kept graphs would
 /// fail mid-step. (With the earlier attention, which kept the weights, a
-/// kept block measured 1.04–1.23 times its values, run18.)
+/// kept block measured 1.04–1.23 times its values.)
 pub fn kept_graph_bytes(job: &Job) -> u64 {
     let s = shape(&job.config);
     let (b, t) = (job.batch as u64, job.seq_len as u64);
@@ -309,7 +309,7 @@ impl Plan {
         // Beside the saved values, a block's backward holds their gradients
         // and its temporaries: 1.25 times the saved values (the whole
         // recompute + backward at 2.25 times fits the H100 peaks of the
-        // 0.85B at 4k and 16k tokens, run19).
+        // 0.85B at 4k and 16k tokens).
         let backward_temporaries = block_saved * 5 / 4 + scores;
         let block_backward = block_saved + backward_temporaries;
         let chunk = (job.loss_chunk_tokens as u64).clamp(1, tokens);
