@@ -30,7 +30,8 @@ mod store;
 mod transfer;
 
 pub use backend::{
-    residency, Gemm, GemmKernels, HostParams, MatmulError, Offload, OffloadTensor, ParkParams,
+    residency, Gemm, GemmKernels, HostOptimizer, HostOptimizerConfig, HostOptimizerState,
+    HostParams, MatmulError, Offload, OffloadTensor, ParkParams,
 };
 pub use engine::{
     BatchError, ConfigError, Engine, EngineConfig, EngineError, MicroBatch, StepReport, StepSplit,
@@ -49,6 +50,6 @@ pub use transfer::PagerStats;
 pub mod cuda_backend {
     pub use crate::cuda::{
         cublas_matmul, free_device_bytes, matmul_stats, matmul_strategies, pool_bytes, CudaBackend,
-        MatmulStats, CUBLAS, CUBLAS_TF32, FAST,
+        CudaError, MatmulStats, CUBLAS, CUBLAS_TF32, FAST,
     };
 }

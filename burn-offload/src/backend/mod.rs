@@ -24,10 +24,12 @@ mod forward;
 #[macro_use]
 mod forwarded;
 mod gemm;
+mod host_optim;
 mod offload;
 mod ops;
 pub mod residency;
 
 pub use gemm::{Gemm, GemmKernels, MatmulError};
+pub use host_optim::{HostOptimizer, HostOptimizerConfig, HostOptimizerState};
 pub(crate) use offload::{lower, HostTensor};
 pub use offload::{HostParams, Offload, OffloadTensor, ParkParams};

@@ -95,16 +95,42 @@ pub(crate) fn blocking_sync<X: Backend>(device: &X::Device) -> bool {
     })
 }
 
+/// A CUDA driver call that failed where the caller can report it.
+#[derive(Debug, thiserror::Error)]
+pub enum CudaError {
+    /// The device could not be opened.
+    #[error("cannot open CUDA device {index}: {source}")]
+    Open {
+        /// The device's index.
+        index: usize,
+        /// What the driver said.
+        source: cudarc::driver::DriverError,
+    },
+    /// A driver query failed.
+    #[error("CUDA {call} failed: {source}")]
+    Driver {
+        /// The call.
+        call: &'static str,
+        /// What the driver said.
+        source: cudarc::driver::DriverError,
+    },
+}
+
 /// Free memory on CUDA device `index`, in bytes (before this process
 /// allocates anything: the planner's budget).
-pub fn free_device_bytes(index: usize) -> Result<u64, String> {
-    let context =
-        CudaContext::new(index).map_err(|e| format!("cannot open CUDA device {index}: {e}"))?;
+pub fn free_device_bytes(index: usize) -> Result<u64, CudaError> {
+    let context = CudaContext::new(index).map_err(|source| CudaError::Open { index, source })?;
     context
         .bind_to_thread()
-        .map_err(|e| format!("cannot bind the CUDA context: {e}"))?;
+        .map_err(|source| CudaError::Driver {
+            call: "cuCtxSetCurrent",
+            source,
+        })?;
     let (free, _total) =
-        cudarc::driver::result::mem_get_info().map_err(|e| format!("cuMemGetInfo failed: {e}"))?;
+        cudarc::driver::result::mem_get_info().map_err(|source| CudaError::Driver {
+            call: "cuMemGetInfo",
+            source,
+        })?;
     Ok(free as u64)
 }
 

@@ -1,0 +1,147 @@
+//! The host optimizers of `Autodiff<Offload<B>>`: an unchanged burn model
+//! trained with `HostOptimizerConfig` (AdamW or SGD on the host, burn-optim's
+//! clipping) follows `Autodiff<B>` with burn-optim's own optimizer, and its
+//! parameters are host-resident between steps.
+
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
+use burn::optim::decay::WeightDecayConfig;
+use burn::optim::grad_clipping::GradientClippingConfig;
+use burn::optim::momentum::MomentumConfig;
+use burn::optim::{AdamWConfig as BurnAdamW, GradientsParams, Optimizer, SgdConfig as BurnSgd};
+use burn::prelude::*;
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{TensorData, TensorPrimitive};
+use burn_offload::{AdamWConfig, BlockModel, HostOptimizerConfig, Offload, SgdConfig};
+use burn_offload_tests::{random_tokens, TestAutodiff as Reference, TestBackend as B};
+use models::{cross_entropy, Llama, LlamaConfig};
+
+type Off = burn::backend::Autodiff<Offload<B>>;
+
+/// Values of every float parameter, in visit order.
+struct Read(Vec<TensorData>);
+impl<AB: Backend> ModuleVisitor<AB> for Read {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<AB, D>>) {
+        self.0.push(param.val().into_data());
+    }
+}
+
+/// Overwrites every float parameter, in visit order.
+struct Write(std::vec::IntoIter<TensorData>);
+impl<AB: AutodiffBackend> ModuleMapper<AB> for Write {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<AB, D>>) -> Param<Tensor<AB, D>> {
+        let data = self.0.next().expect("same parameter count");
+        let device = param.lazy_device();
+        Param::initialized(param.id, Tensor::from_data(data, &device).require_grad())
+    }
+}
+
+/// Parameters not host-resident.
+struct OnDevice(usize);
+impl ModuleVisitor<Off> for OnDevice {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<Off, D>>) {
+        match param.val().inner().into_primitive() {
+            TensorPrimitive::Float(t) if t.is_host() => {}
+            _ => self.0 += 1,
+        }
+    }
+}
+
+fn rel_err(a: &TensorData, b: &TensorData) -> f64 {
+    let (a, b) = (a.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());
+    let diff: f64 = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| (*x as f64 - *y as f64).powi(2))
+        .sum();
+    let norm: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+    diff.sqrt() / norm.sqrt().max(1e-30)
+}
+
+/// Trains the tiny Llama `steps` steps both ways from the same weights and
+/// checks losses, residency and the final parameters.
+fn follows_burn<O, R>(mut optim: O, mut ref_optim: R, steps: u64, lr: f64)
+where
+    O: Optimizer<Llama<Off>, Off>,
+    R: Optimizer<Llama<Reference>, Reference>,
+{
+    let device = Default::default();
+    let config = LlamaConfig::tiny();
+    let mut model = config.init::<Off>(&device);
+    let mut values = Read(Vec::new());
+    model.visit(&mut values);
+    let mut reference = config
+        .init::<Reference>(&device)
+        .map(&mut Write(values.0.into_iter()));
+    for step in 0..steps {
+        let tokens = random_tokens::<B>(2, 17, config.vocab_size, step, &device);
+        let (x, y) = (tokens.clone().narrow(1, 0, 16), tokens.narrow(1, 1, 16));
+
+        let loss = cross_entropy(
+            model.forward(Tensor::from_data(x.to_data(), &device)),
+            Tensor::from_data(y.to_data(), &device),
+        );
+        let loss_value = loss.clone().into_scalar();
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        model = optim.step(lr, model, grads);
+
+        let ref_loss = cross_entropy(
+            reference.forward(Tensor::from_inner(x)),
+            Tensor::from_inner(y),
+        );
+        let ref_value = ref_loss.clone().into_scalar();
+        let grads = GradientsParams::from_grads(ref_loss.backward(), &reference);
+        reference = ref_optim.step(lr, reference, grads);
+
+        assert!(
+            ((loss_value - ref_value) / ref_value).abs() <= 1e-5,
+            "step {step}: {loss_value} vs {ref_value}"
+        );
+        let mut on_device = OnDevice(0);
+        model.visit(&mut on_device);
+        assert_eq!(on_device.0, 0, "step {step}: parameters left on the device");
+    }
+    let (mut got, mut want) = (Read(Vec::new()), Read(Vec::new()));
+    model.visit(&mut got);
+    reference.visit(&mut want);
+    for (i, (g, w)) in got.0.iter().zip(&want.0).enumerate() {
+        let err = rel_err(g, w);
+        assert!(err <= 1e-5, "parameter {i}: relative error {err}");
+    }
+}
+
+#[test]
+fn host_adamw_with_clipping_follows_burn_optim_adamw() {
+    let clip = Some(GradientClippingConfig::Norm(0.5));
+    let optim = HostOptimizerConfig::adamw(AdamWConfig {
+        weight_decay: 0.01,
+        ..Default::default()
+    })
+    .with_grad_clipping(clip.clone())
+    .init::<B, Off, Llama<Off>>();
+    let reference = BurnAdamW::new()
+        .with_weight_decay(0.01)
+        .with_grad_clipping(clip)
+        .init::<Reference, Llama<Reference>>();
+    follows_burn(optim, reference, 20, 1e-2);
+}
+
+#[test]
+fn host_sgd_with_momentum_follows_burn_optim_sgd() {
+    let clip = Some(GradientClippingConfig::Value(0.05));
+    let optim = HostOptimizerConfig::sgd(SgdConfig {
+        momentum: 0.9,
+        weight_decay: 0.01,
+    })
+    .with_grad_clipping(clip.clone())
+    .init::<B, Off, Llama<Off>>();
+    let reference = BurnSgd::new()
+        .with_momentum(Some(MomentumConfig {
+            momentum: 0.9,
+            dampening: 0.0,
+            nesterov: false,
+        }))
+        .with_weight_decay(Some(WeightDecayConfig { penalty: 0.01 }))
+        .with_gradient_clipping(clip)
+        .init::<Reference, Llama<Reference>>();
+    follows_burn(optim, reference, 20, 1e-2);
+}
