@@ -20,6 +20,7 @@
 mod backend;
 #[cfg(feature = "cuda")]
 mod cuda;
+mod device;
 mod engine;
 mod host;
 mod matmul;
@@ -31,8 +32,9 @@ mod transfer;
 
 pub use backend::{
     residency, Gemm, GemmKernels, HostOptimizer, HostOptimizerConfig, HostOptimizerState,
-    HostParams, MatmulError, Offload, OffloadTensor, ParkParams,
+    HostParams, MatmulError, OffloadTensor, OffloadWith, ParkParams,
 };
+pub use device::Offload;
 pub use engine::{
     BatchError, ConfigError, Engine, EngineConfig, EngineError, MicroBatch, StepReport, StepSplit,
 };

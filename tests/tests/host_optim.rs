@@ -117,7 +117,7 @@ fn host_adamw_with_clipping_follows_burn_optim_adamw() {
         ..Default::default()
     })
     .with_grad_clipping(clip.clone())
-    .init::<B, Off, Llama<Off>>();
+    .init::<Off, Llama<Off>>();
     let reference = BurnAdamW::new()
         .with_weight_decay(0.01)
         .with_grad_clipping(clip)
@@ -133,7 +133,7 @@ fn host_sgd_with_momentum_follows_burn_optim_sgd() {
         weight_decay: 0.01,
     })
     .with_grad_clipping(clip.clone())
-    .init::<B, Off, Llama<Off>>();
+    .init::<Off, Llama<Off>>();
     let reference = BurnSgd::new()
         .with_momentum(Some(MomentumConfig {
             momentum: 0.9,

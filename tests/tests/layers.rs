@@ -17,7 +17,7 @@ const LAYERS: &[&[&str]] = &[
     &["transfer"],
     &["backend"],
     &["cuda"],
-    &["precision", "matmul", "model"],
+    &["precision", "matmul", "model", "device"],
     &["ops"],
     &["engine"],
 ];

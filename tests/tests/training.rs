@@ -109,3 +109,43 @@ fn resident_accumulation_matches_one_large_batch() {
     // The loss moved, so the steps compared are real updates.
     assert!(whole[5] < whole[0] - 0.1, "{whole:?}");
 }
+
+/// The type parameter's path in the trainer (`--resident --host-params`):
+/// the model on `Offload<B>` (drawn by its host generator, so from other
+/// weights than plain burn's) with the host AdamW learns the corpus as
+/// plain burn does; the flag without `--resident` is refused.
+#[test]
+fn host_params_learn_like_plain_burn() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = |host_params| TrainOptions {
+        model: "llama-tiny".into(),
+        steps: 60,
+        batch: 8,
+        seq_len: 32,
+        lr: 1e-2,
+        warmup: 10,
+        data: Some(repetitive_corpus(dir.path())),
+        sample_tokens: 0,
+        resident: true,
+        host_params,
+        ..TrainOptions::default()
+    };
+    let tail = |losses: &[f32]| losses[losses.len() - 10..].iter().sum::<f32>() / 10.0;
+    let plain = tail(&run(&opts(false)).unwrap().losses);
+    let host = run(&opts(true)).unwrap().losses;
+    assert!(host[0] > 4.5, "initial loss {}", host[0]);
+    assert!(
+        tail(&host) < 2.0 && tail(&host) < 1.5 * plain.max(0.5),
+        "host parameters ended at {}, plain burn at {plain}",
+        tail(&host)
+    );
+    let refused = run(&TrainOptions {
+        resident: false,
+        ..opts(true)
+    })
+    .unwrap_err();
+    assert!(
+        format!("{refused:#}").contains("--host-params"),
+        "{refused:#}"
+    );
+}

@@ -18,7 +18,9 @@ use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{ElementConversion, TensorData};
 use burn_offload::checkpoint::{CheckpointDir, CheckpointError};
-use burn_offload::{BlockModel, Compute, DecoderBlock, Engine, EngineConfig, OptimizerConfig};
+use burn_offload::{
+    BlockModel, Compute, DecoderBlock, Engine, EngineConfig, HostOptimizerConfig, OptimizerConfig,
+};
 use indicatif::{ProgressBar, ProgressStyle};
 use models::{cross_entropy, ModelConfig};
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -58,6 +60,10 @@ pub struct TrainOptions {
     pub progress: bool,
     /// Plain burn (`Autodiff` on the whole model + burn-optim AdamW) instead of the offload engine.
     pub resident: bool,
+    /// With `resident`: the model on `Offload<B>` (parameters in host memory,
+    /// paged in as operations read them) with the host AdamW (its state in
+    /// host memory too): the type parameter's path.
+    pub host_params: bool,
     /// Engine: update each block as its gradient arrives (no gradient buffer).
     pub fused: bool,
     /// Engine: no overlap (the bench's serialised baseline): every weight copy
@@ -147,6 +153,7 @@ impl Default for TrainOptions {
             temperature: 0.0,
             progress: false,
             resident: false,
+            host_params: false,
             fused: false,
             serial_copies: false,
             spin_waits: false,
@@ -357,6 +364,9 @@ fn validate(opts: &TrainOptions) -> Result<()> {
     if let Some((flag, _)) = engine_only.iter().find(|(_, set)| opts.resident && *set) {
         bail!("{flag} is an option of the offload engine; drop it or --resident");
     }
+    if opts.host_params && !opts.resident {
+        bail!("--host-params is an option of plain burn training; add --resident");
+    }
     if opts.resident && (opts.checkpoint_dir.is_some() || opts.resume.is_some()) {
         bail!("checkpoints are written from the offload engine's host store; drop --resident");
     }
@@ -544,20 +554,45 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
         kept_graphs: placed.kept_graphs.count(),
         building: Instant::now(),
     };
-    let outcome = match (&config, opts.resident) {
-        (ModelConfig::Gpt2(c), true) => job.train_resident::<AB, _>(
+    // `--host-params`: the same loop over `Offload<B>` with the host AdamW.
+    type HostAb = Autodiff<burn_offload::Offload<DefaultBackend>>;
+    let clipping = (opts.grad_clip > 0.0).then_some(
+        burn::grad_clipping::GradientClippingConfig::Norm(opts.grad_clip as f32),
+    );
+    let burn_adamw = AdamWConfig::new()
+        .with_weight_decay(opts.weight_decay as f32)
+        .with_grad_clipping(clipping.clone());
+    let host_adamw = HostOptimizerConfig::adamw(burn_offload::AdamWConfig {
+        weight_decay: opts.weight_decay as f32,
+        ..Default::default()
+    })
+    .with_grad_clipping(clipping);
+    let outcome = match (&config, opts.resident, opts.host_params) {
+        (ModelConfig::Gpt2(c), true, false) => job.train_resident::<AB, _, _>(
             initial(opts, &config, &device, true, || c.init::<AB>(&device))?.0,
+            burn_adamw.init(),
             &device,
         )?,
-        (ModelConfig::Llama(c), true) => job.train_resident::<AB, _>(
+        (ModelConfig::Llama(c), true, false) => job.train_resident::<AB, _, _>(
             initial(opts, &config, &device, true, || c.init::<AB>(&device))?.0,
+            burn_adamw.init(),
             &device,
         )?,
-        (ModelConfig::Gpt2(c), false) => job.train_engine::<B, _>(
+        (ModelConfig::Gpt2(c), true, true) => job.train_resident::<HostAb, _, _>(
+            initial(opts, &config, &device, true, || c.init::<HostAb>(&device))?.0,
+            host_adamw.init(),
+            &device,
+        )?,
+        (ModelConfig::Llama(c), true, true) => job.train_resident::<HostAb, _, _>(
+            initial(opts, &config, &device, true, || c.init::<HostAb>(&device))?.0,
+            host_adamw.init(),
+            &device,
+        )?,
+        (ModelConfig::Gpt2(c), false, _) => job.train_engine::<B, _>(
             initial(opts, &config, &device, false, || c.init::<B>(&device))?,
             &device,
         )?,
-        (ModelConfig::Llama(c), false) => job.train_engine::<B, _>(
+        (ModelConfig::Llama(c), false, _) => job.train_engine::<B, _>(
             initial(opts, &config, &device, false, || c.init::<B>(&device))?,
             &device,
         )?,
@@ -1139,23 +1174,24 @@ impl Job<'_> {
         Ok(self.tokenizer.decode(&ids))
     }
 
-    /// Plain burn: `Autodiff` over the whole model, burn-optim AdamW (whose
-    /// clipping is per parameter tensor, not global). In bf16 the f32
-    /// parameters are cast for each forward and the gradients arrive in f32.
-    fn train_resident<AB, M>(mut self, mut model: M, device: &AB::Device) -> Result<Outcome>
+    /// Plain burn: `Autodiff` over the whole model and `optim` (burn-optim's
+    /// AdamW, or the host AdamW over `Offload<B>`; clipping per parameter
+    /// tensor, not global). In bf16 the f32 parameters are cast for each
+    /// forward and the gradients arrive in f32.
+    fn train_resident<AB, M, O>(
+        mut self,
+        mut model: M,
+        mut optim: O,
+        device: &AB::Device,
+    ) -> Result<Outcome>
     where
         AB: AutodiffBackend,
         M: BlockModel<AB> + AutodiffModule<AB>,
         M::InnerModule: BlockModel<AB::InnerBackend>,
+        O: Optimizer<M, AB>,
     {
         let opts = self.opts;
         let schedule = self.schedule();
-        let mut optim = AdamWConfig::new()
-            .with_weight_decay(opts.weight_decay as f32)
-            .with_grad_clipping((opts.grad_clip > 0.0).then_some(
-                burn::grad_clipping::GradientClippingConfig::Norm(opts.grad_clip as f32),
-            ))
-            .init::<AB, M>();
         let bar = progress_bar(opts, &self.config, 0);
         let tokens_per_step = (opts.batch * opts.seq_len * opts.accum) as f64;
         let params = model.num_params() as u64;

@@ -13,11 +13,14 @@ use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::grad_clipping::GradientClippingConfig;
 use burn::optim::{LearningRate, SimpleOptimizer};
 use burn::record::Record;
-use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{Tensor, TensorData};
+use std::sync::Arc;
 
-use super::Offload;
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{DType, Shape, Tensor, TensorData, TensorPrimitive};
+
+use super::{HostTensor, OffloadTensor, OffloadWith};
 use crate::host::optim::{AdamWConfig, OptimizerConfig, SgdConfig, UpdateSlices};
+use crate::transfer::Transfer;
 
 /// A host optimizer's settings: AdamW or SGD (the engine's
 /// [`OptimizerConfig`]) and burn-optim's gradient clipping.
@@ -63,11 +66,11 @@ impl HostOptimizerConfig {
     }
 
     /// The optimizer for module `M` of `Autodiff<Offload<B>>` (`AB`).
-    pub fn init<B, AB, M>(&self) -> OptimizerAdaptor<HostOptimizer, M, AB>
+    pub fn init<AB, M>(&self) -> OptimizerAdaptor<HostOptimizer, M, AB>
     where
-        B: Backend,
-        AB: AutodiffBackend<InnerBackend = Offload<B>>,
+        AB: AutodiffBackend,
         M: AutodiffModule<AB>,
+        HostOptimizer: SimpleOptimizer<AB::InnerBackend>,
     {
         let mut optim = OptimizerAdaptor::from(HostOptimizer {
             config: self.optimizer,
@@ -97,68 +100,138 @@ pub struct HostOptimizerState<B: Backend, const D: usize> {
     pub time: usize,
 }
 
-/// `tensor`'s values as f32 on the host (a host-resident tensor's own bytes).
-fn host_values<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> Vec<f32> {
-    tensor
-        .into_data()
-        .convert::<f32>()
-        .into_vec::<f32>()
-        .expect("f32 values")
+/// A tensor's values on the host for the update: in place in its host
+/// buffer where the tensor is host-resident, f32 and held by no one else
+/// (the buffer stays page-locked, nothing is allocated), else a copy.
+enum HostValues<B: Backend> {
+    InPlace(Arc<HostTensor<B>>),
+    Copy(Vec<f32>, Shape, DType),
 }
 
-impl<B: Backend> SimpleOptimizer<Offload<B>> for HostOptimizer {
-    type State<const D: usize> = HostOptimizerState<Offload<B>, D>;
+impl<B: Backend> HostValues<B> {
+    fn take<T: Transfer, const D: usize>(tensor: Tensor<OffloadWith<B, T>, D>) -> Self {
+        let (shape, dtype) = (tensor.shape(), tensor.dtype());
+        let primitive = match tensor.into_primitive() {
+            TensorPrimitive::Float(OffloadTensor::Host(mut host)) if dtype == DType::F32 => {
+                if host.data_mut().is_some() {
+                    return HostValues::InPlace(host);
+                }
+                TensorPrimitive::Float(OffloadTensor::Host(host))
+            }
+            primitive => primitive,
+        };
+        let tensor = Tensor::<OffloadWith<B, T>, D>::from_primitive(primitive);
+        let mut values = vec![0.0; shape.num_elements()];
+        read_into::<B, T, D>(tensor, &mut values);
+        HostValues::Copy(values, shape, dtype)
+    }
+
+    fn zeros(shape: Shape) -> Self {
+        HostValues::Copy(vec![0.0; shape.num_elements()], shape, DType::F32)
+    }
+
+    fn values(&mut self) -> &mut [f32] {
+        match self {
+            HostValues::InPlace(host) => host
+                .data_mut()
+                .expect("held by no one else")
+                .as_mut_slice::<f32>()
+                .expect("f32 values"),
+            HostValues::Copy(values, ..) => values,
+        }
+    }
+
+    fn into_tensor<T: Transfer, const D: usize>(
+        self,
+        device: &B::Device,
+    ) -> Tensor<OffloadWith<B, T>, D> {
+        match self {
+            HostValues::InPlace(host) => {
+                Tensor::from_primitive(TensorPrimitive::Float(OffloadTensor::Host(host)))
+            }
+            // `from_data` on `Offload` makes a host-resident tensor.
+            HostValues::Copy(values, shape, dtype) => {
+                Tensor::from_data(TensorData::new(values, shape).convert_dtype(dtype), device)
+            }
+        }
+    }
+}
+
+/// Copies `tensor`'s values into `out` as f32: a device tensor through `T`
+/// (page-locked staging on CUDA), else through `into_data`.
+fn read_into<B: Backend, T: Transfer, const D: usize>(
+    tensor: Tensor<OffloadWith<B, T>, D>,
+    out: &mut [f32],
+) {
+    let fallback = match tensor.into_primitive() {
+        TensorPrimitive::Float(OffloadTensor::Device(primitive)) => {
+            let inner = Tensor::<B, D>::from_primitive(TensorPrimitive::Float(primitive));
+            match T::read_into(inner, out, false) {
+                Ok(_) => return,
+                Err(inner) => inner.into_data(),
+            }
+        }
+        TensorPrimitive::Float(OffloadTensor::Host(host)) => host.data().clone(),
+        TensorPrimitive::QFloat(q) => {
+            Tensor::<OffloadWith<B, T>, D>::from_primitive(TensorPrimitive::QFloat(q)).into_data()
+        }
+    };
+    out.copy_from_slice(
+        fallback
+            .convert::<f32>()
+            .as_slice::<f32>()
+            .expect("f32 values"),
+    );
+}
+
+impl<B: Backend, T: Transfer> SimpleOptimizer<OffloadWith<B, T>> for HostOptimizer {
+    type State<const D: usize> = HostOptimizerState<OffloadWith<B, T>, D>;
 
     fn step<const D: usize>(
         &self,
         lr: LearningRate,
-        tensor: Tensor<Offload<B>, D>,
-        grad: Tensor<Offload<B>, D>,
+        tensor: Tensor<OffloadWith<B, T>, D>,
+        grad: Tensor<OffloadWith<B, T>, D>,
         state: Option<Self::State<D>>,
-    ) -> (Tensor<Offload<B>, D>, Option<Self::State<D>>) {
-        let (shape, device, dtype) = (tensor.shape(), tensor.device(), tensor.dtype());
-        let mut params = host_values(tensor);
-        let grads = host_values(grad);
+    ) -> (Tensor<OffloadWith<B, T>, D>, Option<Self::State<D>>) {
+        let (shape, device) = (tensor.shape(), tensor.device());
+        let mut grads = vec![0.0; shape.num_elements()];
+        read_into::<B, T, D>(grad, &mut grads);
+        let mut params = HostValues::take(tensor);
         let (mut m, mut v, time) = match state {
             Some(state) => (
-                host_values(state.moment_1),
-                host_values(state.moment_2),
+                HostValues::take(state.moment_1),
+                HostValues::take(state.moment_2),
                 state.time + 1,
             ),
             // Zero moments give burn-optim's first step exactly (`0 · β + g · (1 − β)`).
-            None => (vec![0.0; params.len()], vec![0.0; params.len()], 1),
+            None => (
+                HostValues::zeros(shape.clone()),
+                HostValues::zeros(shape),
+                1,
+            ),
         };
         self.config.update(
             time as u64,
             lr,
             1.0,
             UpdateSlices {
-                params: &mut params,
-                m: &mut m,
-                v: &mut v,
+                params: params.values(),
+                m: m.values(),
+                v: v.values(),
                 grads: &grads,
                 bf16: None,
             },
         );
-        // `from_data` on `Offload` makes host-resident tensors.
-        let host = |values: Vec<f32>, dtype| {
-            Tensor::<Offload<B>, D>::from_data(
-                TensorData::new(values, shape.clone()).convert_dtype(dtype),
-                &device,
-            )
-        };
         let state = HostOptimizerState {
-            moment_1: host(m, burn::tensor::DType::F32),
-            moment_2: host(v, burn::tensor::DType::F32),
+            moment_1: m.into_tensor(&device),
+            moment_2: v.into_tensor(&device),
             time,
         };
-        (host(params, dtype), Some(state))
+        (params.into_tensor(&device), Some(state))
     }
 
-    fn to_device<const D: usize>(
-        state: Self::State<D>,
-        device: &<Offload<B> as burn::tensor::backend::BackendTypes>::Device,
-    ) -> Self::State<D> {
+    fn to_device<const D: usize>(state: Self::State<D>, device: &B::Device) -> Self::State<D> {
         // On `Offload` a move to the device parks a tensor in host memory.
         HostOptimizerState {
             moment_1: state.moment_1.to_device(device),

@@ -23,6 +23,7 @@
 mod forward;
 #[macro_use]
 mod forwarded;
+mod draw;
 mod gemm;
 mod host_optim;
 mod offload;
@@ -32,4 +33,4 @@ pub mod residency;
 pub use gemm::{Gemm, GemmKernels, MatmulError};
 pub use host_optim::{HostOptimizer, HostOptimizerConfig, HostOptimizerState};
 pub(crate) use offload::{lower, HostTensor};
-pub use offload::{HostParams, Offload, OffloadTensor, ParkParams};
+pub use offload::{HostParams, OffloadTensor, OffloadWith, ParkParams};

@@ -10,25 +10,95 @@ use burn::tensor::backend::{
 use burn::tensor::{DType, Shape, Tensor, TensorData, TensorMetadata};
 
 use super::residency;
+use crate::transfer::Transfer;
 
-/// The decorator: `Llama<Offload<Cuda>>` keeps its weights in host memory.
-pub struct Offload<B>(PhantomData<B>);
+/// The decorator over backend `B`, its host tensors reaching the device
+/// through the copy machinery `T`. Users name it `Offload<B>`, which picks
+/// the build's machinery (`Llama<Offload<Cuda>>` keeps its weights in host
+/// memory and pages them in by pinned DMA).
+pub struct OffloadWith<B, T>(PhantomData<fn() -> (B, T)>);
 
-impl<B> Clone for Offload<B> {
+impl<B, T> Clone for OffloadWith<B, T> {
     fn clone(&self) -> Self {
         Self(PhantomData)
     }
 }
-impl<B> Default for Offload<B> {
+impl<B, T> Default for OffloadWith<B, T> {
     fn default() -> Self {
         Self(PhantomData)
     }
 }
-impl<B: Backend> std::fmt::Debug for Offload<B> {
+impl<B: Backend, T> std::fmt::Debug for OffloadWith<B, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Offload<{}>", std::any::type_name::<B>())
     }
 }
+
+/// Uploads bytes (elements of a dtype, a shape) and waits for them to land;
+/// `None` where the machinery has no fast path for the backend.
+type Upload<B> = fn(
+    &[u8],
+    DType,
+    &[usize],
+    &<B as BackendTypes>::Device,
+) -> Option<<B as BackendTypes>::FloatTensorPrimitive>;
+
+/// A page-lock guard: the range stays locked while it lives.
+type PinGuard = Box<dyn Send + Sync>;
+
+/// Page-locks bytes for the life of the guard.
+type Pin<B> = fn(&<B as BackendTypes>::Device, &[u8]) -> Option<PinGuard>;
+
+/// How a host tensor reaches the device: its `OffloadWith`'s copy machinery,
+/// as plain functions, so host tensors carry no type of it.
+pub(crate) struct Link<B: Backend> {
+    upload: Upload<B>,
+    pin: Pin<B>,
+}
+
+impl<B: Backend> Clone for Link<B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<B: Backend> Copy for Link<B> {}
+
+impl<B: Backend> Link<B> {
+    /// `T`'s functions for `B`.
+    pub(crate) fn of<T: Transfer>() -> Self {
+        Self {
+            upload: upload_with::<B, T>,
+            pin: pin_with::<B, T>,
+        }
+    }
+}
+
+fn upload_with<B: Backend, T: Transfer>(
+    bytes: &[u8],
+    dtype: DType,
+    shape: &[usize],
+    device: &B::Device,
+) -> Option<B::FloatTensorPrimitive> {
+    let numel = shape.iter().product::<usize>();
+    let flat = T::upload::<B, 1>(bytes, dtype, &[numel], device)?;
+    // The operation that reads it is submitted after this returns.
+    T::wait_uploads::<B>(device);
+    Some(B::float_reshape(
+        flat.into_primitive().tensor(),
+        Shape::from(shape.to_vec()),
+    ))
+}
+
+fn pin_with<B: Backend, T: Transfer>(
+    device: &B::Device,
+    bytes: &[u8],
+) -> Option<Box<dyn Send + Sync>> {
+    T::pin::<B>(device, bytes).map(|pin| Box::new(pin) as PinGuard)
+}
+
+/// Host tensors smaller than this are uploaded pageable: page-locking costs
+/// more than it saves on them.
+const PIN_BYTES: usize = 1 << 16;
 
 /// A float tensor of `Offload<B>`.
 #[derive(Clone, Debug)]
@@ -67,9 +137,12 @@ static NEXT_HOST_ID: AtomicU64 = AtomicU64::new(1);
 /// A host-resident tensor and, while cached, its copy on the device.
 pub struct HostTensor<B: Backend> {
     id: u64,
+    /// Declared before `data`: unlocked before it is freed.
+    pinned: Mutex<Option<PinGuard>>,
     data: TensorData,
     pub(super) device: B::Device,
     on_device: Mutex<Option<B::FloatTensorPrimitive>>,
+    link: Link<B>,
 }
 
 impl<B: Backend> std::fmt::Debug for HostTensor<B> {
@@ -82,17 +155,39 @@ impl<B: Backend> std::fmt::Debug for HostTensor<B> {
 }
 
 impl<B: Backend> HostTensor<B> {
-    pub(crate) fn new(data: TensorData, device: &B::Device) -> Arc<Self> {
+    pub(crate) fn new(data: TensorData, device: &B::Device, link: Link<B>) -> Arc<Self> {
         Arc::new(Self {
             id: NEXT_HOST_ID.fetch_add(1, Ordering::Relaxed),
+            pinned: Mutex::new(None),
             data,
             device: device.clone(),
             on_device: Mutex::new(None),
+            link,
         })
     }
 
+    /// The host values.
     pub fn data(&self) -> &TensorData {
         &self.data
+    }
+
+    /// The host values to write, when no one else holds the tensor; its
+    /// device copy is dropped (page-locking stays: the buffer is the same).
+    pub(crate) fn data_mut(self: &mut Arc<Self>) -> Option<&mut TensorData> {
+        if Arc::strong_count(self) != 1 {
+            return None;
+        }
+        // The cache's weak reference goes with the device copy.
+        if self
+            .on_device
+            .lock()
+            .expect("residency lock")
+            .take()
+            .is_some()
+        {
+            residency::forget(self.id);
+        }
+        Arc::get_mut(self).map(|this| &mut this.data)
     }
 
     fn bytes(&self) -> u64 {
@@ -105,7 +200,15 @@ impl<B: Backend> HostTensor<B> {
             residency::touch(self.id);
             return t.clone();
         }
-        let tensor = B::float_from_data(self.data.clone(), &self.device);
+        let bytes = self.data.as_bytes();
+        if bytes.len() >= PIN_BYTES {
+            let mut pinned = self.pinned.lock().expect("pin lock");
+            if pinned.is_none() {
+                *pinned = (self.link.pin)(&self.device, bytes);
+            }
+        }
+        let tensor = (self.link.upload)(bytes, self.data.dtype, &self.data.shape, &self.device)
+            .unwrap_or_else(|| B::float_from_data(self.data.clone(), &self.device));
         *self.on_device.lock().expect("residency lock") = Some(tensor.clone());
         let weak: std::sync::Weak<dyn residency::Evict> = Arc::downgrade(self) as _;
         residency::paged_in(self.id, self.bytes(), weak);
@@ -144,7 +247,7 @@ pub(crate) fn lower<B: Backend>(tensor: OffloadTensor<B>) -> B::FloatTensorPrimi
     }
 }
 
-impl<B: Backend> BackendTypes for Offload<B> {
+impl<B: Backend, T: Transfer> BackendTypes for OffloadWith<B, T> {
     type Device = B::Device;
     type FloatTensorPrimitive = OffloadTensor<B>;
     type FloatElem = B::FloatElem;
@@ -155,13 +258,13 @@ impl<B: Backend> BackendTypes for Offload<B> {
     type QuantizedTensorPrimitive = B::QuantizedTensorPrimitive;
 }
 
-impl<B: Backend> Backend for Offload<B> {
+impl<B: Backend, T: Transfer> Backend for OffloadWith<B, T> {
     fn name(device: &Self::Device) -> String {
         format!("offload<{}>", B::name(device))
     }
 
     fn seed(device: &Self::Device, seed: u64) {
-        super::ops::seed_host_rng(seed);
+        super::draw::seed_host_rng(seed);
         B::seed(device, seed);
     }
 

@@ -2,8 +2,6 @@
 //! read-back of host-resident tensors, require-grad bookkeeping that must not
 //! page a parameter in, and signatures the forwarding macro cannot express.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use burn::tensor::backend::{Backend, ExecutionError};
 use burn::tensor::ops::*;
 use burn::tensor::quantization::{QuantScheme, QuantizationParametersPrimitive};
@@ -11,56 +9,23 @@ use burn::tensor::{
     BoolDType, Device, Distribution, FloatDType, IndexingUpdateOp, IntDType, Scalar, Shape, Slice,
     TensorData,
 };
-use rayon::prelude::*;
 use std::future::Future;
 use std::ops::Range;
 
-use super::{lower, HostTensor, Offload, OffloadTensor};
+use super::draw::random_data;
+use super::offload::Link;
+use super::{lower, HostTensor, OffloadTensor, OffloadWith};
+use crate::transfer::Transfer;
 
-static HOST_SEED: AtomicU64 = AtomicU64::new(0x5eed);
-static HOST_DRAWS: AtomicU64 = AtomicU64::new(0);
-
-pub(super) fn seed_host_rng(seed: u64) {
-    HOST_SEED.store(seed, Ordering::Relaxed);
-    HOST_DRAWS.store(0, Ordering::Relaxed);
+fn host<B: Backend, T: Transfer>(data: TensorData, device: &B::Device) -> OffloadTensor<B> {
+    OffloadTensor::Host(HostTensor::new(data, device, Link::of::<T>()))
 }
 
-/// Elements per independently seeded chunk of a random draw.
-const DRAW_CHUNK: usize = 1 << 20;
-
-/// Random host data, drawn in parallel: chunk `c` of draw `n` uses a generator
-/// seeded from `(seed, n, c)`, so results depend only on the seed and the
-/// order of draws, not on the thread count. Multi-billion-parameter models
-/// initialise at memory bandwidth without touching the GPU.
-fn random_data(shape: Shape, distribution: Distribution, dtype: FloatDType) -> TensorData {
-    use rand010::SeedableRng;
-    let draw = HOST_DRAWS.fetch_add(1, Ordering::Relaxed);
-    let seed = HOST_SEED.load(Ordering::Relaxed);
-    let numel = shape.num_elements();
-    let mut values = vec![0.0f32; numel];
-    values
-        .par_chunks_mut(DRAW_CHUNK)
-        .enumerate()
-        .for_each(|(c, chunk)| {
-            let mix = seed
-                ^ draw.wrapping_mul(0x9e37_79b9_7f4a_7c15)
-                ^ (c as u64).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            let mut rng = rand010::rngs::StdRng::seed_from_u64(mix);
-            let drawn = TensorData::random::<f32, _, _>([chunk.len()], distribution, &mut rng);
-            chunk.copy_from_slice(drawn.as_slice::<f32>().expect("f32 draw"));
-        });
-    TensorData::new(values, shape).convert_dtype(dtype.into())
-}
-
-fn host<B: Backend>(data: TensorData, device: &B::Device) -> OffloadTensor<B> {
-    OffloadTensor::Host(HostTensor::new(data, device))
-}
-
-impl<B: Backend> FloatTensorOps<Self> for Offload<B> {
+impl<B: Backend, T: Transfer> FloatTensorOps<Self> for OffloadWith<B, T> {
     forwarded_float_tensor_ops!();
 
     fn float_from_data(data: TensorData, device: &Device<Self>) -> FloatTensor<Self> {
-        host(data, device)
+        host::<B, T>(data, device)
     }
 
     fn float_random(
@@ -69,15 +34,15 @@ impl<B: Backend> FloatTensorOps<Self> for Offload<B> {
         device: &Device<Self>,
         dtype: FloatDType,
     ) -> FloatTensor<Self> {
-        host(random_data(shape, distribution, dtype), device)
+        host::<B, T>(random_data(shape, distribution, dtype), device)
     }
 
     fn float_zeros(shape: Shape, device: &Device<Self>, dtype: FloatDType) -> FloatTensor<Self> {
-        host(TensorData::full_dtype(shape, 0.0, dtype.into()), device)
+        host::<B, T>(TensorData::full_dtype(shape, 0.0, dtype.into()), device)
     }
 
     fn float_ones(shape: Shape, device: &Device<Self>, dtype: FloatDType) -> FloatTensor<Self> {
-        host(TensorData::full_dtype(shape, 1.0, dtype.into()), device)
+        host::<B, T>(TensorData::full_dtype(shape, 1.0, dtype.into()), device)
     }
 
     fn float_full(
@@ -86,7 +51,7 @@ impl<B: Backend> FloatTensorOps<Self> for Offload<B> {
         device: &Device<Self>,
         dtype: FloatDType,
     ) -> FloatTensor<Self> {
-        host(
+        host::<B, T>(
             TensorData::full_dtype(shape, fill_value, dtype.into()),
             device,
         )
@@ -120,12 +85,12 @@ impl<B: Backend> FloatTensorOps<Self> for Offload<B> {
     fn float_to_device(tensor: FloatTensor<Self>, device: &Device<Self>) -> FloatTensor<Self> {
         match tensor {
             OffloadTensor::Host(h) if h.device == *device => OffloadTensor::Host(h),
-            OffloadTensor::Host(h) => host(h.data().clone(), device),
+            OffloadTensor::Host(h) => host::<B, T>(h.data().clone(), device),
             OffloadTensor::Device(t) => {
                 let data = burn::tensor::try_read_sync(B::float_into_data(t))
                     .expect("reading a device tensor back to the host must be possible on this platform")
                     .unwrap_or_else(|err| panic!("cannot park tensor in host memory: {err}"));
-                host(data, device)
+                host::<B, T>(data, device)
             }
         }
     }
@@ -154,7 +119,7 @@ impl<B: Backend> FloatTensorOps<Self> for Offload<B> {
     }
 }
 
-impl<B: Backend> IntTensorOps<Self> for Offload<B> {
+impl<B: Backend, T: Transfer> IntTensorOps<Self> for OffloadWith<B, T> {
     forwarded_int_tensor_ops!();
 
     fn int_into_data(
@@ -164,7 +129,7 @@ impl<B: Backend> IntTensorOps<Self> for Offload<B> {
     }
 }
 
-impl<B: Backend> BoolTensorOps<Self> for Offload<B> {
+impl<B: Backend, T: Transfer> BoolTensorOps<Self> for OffloadWith<B, T> {
     forwarded_bool_tensor_ops!();
 
     fn bool_into_data(
@@ -174,7 +139,7 @@ impl<B: Backend> BoolTensorOps<Self> for Offload<B> {
     }
 }
 
-impl<B: Backend> ModuleOps<Self> for Offload<B> {
+impl<B: Backend, T: Transfer> ModuleOps<Self> for OffloadWith<B, T> {
     forwarded_module_ops!();
 
     fn deform_conv2d_backward(
@@ -251,11 +216,11 @@ impl<B: Backend> ModuleOps<Self> for Offload<B> {
     }
 }
 
-impl<B: Backend> ActivationOps<Self> for Offload<B> {
+impl<B: Backend, T: Transfer> ActivationOps<Self> for OffloadWith<B, T> {
     forwarded_activation_ops!();
 }
 
-impl<B: Backend> QTensorOps<Self> for Offload<B> {
+impl<B: Backend, T: Transfer> QTensorOps<Self> for OffloadWith<B, T> {
     forwarded_q_tensor_ops!();
 
     fn quantize(
@@ -276,4 +241,4 @@ impl<B: Backend> QTensorOps<Self> for Offload<B> {
     }
 }
 
-impl<B: Backend> TransactionOps<Self> for Offload<B> {}
+impl<B: Backend, T: Transfer> TransactionOps<Self> for OffloadWith<B, T> {}

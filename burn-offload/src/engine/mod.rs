@@ -86,12 +86,7 @@ use embedding::TableTouch;
 use ledger::{Lent, Update};
 use sink::Sink;
 
-/// The copy machinery the engine's pager drives: CUDA's in CUDA builds
-/// (which does the host's on any other backend), the host's otherwise.
-#[cfg(feature = "cuda")]
-type DeviceTransfer = crate::cuda::CudaTransfer;
-#[cfg(not(feature = "cuda"))]
-type DeviceTransfer = crate::transfer::HostTransfer;
+use crate::device::DeviceTransfer;
 
 type AD<B> = Autodiff<B>;
 

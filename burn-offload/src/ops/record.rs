@@ -17,14 +17,14 @@ macro_rules! with_custom_backward {
     ($each:ident) => {
         $each!(burn::backend::Flex);
         $each!(crate::backend::Gemm<Flex>);
-        $each!(crate::backend::Offload<Flex>);
-        $each!(crate::backend::Offload<crate::backend::Gemm<Flex>>);
+        $each!(crate::device::Offload<Flex>);
+        $each!(crate::device::Offload<crate::backend::Gemm<Flex>>);
         #[cfg(feature = "cuda")]
         {
             $each!(crate::cuda::CudaBackend);
             $each!(crate::backend::Gemm<crate::cuda::CudaBackend>);
-            $each!(crate::backend::Offload<crate::cuda::CudaBackend>);
-            $each!(crate::backend::Offload<crate::backend::Gemm<crate::cuda::CudaBackend>>);
+            $each!(crate::device::Offload<crate::cuda::CudaBackend>);
+            $each!(crate::device::Offload<crate::backend::Gemm<crate::cuda::CudaBackend>>);
         }
     };
 }

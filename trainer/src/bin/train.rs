@@ -90,6 +90,11 @@ struct Cli {
     /// per-tensor clipping) instead of the block-streamed offload engine.
     #[arg(long)]
     resident: bool,
+    /// With --resident: the model on burn-offload's `Offload<B>` backend (the
+    /// type parameter: parameters in host memory, paged in as operations
+    /// read them) and the host AdamW (optimizer state in host memory).
+    #[arg(long)]
+    host_params: bool,
     /// Engine: apply each block's AdamW update as soon as its gradient arrives
     /// (12 host bytes/param instead of 16; no --accum). The gradient norm is
     /// needed before the first update (non-finite guard, clipping), so the
@@ -274,6 +279,7 @@ fn main() -> ExitCode {
         temperature: cli.temperature,
         progress: true,
         resident: cli.resident,
+        host_params: cli.host_params,
         fused: cli.fused,
         serial_copies: cli.serial_copies,
         spin_waits: cli.spin_waits,
