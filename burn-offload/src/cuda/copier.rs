@@ -305,7 +305,7 @@ impl Drop for Copier {
         if self.context.bind_to_thread().is_ok() {
             // Waiting is what destroys a fence's event.
             for (fence, _) in self.pool.retired.drain(..) {
-                let _ = burn_cubecl::cubecl::future::block_on(fence);
+                wait_without_thread_locals(fence);
             }
             // SAFETY: resources created by this copier in this context.
             unsafe {
@@ -318,5 +318,15 @@ impl Drop for Copier {
                 }
             }
         }
+    }
+}
+
+/// Polls `fence` until it resolves, using no thread-local state: a copier is
+/// dropped with its thread, and at the main thread's exit an executor's
+/// thread-locals (`block_on`'s) may be gone already, which would abort.
+fn wait_without_thread_locals(mut fence: ComputeFence) {
+    let mut context = std::task::Context::from_waker(std::task::Waker::noop());
+    while fence.as_mut().poll(&mut context).is_pending() {
+        std::thread::yield_now();
     }
 }
