@@ -37,6 +37,7 @@ pub use backend::{
 pub use device::Offload;
 pub use engine::{
     BatchError, ConfigError, Engine, EngineConfig, EngineError, MicroBatch, StepReport, StepSplit,
+    StreamedModel,
 };
 pub use host::optim::{AdamWConfig, OptimizerConfig, OptimizerError, SgdConfig, UpdateSlices};
 pub use host::trace;

@@ -4,24 +4,17 @@
 
 use std::time::Instant;
 
-use burn::module::HasAutodiffModule;
 use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
 
 use super::forward::ForwardState;
 use super::sink::{group_prefix, Sink};
+use super::StreamedModel;
 use super::{BlockAd, DeviceTransfer, Engine, AD};
 use crate::transfer::PendingGradients;
-use crate::{BlockModel, DecoderBlock};
+use crate::DecoderBlock;
 
-impl<B, M> Engine<B, M>
-where
-    B: Backend,
-    M: BlockModel<B> + HasAutodiffModule<AD<B>>,
-    M::TrainModule: BlockModel<AD<B>>,
-    M::Block: HasAutodiffModule<AD<B>>,
-    <M::Block as HasAutodiffModule<AD<B>>>::TrainModule: DecoderBlock<AD<B>>,
-{
+impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
     /// Phase 3 from `dy`, the last block's output gradient, with `next` the
     /// last recomputed block already bound; returns `dx_0`, the embedding's
     /// output gradient.

@@ -4,26 +4,19 @@
 
 use std::collections::{HashMap, HashSet};
 
-use burn::module::{HasAutodiffModule, Module, ParamId};
+use burn::module::{Module, ParamId};
 use burn::tensor::backend::Backend;
 
 use super::config::ConfigError;
 use super::embedding::TableTouch;
-use super::{DeviceTransfer, Engine, EngineConfig, EngineError, StepSplit, AD};
+use super::StreamedModel;
+use super::{DeviceTransfer, Engine, EngineConfig, EngineError, StepSplit};
 use crate::host::worker::HostWorker;
 use crate::precision::Compute;
 use crate::store::{Bf16Weights, Collect, HostStore, StoreError, StoreLayout, ToPlaceholders};
 use crate::transfer::Pager;
-use crate::{BlockModel, DecoderBlock};
 
-impl<B, M> Engine<B, M>
-where
-    B: Backend,
-    M: BlockModel<B> + HasAutodiffModule<AD<B>>,
-    M::TrainModule: BlockModel<AD<B>>,
-    M::Block: HasAutodiffModule<AD<B>>,
-    <M::Block as HasAutodiffModule<AD<B>>>::TrainModule: DecoderBlock<AD<B>>,
-{
+impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
     /// Moves `model`'s parameters into a new host store; the engine keeps only
     /// a stateless template of the model.
     pub fn new(model: M, config: EngineConfig, device: &B::Device) -> Result<Self, EngineError> {

@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use burn::module::{AutodiffModule, HasAutodiffModule};
+use burn::module::AutodiffModule;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 use rayon::prelude::*;
@@ -12,13 +12,14 @@ use rayon::prelude::*;
 use super::config::BatchError;
 use super::ledger::{Part, TableRows};
 use super::sink::{group_prefix, Sink};
+use super::StreamedModel;
 use super::{DeviceTransfer, Engine, EngineError, AD};
 use crate::host::lookup::{check_tokens, gather_rows, scatter_add_rows, TokenRows};
 use crate::host::norm::sum_of_squares;
 use crate::ops::embedding::segment_sums;
 use crate::precision::cast_to;
 use crate::transfer::PendingGradients;
-use crate::{BlockModel, DecoderBlock};
+use crate::BlockModel;
 
 /// The embedding-table rows whose gradient a step has written, for the
 /// table's squared norm: where the head leaves the table alone (no tied
@@ -110,14 +111,7 @@ pub(super) fn token_error(token: i64, rows: usize) -> EngineError {
     BatchError::Token { token, rows }.into()
 }
 
-impl<B, M> Engine<B, M>
-where
-    B: Backend,
-    M: BlockModel<B> + HasAutodiffModule<AD<B>>,
-    M::TrainModule: BlockModel<AD<B>>,
-    M::Block: HasAutodiffModule<AD<B>>,
-    <M::Block as HasAutodiffModule<AD<B>>>::TrainModule: DecoderBlock<AD<B>>,
-{
+impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
     /// Phase 4: the embedding's backward from `dy` (`dx_0`), added to the
     /// head's gradients (`None`: already folded into the store), to `sink`.
     pub(super) fn embedding_backward(

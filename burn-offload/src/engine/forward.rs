@@ -8,6 +8,7 @@ use burn::module::{AutodiffModule, HasAutodiffModule, Module};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Int, Tensor};
 
+use super::StreamedModel;
 use super::{BlockAd, Engine, EngineError, AD};
 use crate::engine::config::BatchError;
 use crate::host::{throttle, trace};
@@ -36,14 +37,7 @@ where
     pub graphs: Vec<KeptGraph<B, M>>,
 }
 
-impl<B, M> Engine<B, M>
-where
-    B: Backend,
-    M: BlockModel<B> + HasAutodiffModule<AD<B>>,
-    M::TrainModule: BlockModel<AD<B>>,
-    M::Block: HasAutodiffModule<AD<B>>,
-    <M::Block as HasAutodiffModule<AD<B>>>::TrainModule: DecoderBlock<AD<B>>,
-{
+impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
     /// The first block whose graph the forward keeps (`num_blocks` when none).
     pub(super) fn first_kept(&self, num_blocks: usize) -> usize {
         num_blocks - self.config.kept_graphs.min(num_blocks)

@@ -6,10 +6,11 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor};
 
 use super::sink::Sink;
+use super::StreamedModel;
 use super::{BlockAd, DeviceTransfer, Engine, AD};
 use crate::ops::cross_entropy::nll_sum;
 use crate::transfer::{add_to, DeviceGrads, PendingGradients};
-use crate::{BlockModel, DecoderBlock};
+use crate::BlockModel;
 
 /// What the head leaves for the backward.
 pub(super) struct Head<B: Backend, M: BlockModel<B>>
@@ -28,14 +29,7 @@ where
     pub beside: bool,
 }
 
-impl<B, M> Engine<B, M>
-where
-    B: Backend,
-    M: BlockModel<B> + HasAutodiffModule<AD<B>>,
-    M::TrainModule: BlockModel<AD<B>>,
-    M::Block: HasAutodiffModule<AD<B>>,
-    <M::Block as HasAutodiffModule<AD<B>>>::TrainModule: DecoderBlock<AD<B>>,
-{
+impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
     /// Phase 2 on the last block's output `x`: the loss of `targets` weighted
     /// by `weight`, its gradient `dy` for the backward, and the head's
     /// gradients on their way to the host (or to `sink` through the worker).

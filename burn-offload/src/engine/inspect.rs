@@ -4,25 +4,18 @@
 
 use std::collections::HashMap;
 
-use burn::module::{HasAutodiffModule, ModuleMapper, Param, ParamId};
+use burn::module::{ModuleMapper, Param, ParamId};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 
-use super::{Engine, EngineConfig, AD};
+use super::StreamedModel;
+use super::{Engine, EngineConfig};
 use crate::host::trace;
 use crate::store::checkpoint::{self, CheckpointError};
 use crate::store::{Bf16Weights, HostStore};
 use crate::transfer::PagerStats;
-use crate::{BlockModel, DecoderBlock};
 
-impl<B, M> Engine<B, M>
-where
-    B: Backend,
-    M: BlockModel<B> + HasAutodiffModule<AD<B>>,
-    M::TrainModule: BlockModel<AD<B>>,
-    M::Block: HasAutodiffModule<AD<B>>,
-    <M::Block as HasAutodiffModule<AD<B>>>::TrainModule: DecoderBlock<AD<B>>,
-{
+impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
     /// The parameters and optimizer state, with every update applied.
     pub fn store(&mut self) -> &HostStore {
         self.settle_all();

@@ -7,15 +7,14 @@
 
 use std::time::Instant;
 
-use burn::module::HasAutodiffModule;
 use burn::tensor::backend::Backend;
 
-use super::{Engine, AD};
+use super::Engine;
+use super::StreamedModel;
 use crate::host::optim::{Rows, UpdateSlices};
 use crate::host::slab::Slab;
 use crate::host::worker::{HostWorker, Job};
 use crate::store::{Bf16Weights, GroupSlabs};
-use crate::{BlockModel, DecoderBlock};
 
 /// A group's slabs as lent to the host worker: its f32 state and, in bf16
 /// mode, its bf16 copy.
@@ -51,14 +50,7 @@ pub(super) struct TableRows {
     pub picked: Vec<bool>,
 }
 
-impl<B, M> Engine<B, M>
-where
-    B: Backend,
-    M: BlockModel<B> + HasAutodiffModule<AD<B>>,
-    M::TrainModule: BlockModel<AD<B>>,
-    M::Block: HasAutodiffModule<AD<B>>,
-    <M::Block as HasAutodiffModule<AD<B>>>::TrainModule: DecoderBlock<AD<B>>,
-{
+impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
     /// Parameter groups (stem, then blocks) whose update is still deferred
     /// after a step: lent to the host worker and not taken back, or, with a
     /// lookup embedding, every group until the next forward hands the update out.

@@ -90,6 +90,23 @@ use crate::device::DeviceTransfer;
 
 type AD<B> = Autodiff<B>;
 
+/// What the engine needs of a model: its blocks and the model itself have
+/// `Autodiff` counterparts that are a block and a model again. Implemented
+/// for every [`BlockModel`] whose `Autodiff` versions are ones.
+pub trait StreamedModel<B: Backend>:
+    BlockModel<B, Block: HasAutodiffModule<AD<B>, TrainModule: DecoderBlock<AD<B>>>>
+    + HasAutodiffModule<AD<B>, TrainModule: BlockModel<AD<B>>>
+{
+}
+
+impl<B, M> StreamedModel<B> for M
+where
+    B: Backend,
+    M: BlockModel<B, Block: HasAutodiffModule<AD<B>, TrainModule: DecoderBlock<AD<B>>>>
+        + HasAutodiffModule<AD<B>, TrainModule: BlockModel<AD<B>>>,
+{
+}
+
 /// A model's block type on `Autodiff<B>`.
 type BlockAd<B, M> = <<M as BlockModel<B>>::Block as HasAutodiffModule<AD<B>>>::TrainModule;
 
@@ -164,14 +181,7 @@ pub struct Engine<B: Backend, M: BlockModel<B>> {
     worker: Option<HostWorker<Lent>>,
 }
 
-impl<B, M> Engine<B, M>
-where
-    B: Backend,
-    M: BlockModel<B> + HasAutodiffModule<AD<B>>,
-    M::TrainModule: BlockModel<AD<B>>,
-    M::Block: HasAutodiffModule<AD<B>>,
-    <M::Block as HasAutodiffModule<AD<B>>>::TrainModule: DecoderBlock<AD<B>>,
-{
+impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
     /// One optimizer step over `micro_batches` of `(inputs, targets)`, each
     /// `[batch, seq]`; their gradients are averaged (gradient accumulation).
     /// The step is the phases it is: the loss and the gradient's squared

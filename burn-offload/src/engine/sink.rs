@@ -4,15 +4,14 @@
 
 use std::time::Instant;
 
-use burn::module::HasAutodiffModule;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 
+use super::StreamedModel;
 use super::{DeviceTransfer, Engine, AD};
 use crate::host::norm::{sum_of_squares, sum_of_squares_outside};
 use crate::host::optim::UpdateSlices;
 use crate::host::rows::{write_into, write_into_sum_sq};
 use crate::transfer::PendingGradients;
-use crate::{BlockModel, DecoderBlock};
 
 /// Where a block's gradients go once they are on the host.
 pub(super) enum Sink {
@@ -28,14 +27,7 @@ pub(super) enum Sink {
     Update { step: u64, lr: f64, scale: f32 },
 }
 
-impl<B, M> Engine<B, M>
-where
-    B: Backend,
-    M: BlockModel<B> + HasAutodiffModule<AD<B>>,
-    M::TrainModule: BlockModel<AD<B>>,
-    M::Block: HasAutodiffModule<AD<B>>,
-    <M::Block as HasAutodiffModule<AD<B>>>::TrainModule: DecoderBlock<AD<B>>,
-{
+impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
     /// Hands group `g`'s gradient copies to the host worker (or runs it
     /// here without one), which writes them into the group's gradient buffer:
     /// over it for the first micro-batch, added for the others. The last
