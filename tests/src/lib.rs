@@ -115,3 +115,32 @@ pub fn lift(b: &Batch) -> (Tensor<TestAutodiff, 2, Int>, Tensor<TestAutodiff, 2,
         Tensor::from_inner(b.1.clone()),
     )
 }
+
+/// Values of every float parameter of a module, in visit order.
+pub struct ReadParams(pub Vec<TensorData>);
+
+impl<B: Backend> ModuleVisitor<B> for ReadParams {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        self.0.push(param.val().into_data());
+    }
+}
+
+/// Overwrites every float parameter of a module, in visit order (same
+/// count), as a graph leaf that requires its gradient.
+pub struct WriteParams(pub std::vec::IntoIter<TensorData>);
+
+impl<AB: AutodiffBackend> burn::module::ModuleMapper<AB> for WriteParams {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<AB, D>>) -> Param<Tensor<AB, D>> {
+        let data = self.0.next().expect("same parameter count");
+        let device = param.lazy_device();
+        Param::initialized(param.id, Tensor::from_data(data, &device).require_grad())
+    }
+}
+
+/// [`rel_err`] of two tensors' values.
+pub fn data_rel_err(a: &TensorData, b: &TensorData) -> f32 {
+    rel_err(
+        &a.to_vec::<f32>().expect("f32 values"),
+        &b.to_vec::<f32>().expect("f32 values"),
+    )
+}

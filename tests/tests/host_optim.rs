@@ -3,37 +3,21 @@
 //! clipping) follows `Autodiff<B>` with burn-optim's own optimizer, and its
 //! parameters are host-resident between steps.
 
-use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
+use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::decay::WeightDecayConfig;
 use burn::optim::grad_clipping::GradientClippingConfig;
 use burn::optim::momentum::MomentumConfig;
 use burn::optim::{AdamWConfig as BurnAdamW, GradientsParams, Optimizer, SgdConfig as BurnSgd};
 use burn::prelude::*;
-use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{TensorData, TensorPrimitive};
+use burn::tensor::TensorPrimitive;
 use burn_offload::{AdamWConfig, BlockModel, HostOptimizerConfig, Offload, SgdConfig};
-use burn_offload_tests::{random_tokens, TestAutodiff as Reference, TestBackend as B};
+use burn_offload_tests::{
+    data_rel_err, random_tokens, ReadParams, TestAutodiff as Reference, TestBackend as B,
+    WriteParams,
+};
 use models::{cross_entropy, Llama, LlamaConfig};
 
 type Off = burn::backend::Autodiff<Offload<B>>;
-
-/// Values of every float parameter, in visit order.
-struct Read(Vec<TensorData>);
-impl<AB: Backend> ModuleVisitor<AB> for Read {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<AB, D>>) {
-        self.0.push(param.val().into_data());
-    }
-}
-
-/// Overwrites every float parameter, in visit order.
-struct Write(std::vec::IntoIter<TensorData>);
-impl<AB: AutodiffBackend> ModuleMapper<AB> for Write {
-    fn map_float<const D: usize>(&mut self, param: Param<Tensor<AB, D>>) -> Param<Tensor<AB, D>> {
-        let data = self.0.next().expect("same parameter count");
-        let device = param.lazy_device();
-        Param::initialized(param.id, Tensor::from_data(data, &device).require_grad())
-    }
-}
 
 /// Parameters not host-resident.
 struct OnDevice(usize);
@@ -46,17 +30,6 @@ impl ModuleVisitor<Off> for OnDevice {
     }
 }
 
-fn rel_err(a: &TensorData, b: &TensorData) -> f64 {
-    let (a, b) = (a.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());
-    let diff: f64 = a
-        .iter()
-        .zip(&b)
-        .map(|(x, y)| (*x as f64 - *y as f64).powi(2))
-        .sum();
-    let norm: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-    diff.sqrt() / norm.sqrt().max(1e-30)
-}
-
 /// Trains the tiny Llama `steps` steps both ways from the same weights and
 /// checks losses, residency and the final parameters.
 fn follows_burn<O, R>(mut optim: O, mut ref_optim: R, steps: u64, lr: f64)
@@ -67,11 +40,11 @@ where
     let device = Default::default();
     let config = LlamaConfig::tiny();
     let mut model = config.init::<Off>(&device);
-    let mut values = Read(Vec::new());
+    let mut values = ReadParams(Vec::new());
     model.visit(&mut values);
     let mut reference = config
         .init::<Reference>(&device)
-        .map(&mut Write(values.0.into_iter()));
+        .map(&mut WriteParams(values.0.into_iter()));
     for step in 0..steps {
         let tokens = random_tokens::<B>(2, 17, config.vocab_size, step, &device);
         let (x, y) = (tokens.clone().narrow(1, 0, 16), tokens.narrow(1, 1, 16));
@@ -100,11 +73,11 @@ where
         model.visit(&mut on_device);
         assert_eq!(on_device.0, 0, "step {step}: parameters left on the device");
     }
-    let (mut got, mut want) = (Read(Vec::new()), Read(Vec::new()));
+    let (mut got, mut want) = (ReadParams(Vec::new()), ReadParams(Vec::new()));
     model.visit(&mut got);
     reference.visit(&mut want);
     for (i, (g, w)) in got.0.iter().zip(&want.0).enumerate() {
-        let err = rel_err(g, w);
+        let err = data_rel_err(g, w);
         assert!(err <= 1e-5, "parameter {i}: relative error {err}");
     }
 }

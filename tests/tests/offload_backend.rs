@@ -3,35 +3,19 @@
 //! live in host memory between steps. One test: the residency counters are
 //! process-wide.
 
-use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
+use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::prelude::*;
-use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{TensorData, TensorPrimitive};
+use burn::tensor::TensorPrimitive;
 use burn_offload::residency::{self, set_param_cache_bytes};
 use burn_offload::{BlockModel, HostParams, Offload};
-use burn_offload_tests::{random_tokens, TestAutodiff as Reference, TestBackend as B};
+use burn_offload_tests::{
+    data_rel_err, random_tokens, ReadParams, TestAutodiff as Reference, TestBackend as B,
+    WriteParams,
+};
 use models::{cross_entropy, Llama, LlamaConfig};
 
 type Off = burn::backend::Autodiff<Offload<B>>;
-
-/// Values of every float parameter, in visit order.
-struct Read(Vec<TensorData>);
-impl<AB: Backend> ModuleVisitor<AB> for Read {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<AB, D>>) {
-        self.0.push(param.val().into_data());
-    }
-}
-
-/// Overwrites every float parameter, in visit order.
-struct Write(std::vec::IntoIter<TensorData>);
-impl<AB: AutodiffBackend> ModuleMapper<AB> for Write {
-    fn map_float<const D: usize>(&mut self, param: Param<Tensor<AB, D>>) -> Param<Tensor<AB, D>> {
-        let data = self.0.next().expect("same parameter count");
-        let device = param.lazy_device();
-        Param::initialized(param.id, Tensor::from_data(data, &device).require_grad())
-    }
-}
 
 /// Counts parameters that are (not) host-resident.
 struct Residency {
@@ -53,17 +37,6 @@ fn residency(model: &Llama<Off>) -> (usize, usize) {
     (r.host, r.device)
 }
 
-fn rel_err(a: &TensorData, b: &TensorData) -> f64 {
-    let (a, b) = (a.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());
-    let diff: f64 = a
-        .iter()
-        .zip(&b)
-        .map(|(x, y)| (*x as f64 - *y as f64).powi(2))
-        .sum();
-    let norm: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-    diff.sqrt() / norm.sqrt().max(1e-30)
-}
-
 #[test]
 fn autodiff_offload_trains_an_unchanged_model_like_plain_burn() {
     let device = Default::default();
@@ -71,7 +44,7 @@ fn autodiff_offload_trains_an_unchanged_model_like_plain_burn() {
 
     // Initialisation on Offload leaves every parameter in host memory.
     let mut model = config.init::<Off>(&device);
-    let mut values = Read(Vec::new());
+    let mut values = ReadParams(Vec::new());
     model.visit(&mut values);
     let (host, on_device) = residency(&model);
     assert_eq!(
@@ -83,7 +56,7 @@ fn autodiff_offload_trains_an_unchanged_model_like_plain_burn() {
     // The reference starts from the same weights.
     let mut reference = config
         .init::<Reference>(&device)
-        .map(&mut Write(values.0.into_iter()));
+        .map(&mut WriteParams(values.0.into_iter()));
 
     // A cache of about two blocks' weights bounds what stays on the device.
     let block_bytes = (model.blocks()[0].num_params() * 4) as u64;
@@ -136,11 +109,11 @@ fn autodiff_offload_trains_an_unchanged_model_like_plain_burn() {
         assert!(stats.bytes_to_device > 0);
     }
 
-    let (mut got, mut want) = (Read(Vec::new()), Read(Vec::new()));
+    let (mut got, mut want) = (ReadParams(Vec::new()), ReadParams(Vec::new()));
     model.visit(&mut got);
     reference.visit(&mut want);
     for (i, (g, w)) in got.0.iter().zip(&want.0).enumerate() {
-        let err = rel_err(g, w);
+        let err = data_rel_err(g, w);
         assert!(err <= 1e-5, "parameter {i}: relative error {err}");
     }
 }
