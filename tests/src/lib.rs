@@ -144,3 +144,63 @@ pub fn data_rel_err(a: &TensorData, b: &TensorData) -> f32 {
         &b.to_vec::<f32>().expect("f32 values"),
     )
 }
+
+/// `Autodiff<Offload<TestBackend>>`: the type parameter's autodiff backend.
+pub type OffloadAutodiff = burn::backend::Autodiff<burn_offload::Offload<TestBackend>>;
+
+/// Trains `model` (on `Offload`) with `optim` and `reference` (on plain
+/// burn, from the same weights) with `ref_optim` side by side for `steps`
+/// steps of the tiny batches, asserting that the losses agree to 1e-5 at
+/// every step, calling `after_step` with the Offload model after each, and
+/// that the parameters agree to 1e-5 at the end.
+pub fn train_side_by_side<O, R>(
+    mut model: models::Llama<OffloadAutodiff>,
+    mut reference: models::Llama<TestAutodiff>,
+    mut optim: O,
+    mut ref_optim: R,
+    steps: u64,
+    lr: f64,
+    mut after_step: impl FnMut(u64, &models::Llama<OffloadAutodiff>),
+) where
+    O: burn::optim::Optimizer<models::Llama<OffloadAutodiff>, OffloadAutodiff>,
+    R: burn::optim::Optimizer<models::Llama<TestAutodiff>, TestAutodiff>,
+{
+    use burn::optim::GradientsParams;
+    use burn_offload::BlockModel;
+    use models::cross_entropy;
+    let device = Default::default();
+    let vocab = models::LlamaConfig::tiny().vocab_size;
+    for step in 0..steps {
+        let tokens = random_tokens::<TestBackend>(2, 17, vocab, step, &device);
+        let (x, y) = (tokens.clone().narrow(1, 0, 16), tokens.narrow(1, 1, 16));
+
+        let loss = cross_entropy(
+            model.forward(Tensor::from_data(x.to_data(), &device)),
+            Tensor::from_data(y.to_data(), &device),
+        );
+        let loss_value: f32 = loss.clone().into_scalar().elem();
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        model = optim.step(lr, model, grads);
+
+        let ref_loss = cross_entropy(
+            reference.forward(Tensor::from_inner(x)),
+            Tensor::from_inner(y),
+        );
+        let ref_value: f32 = ref_loss.clone().into_scalar().elem();
+        let grads = GradientsParams::from_grads(ref_loss.backward(), &reference);
+        reference = ref_optim.step(lr, reference, grads);
+
+        assert!(
+            ((loss_value - ref_value) / ref_value).abs() <= 1e-5,
+            "step {step}: {loss_value} vs {ref_value}"
+        );
+        after_step(step, &model);
+    }
+    let (mut got, mut want) = (ReadParams(Vec::new()), ReadParams(Vec::new()));
+    model.visit(&mut got);
+    reference.visit(&mut want);
+    for (i, (g, w)) in got.0.iter().zip(&want.0).enumerate() {
+        let err = data_rel_err(g, w);
+        assert!(err <= 1e-5, "parameter {i}: relative error {err}");
+    }
+}

@@ -4,7 +4,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use burn::module::{Module, ParamId};
+use burn::module::Module;
 use burn::tensor::backend::Backend;
 
 use super::config::ConfigError;
@@ -13,7 +13,9 @@ use super::StreamedModel;
 use super::{DeviceTransfer, Engine, EngineConfig, EngineError, StepSplit};
 use crate::host::worker::HostWorker;
 use crate::precision::Compute;
-use crate::store::{Bf16Weights, Collect, HostStore, StoreError, StoreLayout, ToPlaceholders};
+use crate::store::{
+    param_ids, Bf16Weights, Collect, HostStore, StoreError, StoreLayout, ToPlaceholders,
+};
 use crate::transfer::Pager;
 
 impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
@@ -25,15 +27,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         let layout = StoreLayout {
             gradient_buffer: !config.fused,
         };
-        let block_ids: Vec<Vec<ParamId>> = model
-            .blocks()
-            .iter()
-            .map(|block| {
-                let mut collect = Collect::default();
-                block.visit(&mut collect);
-                collect.out.into_iter().map(|p| p.id).collect()
-            })
-            .collect();
+        let block_ids = param_ids(model.blocks());
         // Lazily initialised weights are drawn one tensor at a time, straight
         // into the host store.
         let (template, store) =

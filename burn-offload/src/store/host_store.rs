@@ -14,7 +14,7 @@ use std::marker::PhantomData;
 use burn::module::{Module, ParamId};
 use burn::tensor::backend::Backend;
 
-use super::template::{Collect, Fill, ReadBack, Visited};
+use super::template::{param_ids, Collect, Fill, ReadBack, Visited};
 use super::{ParamGroup, ParamSlot};
 use crate::host::slab::Slab;
 
@@ -89,14 +89,7 @@ impl HostStore {
         blocks: &[K],
         layout: StoreLayout,
     ) -> Result<Self, StoreError> {
-        let block_ids: Vec<Vec<ParamId>> = blocks
-            .iter()
-            .map(|block| {
-                let mut collect = Collect::default();
-                block.visit(&mut collect);
-                collect.out.into_iter().map(|p| p.id).collect()
-            })
-            .collect();
+        let block_ids = param_ids(blocks);
         // A clone shares the tensors, once drawn (a lazy parameter's clone
         // would draw its own values); only the clone's parameters are replaced.
         model.visit(&mut Materialize);

@@ -12,4 +12,4 @@ pub use bf16::Bf16Weights;
 pub use group::{GroupSlabs, ParamGroup, ParamSlot};
 pub use host_store::{HostStore, StoreError, StoreLayout};
 pub use template::ReadBack;
-pub(crate) use template::{Collect, ToPlaceholders};
+pub(crate) use template::{param_ids, Collect, ToPlaceholders};

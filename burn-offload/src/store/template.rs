@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::marker::PhantomData;
 
-use burn::module::{ModuleMapper, ModuleVisitor, Param, ParamId};
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::tensor::{backend::Backend, Tensor};
 
 use super::ParamGroup;
@@ -27,6 +27,18 @@ pub trait ReadBack {
         let data = tensor.into_data().convert::<f32>();
         out.copy_from_slice(data.as_slice::<f32>().expect("f32 data"));
     }
+}
+
+/// The parameter ids of each module, in visit order (each block's group).
+pub(crate) fn param_ids<B: Backend, K: Module<B>>(modules: &[K]) -> Vec<Vec<ParamId>> {
+    modules
+        .iter()
+        .map(|module| {
+            let mut collect = Collect::default();
+            module.visit(&mut collect);
+            collect.out.into_iter().map(|p| p.id).collect()
+        })
+        .collect()
 }
 
 /// Takes each parameter's value into its slot and leaves a placeholder.
