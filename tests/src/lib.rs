@@ -148,22 +148,24 @@ pub fn data_rel_err(a: &TensorData, b: &TensorData) -> f32 {
 /// `Autodiff<Offload<TestBackend>>`: the type parameter's autodiff backend.
 pub type OffloadAutodiff = burn::backend::Autodiff<burn_offload::Offload<TestBackend>>;
 
-/// Trains `model` (on `Offload`) with `optim` and `reference` (on plain
+/// Trains `model` (on `Offload`, `OA` its autodiff backend) with `optim` and `reference` (`RA`: plain
 /// burn, from the same weights) with `ref_optim` side by side for `steps`
 /// steps of the tiny batches, asserting that the losses agree to 1e-5 at
 /// every step, calling `after_step` with the Offload model after each, and
 /// that the parameters agree to 1e-5 at the end.
-pub fn train_side_by_side<O, R>(
-    mut model: models::Llama<OffloadAutodiff>,
-    mut reference: models::Llama<TestAutodiff>,
+pub fn train_side_by_side<OA, RA, O, R>(
+    mut model: models::Llama<OA>,
+    mut reference: models::Llama<RA>,
     mut optim: O,
     mut ref_optim: R,
     steps: u64,
     lr: f64,
-    mut after_step: impl FnMut(u64, &models::Llama<OffloadAutodiff>),
+    mut after_step: impl FnMut(u64, &models::Llama<OA>),
 ) where
-    O: burn::optim::Optimizer<models::Llama<OffloadAutodiff>, OffloadAutodiff>,
-    R: burn::optim::Optimizer<models::Llama<TestAutodiff>, TestAutodiff>,
+    OA: AutodiffBackend<Device = <TestBackend as burn::tensor::backend::BackendTypes>::Device>,
+    RA: AutodiffBackend<InnerBackend = TestBackend>,
+    O: burn::optim::Optimizer<models::Llama<OA>, OA>,
+    R: burn::optim::Optimizer<models::Llama<RA>, RA>,
 {
     use burn::optim::GradientsParams;
     use burn_offload::BlockModel;

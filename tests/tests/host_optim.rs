@@ -93,3 +93,28 @@ fn host_sgd_with_momentum_follows_burn_optim_sgd() {
         .init::<Reference, Llama<Reference>>();
     follows_burn(optim, reference, 20, 1e-2);
 }
+
+/// burn's activation checkpointing over `Offload`: the graph recomputes
+/// what it dropped, and the host AdamW still follows plain burn under the
+/// same strategy.
+#[test]
+fn host_adamw_under_balanced_checkpointing_follows_burn_optim_adamw() {
+    use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
+    type Ckpt = burn::backend::Autodiff<
+        burn_offload::Offload<burn_offload_tests::TestBackend>,
+        BalancedCheckpointing,
+    >;
+    let device = Default::default();
+    let config = LlamaConfig::tiny();
+    let model = config.init::<Ckpt>(&device);
+    let mut values = ReadParams(Vec::new());
+    model.visit(&mut values);
+    // Plain burn with the same strategy: the same formulation of every op.
+    type RefCkpt = burn::backend::Autodiff<burn_offload_tests::TestBackend, BalancedCheckpointing>;
+    let reference = config
+        .init::<RefCkpt>(&device)
+        .map(&mut WriteParams(values.0.into_iter()));
+    let optim = HostOptimizerConfig::default().init::<Ckpt, Llama<Ckpt>>();
+    let ref_optim = BurnAdamW::new().init::<RefCkpt, Llama<RefCkpt>>();
+    train_side_by_side(model, reference, optim, ref_optim, 10, 1e-2, |_, _| {});
+}
