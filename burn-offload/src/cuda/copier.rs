@@ -224,6 +224,8 @@ pub(super) struct UploadPool {
     pub(super) stream: StreamId,
     pub(super) live: Vec<Handle>,
     pub(super) retired: VecDeque<(ComputeFence, Vec<Handle>)>,
+    /// Bytes of the buffers tracked since the last reclaim.
+    pub(super) unreclaimed_bytes: u64,
 }
 
 impl UploadPool {
@@ -232,6 +234,7 @@ impl UploadPool {
             stream: spare_stream(),
             live: Vec::new(),
             retired: VecDeque::new(),
+            unreclaimed_bytes: 0,
         }
     }
 
@@ -242,6 +245,7 @@ impl UploadPool {
     pub(super) fn reclaim(&mut self, client: &ComputeClient<CudaRuntime>) {
         // cubecl's pool holds one reference, `live` the other: `can_mut`
         // means no tensor holds the buffer any more.
+        self.unreclaimed_bytes = 0;
         let (dropped, live) = std::mem::take(&mut self.live)
             .into_iter()
             .partition::<Vec<_>, _>(Handle::can_mut);
@@ -296,6 +300,7 @@ impl UploadPool {
 
     /// Keeps a reference to a buffer handed to an upload (see the type's docs).
     pub(super) fn track(&mut self, handle: &Handle) {
+        self.unreclaimed_bytes += handle.size();
         self.live.push(handle.clone());
     }
 }

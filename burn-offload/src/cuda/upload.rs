@@ -45,6 +45,9 @@ thread_local! {
 /// copies, against 50–53 serialised).
 pub struct UploadBatch(bool);
 
+/// Upload bytes outside batches between two reclaims of the upload pool.
+const RECLAIM_BYTES: u64 = 256 << 20;
+
 impl UploadBatch {
     /// `sizes`: the bytes of each upload the batch will make, in order (an
     /// upload of another size gets a buffer of its own).
@@ -98,7 +101,12 @@ pub(super) fn upload_cube(
         let (handle, ptr) = match ahead {
             Some((_, handle, ptr)) => (handle, ptr),
             None => {
-                if !UPLOAD_BATCH.get() {
+                // Outside a bind's batch (`Offload` page-ins, one per
+                // parameter; checkpoints) a reclaim per upload would wait for
+                // the fence of the upload before, keeping the host at most
+                // one parameter ahead of the device: reclaim once enough
+                // bytes were uploaded since the last one.
+                if !UPLOAD_BATCH.get() && copier.pool.unreclaimed_bytes >= RECLAIM_BYTES {
                     copier.pool.reclaim(&client);
                 }
                 let (_, handle, ptr) = copier
