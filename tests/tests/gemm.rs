@@ -132,7 +132,7 @@ fn an_unknown_matmul_kernel_is_a_clear_error() {
 /// matmul, within the tolerance of another summation order and of TF32:
 /// burn's f32 matmul may stage its inputs as TF32 (cubek's tensor-core
 /// kernels do), cuBLAS here computes in full f32, and the two differ by ~1e-3
-/// on the tiny model's first loss (bench/results/cuda-bench/run14). Parameters after AdamW
+/// on the tiny model's first loss (bench/results/cuda-bench). Parameters after AdamW
 /// steps are not compared: AdamW scales each update to about `lr` whatever
 /// the gradient's size, so where a gradient is near zero another rounding
 /// flips the update's sign; the first step's loss (same weights, forward
@@ -185,7 +185,7 @@ fn chosen_cuda_matmul_kernels_match_burns() {
 /// cubecl may pitch (pad its rows); cuBLAS assuming a contiguous output made
 /// the 0.85B Llama's bf16 loss NaN from the first step.
 /// Whether this small shape gets a padded output was not checked on the
-/// unfixed build; the 0.85B rows of bench/results/cuda-bench/run17 are the
+/// unfixed build; the 0.85B bf16 rows in bench/results/cuda-bench are the
 /// measured check.
 /// The reference formulation has that product; the graph-free forward of
 /// `causal_attention` (what `G` runs) is checked beside it.

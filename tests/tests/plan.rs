@@ -335,9 +335,9 @@ fn auto_keeps_the_forward_graphs_that_fit_the_gpu() {
 /// The GPU peaks measured on the H100 (whole process, nvidia-smi; 78.66 GiB
 /// free) with attention as one operation (`burn_offload::ops::attention`): the
 /// 0.85B rows with every block recomputed at 4k and 16k tokens
-/// (bench/results/cuda-bench/run19, call 1), each within 10% of the
+/// (bench/results/cuda-bench), each within 10% of the
 /// prediction. The head phase and the block backward do not add up, and
-/// small jobs sit on cubecl's page floor. (A 7.39B run, bench/results/cuda-bench/run12, measured
+/// small jobs sit on cubecl's page floor. (A 7.39B run in bench/results/cuda-bench measured
 /// 11373 MiB with the earlier attention, which kept the `[b, h, t, t]`
 /// weights for the backward; it has not been run again.)
 #[test]
