@@ -5,16 +5,18 @@
 //! at a time. The [`Engine`] runs the block-streamed schedule: forward
 //! without a graph keeping block inputs, chunked loss, per-block recompute
 //! and backward, CPU optimizer over host slabs. Models take part by
-//! implementing [`BlockModel`]. `Offload<B>` is the same idea as a burn
-//! backend decorator, for a plain burn training loop.
+//! implementing [`BlockModel`]. [`Offload<B>`](Offload) is the same idea as a
+//! burn backend decorator, for a plain burn training loop, with
+//! [`HostOptimizerConfig`] for its optimizer.
 //!
 //! The crate is layered, each layer using only those before it (checked by
 //! `tests/tests/layers.rs`): `host` (slabs, row math, optimizers, the worker
 //! thread; no device code) → `store` (the host store, bf16 copies,
 //! checkpoints) → `transfer` (the pager and the copy machinery's trait) →
-//! `backend` (the `Offload` and `Gemm` decorators) → `cuda` (everything that
-//! knows burn's CUDA backend) → `precision`, `matmul`, `ops` (custom autodiff
-//! operations) → `engine`. docs/ARCHITECTURE.md draws a step.
+//! `backend` (the `Offload` and `Gemm` decorators, the host optimizers) →
+//! `cuda` (everything that knows burn's CUDA backend) → `precision`,
+//! `matmul`, `model`, `device` (the build's copy machinery) → `ops` (custom
+//! autodiff operations) → `engine`. docs/ARCHITECTURE.md draws a step.
 #![warn(missing_docs)]
 
 mod backend;
