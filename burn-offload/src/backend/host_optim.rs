@@ -157,31 +157,22 @@ impl<B: Backend> HostValues<B> {
     }
 }
 
-/// Copies `tensor`'s values into `out` as f32: a device tensor through `T`
-/// (page-locked staging on CUDA), else through `into_data`.
+/// Copies `tensor`'s values into `out` as f32: a device tensor through `T`'s
+/// read-back (page-locked staging on CUDA), a host-resident one from its bytes.
 fn read_into<B: Backend, T: Transfer, const D: usize>(
     tensor: Tensor<OffloadWith<B, T>, D>,
     out: &mut [f32],
 ) {
-    let fallback = match tensor.into_primitive() {
-        TensorPrimitive::Float(OffloadTensor::Device(primitive)) => {
-            let inner = Tensor::<B, D>::from_primitive(TensorPrimitive::Float(primitive));
-            match T::read_into(inner, out, false) {
-                Ok(_) => return,
-                Err(inner) => inner.into_data(),
-            }
-        }
-        TensorPrimitive::Float(OffloadTensor::Host(host)) => host.data().clone(),
-        TensorPrimitive::QFloat(q) => {
-            Tensor::<OffloadWith<B, T>, D>::from_primitive(TensorPrimitive::QFloat(q)).into_data()
-        }
-    };
-    out.copy_from_slice(
-        fallback
-            .convert::<f32>()
-            .as_slice::<f32>()
-            .expect("f32 values"),
-    );
+    match tensor.into_primitive() {
+        TensorPrimitive::Float(OffloadTensor::Device(primitive)) => T::read_back(
+            Tensor::<B, D>::from_primitive(TensorPrimitive::Float(primitive)),
+            out,
+        ),
+        primitive => T::read_back(
+            Tensor::<OffloadWith<B, T>, D>::from_primitive(primitive),
+            out,
+        ),
+    }
 }
 
 impl<B: Backend, T: Transfer> SimpleOptimizer<OffloadWith<B, T>> for HostOptimizer {
