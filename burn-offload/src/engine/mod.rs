@@ -204,6 +204,8 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
             .sum();
         let step = self.updates + 1;
         let fused = self.config.fused;
+        // Fused mode's one micro-batch and its token weight, for each pass.
+        let fused_batch = fused.then(|| (&micro_batches[0], token_weight(micro_batches)));
         if fused && self.config.grad_clip.is_none() && !self.config.skip_non_finite {
             // Nothing needs the norm first: one pass applies each block's
             // update as its gradient arrives.
@@ -212,7 +214,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
                 lr,
                 scale: 1.0,
             };
-            let loss = self.fused_pass(micro_batches, &mut update)?;
+            let loss = self.fused_pass(fused_batch.as_ref(), &mut update)?;
             self.updates = step;
             return Ok(self.report(loss, f64::NAN, 1.0, tokens, false));
         }
@@ -220,7 +222,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         // buffer, or (fused, no buffer) from a pass that only measures.
         let (loss, sum) = if fused {
             let mut norm = Sink::Norm(0.0);
-            let loss = self.fused_pass(micro_batches, &mut norm)?;
+            let loss = self.fused_pass(fused_batch.as_ref(), &mut norm)?;
             let Sink::Norm(sum) = norm else {
                 unreachable!("the sink stays a norm sink")
             };
@@ -239,7 +241,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
                 lr,
                 scale: scale as f32,
             };
-            self.fused_pass(micro_batches, &mut update)?;
+            self.fused_pass(fused_batch.as_ref(), &mut update)?;
         } else {
             self.update_all(step, lr, scale as f32);
             self.mark("updates handed out");
@@ -248,15 +250,15 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         Ok(self.report(loss, norm, scale, tokens, false))
     }
 
-    /// Phases 1–4 of fused mode's one micro-batch into `sink`.
+    /// Phases 1–4 of fused mode's one micro-batch (with its token weight)
+    /// into `sink`.
     fn fused_pass(
         &mut self,
-        micro_batches: &[MicroBatch<B>],
+        batch: Option<&(&MicroBatch<B>, Tensor<B, 1>)>,
         sink: &mut Sink,
     ) -> Result<f32, EngineError> {
-        let (inputs, targets) = &micro_batches[0];
-        let weight = token_weight(micro_batches);
-        self.forward_backward(inputs, targets, &weight, sink)
+        let ((inputs, targets), weight) = batch.expect("fused mode");
+        self.forward_backward(inputs, targets, weight, sink)
     }
 
     /// The step's report, with its time split.
