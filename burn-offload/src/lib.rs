@@ -33,7 +33,7 @@ mod store;
 mod transfer;
 
 pub use backend::{
-    residency, Gemm, GemmKernels, HostOptimizer, HostOptimizerConfig, HostOptimizerState,
+    prefetch, residency, Gemm, GemmKernels, HostOptimizer, HostOptimizerConfig, HostOptimizerState,
     HostParams, MatmulError, OffloadTensor, OffloadWith, ParkParams,
 };
 pub use device::Offload;

@@ -3,6 +3,13 @@
 //! are updated there with the engine's fused loops (`host::optim`), and the
 //! optimizer state never visits the device.
 //!
+//! The step only queues the work: each gradient's copy to the host starts on
+//! a copy stream behind the backward, and one thread runs the updates in the
+//! order the optimizer visits the parameters. The next forward starts at
+//! once; reading a parameter (paging it in, reading its values) waits for its
+//! update, so the host's AdamW over the last parameters overlaps the device's
+//! work on the first.
+//!
 //! They are burn-optim `SimpleOptimizer`s, so burn-optim's
 //! `OptimizerAdaptor` walks the module, applies its gradient clipping and
 //! keeps the state as a burn `Record` (checkpoints as for any optimizer).
@@ -13,14 +20,17 @@ use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::grad_clipping::GradientClippingConfig;
 use burn::optim::{LearningRate, SimpleOptimizer};
 use burn::record::Record;
-use std::sync::Arc;
+use std::cell::RefCell;
+use std::sync::mpsc::{channel, Sender};
+use std::sync::Mutex;
 
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Shape, Tensor, TensorData, TensorPrimitive};
 
-use super::{HostTensor, OffloadTensor, OffloadWith};
+use super::offload::Link;
+use super::{HostParams, HostTensor, OffloadTensor, OffloadWith};
 use crate::host::optim::{AdamWConfig, OptimizerConfig, SgdConfig, UpdateSlices};
-use crate::transfer::Transfer;
+use crate::transfer::{QueuedRead, Transfer};
 
 /// A host optimizer's settings: AdamW or SGD (the engine's
 /// [`OptimizerConfig`]) and burn-optim's gradient clipping.
@@ -65,8 +75,10 @@ impl HostOptimizerConfig {
         self
     }
 
-    /// The optimizer for module `M` of `Autodiff<Offload<B>>` (`AB`).
-    pub fn init<AB, M>(&self) -> OptimizerAdaptor<HostOptimizer, M, AB>
+    /// The optimizer for module `M` of `Autodiff<Offload<B>>` (`AB`): burn's
+    /// adaptor over [`HostOptimizer`], inside [`HostParams`] (which ends
+    /// each step for the page-in trace).
+    pub fn init<AB, M>(&self) -> HostParams<OptimizerAdaptor<HostOptimizer, M, AB>>
     where
         AB: AutodiffBackend,
         M: AutodiffModule<AB>,
@@ -78,7 +90,7 @@ impl HostOptimizerConfig {
         if let Some(clipping) = &self.grad_clipping {
             optim = optim.with_grad_clipping(clipping.init());
         }
-        optim
+        HostParams(optim)
     }
 }
 
@@ -100,21 +112,34 @@ pub struct HostOptimizerState<B: Backend, const D: usize> {
     pub time: usize,
 }
 
-/// A tensor's values on the host for the update: in place in its host
-/// buffer where the tensor is host-resident, f32 and held by no one else
-/// (the buffer stays page-locked, nothing is allocated), else a copy.
-enum HostValues<B: Backend> {
-    InPlace(Arc<HostTensor<B>>),
+/// A tensor's values lent to an update on the host: its own host buffer
+/// where the tensor is host-resident, f32 and held by no one else (the buffer
+/// stays page-locked, nothing is allocated), else a copy. The tensor handed
+/// back at once is host-resident, and its readers wait for the update.
+struct Lent {
+    values: LentValues,
+    back: Sender<TensorData>,
+}
+
+enum LentValues {
+    InPlace(TensorData),
     Copy(Vec<f32>, Shape, DType),
 }
 
-impl<B: Backend> HostValues<B> {
-    fn take<T: Transfer, const D: usize>(tensor: Tensor<OffloadWith<B, T>, D>) -> Self {
-        let (shape, dtype) = (tensor.shape(), tensor.dtype());
+impl Lent {
+    fn take<B: Backend, T: Transfer, const D: usize>(
+        tensor: Tensor<OffloadWith<B, T>, D>,
+    ) -> (Self, Tensor<OffloadWith<B, T>, D>) {
+        let (shape, dtype, device) = (tensor.shape(), tensor.dtype(), tensor.device());
         let primitive = match tensor.into_primitive() {
-            TensorPrimitive::Float(OffloadTensor::Host(mut host)) if dtype == DType::F32 => {
-                if host.data_mut().is_some() {
-                    return HostValues::InPlace(host);
+            TensorPrimitive::Float(OffloadTensor::Host(host)) if dtype == DType::F32 => {
+                if let Some((values, back)) = host.lend() {
+                    let lent = Lent {
+                        values: LentValues::InPlace(values),
+                        back,
+                    };
+                    let tensor = TensorPrimitive::Float(OffloadTensor::Host(host));
+                    return (lent, Tensor::from_primitive(tensor));
                 }
                 TensorPrimitive::Float(OffloadTensor::Host(host))
             }
@@ -123,42 +148,134 @@ impl<B: Backend> HostValues<B> {
         let tensor = Tensor::<OffloadWith<B, T>, D>::from_primitive(primitive);
         let mut values = vec![0.0; shape.num_elements()];
         read_into::<B, T, D>(tensor, &mut values);
-        HostValues::Copy(values, shape, dtype)
+        Self::copy(values, shape, dtype, &device)
     }
 
-    fn zeros(shape: Shape) -> Self {
-        HostValues::Copy(vec![0.0; shape.num_elements()], shape, DType::F32)
+    fn zeros<B: Backend, T: Transfer, const D: usize>(
+        shape: Shape,
+        device: &B::Device,
+    ) -> (Self, Tensor<OffloadWith<B, T>, D>) {
+        let values = vec![0.0; shape.num_elements()];
+        Self::copy(values, shape, DType::F32, device)
+    }
+
+    fn copy<B: Backend, T: Transfer, const D: usize>(
+        values: Vec<f32>,
+        shape: Shape,
+        dtype: DType,
+        device: &B::Device,
+    ) -> (Self, Tensor<OffloadWith<B, T>, D>) {
+        let (host, back) = HostTensor::pending(shape.clone(), dtype, device, Link::of::<T>());
+        let lent = Lent {
+            values: LentValues::Copy(values, shape, dtype),
+            back,
+        };
+        let tensor = TensorPrimitive::Float(OffloadTensor::Host(host));
+        (lent, Tensor::from_primitive(tensor))
     }
 
     fn values(&mut self) -> &mut [f32] {
-        match self {
-            HostValues::InPlace(host) => host
-                .data_mut()
-                .expect("held by no one else")
-                .as_mut_slice::<f32>()
-                .expect("f32 values"),
-            HostValues::Copy(values, ..) => values,
+        match &mut self.values {
+            LentValues::InPlace(data) => data.as_mut_slice::<f32>().expect("f32 values"),
+            LentValues::Copy(values, ..) => values,
         }
     }
 
-    fn into_tensor<T: Transfer, const D: usize>(
-        self,
-        device: &B::Device,
-    ) -> Tensor<OffloadWith<B, T>, D> {
+    /// Sends the updated values to the tensor (a dropped tensor takes none).
+    fn give_back(self) {
+        let data = match self.values {
+            LentValues::InPlace(data) => data,
+            LentValues::Copy(values, shape, dtype) => {
+                TensorData::new(values, shape).convert_dtype(dtype)
+            }
+        };
+        let _ = self.back.send(data);
+    }
+}
+
+/// A gradient on its way to host memory.
+enum Gradient<R> {
+    Queued(R),
+    Read(Vec<f32>),
+}
+
+impl<R: QueuedRead> Gradient<R> {
+    /// Queues the copy of a device gradient; anything else is read now.
+    fn start<B: Backend, T: Transfer<Read = R>, const D: usize>(
+        grad: Tensor<OffloadWith<B, T>, D>,
+    ) -> Self {
+        let numel = grad.shape().num_elements();
+        let grad = match grad.into_primitive() {
+            TensorPrimitive::Float(OffloadTensor::Device(primitive)) => {
+                let tensor = Tensor::<B, D>::from_primitive(TensorPrimitive::Float(primitive));
+                let device = tensor.device();
+                match T::start_read(tensor, true) {
+                    Ok(read) => {
+                        // The kernels it waits for reach the device before
+                        // anything waits for the copy.
+                        T::flush::<B>(&device);
+                        return Gradient::Queued(read);
+                    }
+                    Err(tensor) => {
+                        let mut values = vec![0.0; numel];
+                        T::read_back(tensor, &mut values);
+                        return Gradient::Read(values);
+                    }
+                }
+            }
+            primitive => Tensor::<OffloadWith<B, T>, D>::from_primitive(primitive),
+        };
+        let mut values = vec![0.0; numel];
+        read_into::<B, T, D>(grad, &mut values);
+        Gradient::Read(values)
+    }
+
+    /// Runs `f` on the gradient's values (a queued copy lands in a buffer the
+    /// update thread reuses).
+    fn with_values(self, len: usize, f: impl FnOnce(&[f32])) {
         match self {
-            HostValues::InPlace(host) => {
-                Tensor::from_primitive(TensorPrimitive::Float(OffloadTensor::Host(host)))
-            }
-            // `from_data` on `Offload` makes a host-resident tensor.
-            HostValues::Copy(values, shape, dtype) => {
-                Tensor::from_data(TensorData::new(values, shape).convert_dtype(dtype), device)
-            }
+            Gradient::Read(values) => f(&values),
+            Gradient::Queued(read) => GRADIENT.with_borrow_mut(|buffer| {
+                buffer.resize(len, 0.0);
+                read.finish(buffer, false);
+                f(buffer)
+            }),
         }
     }
 }
 
-/// Copies `tensor`'s values into `out` as f32: a device tensor through `T`'s
-/// read-back (page-locked staging on CUDA), a host-resident one from its bytes.
+thread_local! {
+    /// The update thread's landing buffer for gradients.
+    static GRADIENT: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+type Update = Box<dyn FnOnce() + Send>;
+
+/// The thread that runs the updates, in the order the optimizer visits the
+/// parameters: the next forward reads the first parameters while the last
+/// ones are still being updated.
+fn run_on_update_thread(update: Update) {
+    static QUEUE: Mutex<Option<Sender<Update>>> = Mutex::new(None);
+    let mut queue = QUEUE.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let sender = queue.get_or_insert_with(|| {
+        let (sender, updates) = channel::<Update>();
+        std::thread::Builder::new()
+            .name("burn-offload-optim".into())
+            .spawn(move || {
+                for update in updates {
+                    // A failed update drops its senders: the tensors' readers
+                    // report it. The thread serves the next ones.
+                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(update));
+                }
+            })
+            .expect("cannot start the host optimizer's thread");
+        sender
+    });
+    sender
+        .send(update)
+        .expect("the host optimizer's thread is running");
+}
+
 fn read_into<B: Backend, T: Transfer, const D: usize>(
     tensor: Tensor<OffloadWith<B, T>, D>,
     out: &mut [f32],
@@ -178,6 +295,9 @@ fn read_into<B: Backend, T: Transfer, const D: usize>(
 impl<B: Backend, T: Transfer> SimpleOptimizer<OffloadWith<B, T>> for HostOptimizer {
     type State<const D: usize> = HostOptimizerState<OffloadWith<B, T>, D>;
 
+    /// Queues the gradient's copy to the host and the update on the update
+    /// thread, and returns at once: the parameter and moments it returns are
+    /// host-resident, and whatever reads them waits for their update.
     fn step<const D: usize>(
         &self,
         lr: LearningRate,
@@ -186,40 +306,48 @@ impl<B: Backend, T: Transfer> SimpleOptimizer<OffloadWith<B, T>> for HostOptimiz
         state: Option<Self::State<D>>,
     ) -> (Tensor<OffloadWith<B, T>, D>, Option<Self::State<D>>) {
         let (shape, device) = (tensor.shape(), tensor.device());
-        let mut grads = vec![0.0; shape.num_elements()];
-        read_into::<B, T, D>(grad, &mut grads);
-        let mut params = HostValues::take(tensor);
-        let (mut m, mut v, time) = match state {
+        let len = shape.num_elements();
+        let gradient = Gradient::start::<B, T, D>(grad);
+        let (mut params, tensor) = Lent::take(tensor);
+        let ((mut m, moment_1), (mut v, moment_2), time) = match state {
             Some(state) => (
-                HostValues::take(state.moment_1),
-                HostValues::take(state.moment_2),
+                Lent::take(state.moment_1),
+                Lent::take(state.moment_2),
                 state.time + 1,
             ),
             // Zero moments give burn-optim's first step exactly (`0 · β + g · (1 − β)`).
             None => (
-                HostValues::zeros(shape.clone()),
-                HostValues::zeros(shape),
+                Lent::zeros::<B, T, D>(shape.clone(), &device),
+                Lent::zeros::<B, T, D>(shape, &device),
                 1,
             ),
         };
-        self.config.update(
-            time as u64,
-            lr,
-            1.0,
-            UpdateSlices {
-                params: params.values(),
-                m: m.values(),
-                v: v.values(),
-                grads: &grads,
-                bf16: None,
-            },
-        );
+        let config = self.config;
+        run_on_update_thread(Box::new(move || {
+            gradient.with_values(len, |grads| {
+                config.update(
+                    time as u64,
+                    lr,
+                    1.0,
+                    UpdateSlices {
+                        params: params.values(),
+                        m: m.values(),
+                        v: v.values(),
+                        grads,
+                        bf16: None,
+                    },
+                )
+            });
+            params.give_back();
+            m.give_back();
+            v.give_back();
+        }));
         let state = HostOptimizerState {
-            moment_1: m.into_tensor(&device),
-            moment_2: v.into_tensor(&device),
+            moment_1,
+            moment_2,
             time,
         };
-        (params.into_tensor(&device), Some(state))
+        (tensor, Some(state))
     }
 
     fn to_device<const D: usize>(state: Self::State<D>, device: &B::Device) -> Self::State<D> {

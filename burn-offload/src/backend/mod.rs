@@ -28,6 +28,7 @@ mod gemm;
 mod host_optim;
 mod offload;
 mod ops;
+pub mod prefetch;
 pub mod residency;
 
 pub use gemm::{Gemm, GemmKernels, MatmulError};

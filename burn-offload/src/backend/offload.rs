@@ -1,15 +1,16 @@
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex, Weak};
 
 use burn::module::{AutodiffModule, ModuleMapper, Param};
 use burn::optim::{GradientsParams, LearningRate, MultiGradientsParams, Optimizer};
 use burn::tensor::backend::{
     AutodiffBackend, Backend, BackendTypes, DTypeUsageSet, ExecutionError,
 };
-use burn::tensor::{DType, Shape, Tensor, TensorData, TensorMetadata};
+use burn::tensor::{DType, FloatDType, Scalar, Shape, Tensor, TensorData, TensorMetadata};
 
-use super::residency;
+use super::{prefetch, residency};
 use crate::transfer::Transfer;
 
 /// The decorator over backend `B`, its host tensors reaching the device
@@ -34,20 +35,21 @@ impl<B: Backend, T> std::fmt::Debug for OffloadWith<B, T> {
     }
 }
 
-/// Uploads bytes (elements of a dtype, a shape) and waits for them to land;
+/// A copy in flight, or a page-lock: whatever it guards lasts while it lives.
+type Guard = Box<dyn Send + Sync>;
+
+/// Starts uploading bytes (elements of a dtype, a shape), the device's later
+/// work ordered behind the copy; the guard keeps the copy's source in use.
 /// `None` where the machinery has no fast path for the backend.
 type Upload<B> = fn(
     &[u8],
     DType,
     &[usize],
     &<B as BackendTypes>::Device,
-) -> Option<<B as BackendTypes>::FloatTensorPrimitive>;
-
-/// A page-lock guard: the range stays locked while it lives.
-type PinGuard = Box<dyn Send + Sync>;
+) -> Option<(<B as BackendTypes>::FloatTensorPrimitive, Guard)>;
 
 /// Page-locks bytes for the life of the guard.
-type Pin<B> = fn(&<B as BackendTypes>::Device, &[u8]) -> Option<PinGuard>;
+type Pin<B> = fn(&<B as BackendTypes>::Device, &[u8]) -> Option<Guard>;
 
 /// How a host tensor reaches the device: its `OffloadWith`'s copy machinery,
 /// as plain functions, so host tensors carry no type of it.
@@ -78,22 +80,18 @@ fn upload_with<B: Backend, T: Transfer>(
     dtype: DType,
     shape: &[usize],
     device: &B::Device,
-) -> Option<B::FloatTensorPrimitive> {
+) -> Option<(B::FloatTensorPrimitive, Guard)> {
     let numel = shape.iter().product::<usize>();
-    let flat = T::upload::<B, 1>(bytes, dtype, &[numel], device)?;
-    // The operation that reads it is submitted after this returns.
-    T::wait_uploads::<B>(device);
-    Some(B::float_reshape(
+    let (flat, in_flight) = T::upload_ordered::<B, 1>(bytes, dtype, &[numel], device)?;
+    let tensor = B::float_reshape(
         flat.into_primitive().tensor(),
         Shape::from(shape.to_vec()),
-    ))
+    );
+    Some((tensor, Box::new(in_flight) as Guard))
 }
 
-fn pin_with<B: Backend, T: Transfer>(
-    device: &B::Device,
-    bytes: &[u8],
-) -> Option<Box<dyn Send + Sync>> {
-    T::pin::<B>(device, bytes).map(|pin| Box::new(pin) as PinGuard)
+fn pin_with<B: Backend, T: Transfer>(device: &B::Device, bytes: &[u8]) -> Option<Guard> {
+    T::pin::<B>(device, bytes).map(|pin| Box::new(pin) as Guard)
 }
 
 /// Host tensors smaller than this are uploaded pageable: page-locking costs
@@ -119,14 +117,14 @@ impl<B: Backend> OffloadTensor<B> {
 impl<B: Backend> TensorMetadata for OffloadTensor<B> {
     fn dtype(&self) -> DType {
         match self {
-            OffloadTensor::Host(h) => h.data.dtype,
+            OffloadTensor::Host(h) => h.dtype(),
             OffloadTensor::Device(t) => t.dtype(),
         }
     }
 
     fn shape(&self) -> Shape {
         match self {
-            OffloadTensor::Host(h) => h.data.shape.clone(),
+            OffloadTensor::Host(h) => h.shape(),
             OffloadTensor::Device(t) => t.shape(),
         }
     }
@@ -134,12 +132,38 @@ impl<B: Backend> TensorMetadata for OffloadTensor<B> {
 
 static NEXT_HOST_ID: AtomicU64 = AtomicU64::new(1);
 
+/// A tensor of one repeated value (`zeros`, `ones`, `full`): its host values
+/// are written only if the host asks for them, and it is filled on the device
+/// where an operation reads it. Autodiff's backward creates such tensors at
+/// activation sizes; made on the host they would cost a host fill and a copy
+/// each.
+#[derive(Debug, Clone)]
+pub(crate) struct Fill {
+    pub(crate) value: Scalar,
+    pub(crate) shape: Shape,
+    pub(crate) dtype: FloatDType,
+}
+
+/// A host tensor's values, or where they will come from.
+enum Values {
+    Ready(Arc<TensorData>),
+    Fill(Fill),
+    /// An update running on the host (the host optimizer's): the values it
+    /// sends back when done.
+    Pending(Receiver<TensorData>),
+}
+
 /// A host-resident tensor and, while cached, its copy on the device.
 pub struct HostTensor<B: Backend> {
     id: u64,
-    /// Declared before `data`: unlocked before it is freed.
-    pinned: Mutex<Option<PinGuard>>,
-    data: TensorData,
+    /// Declared first, so dropped first: a copy in flight from the values
+    /// has landed before they are unlocked or freed.
+    in_flight: Mutex<Option<Guard>>,
+    /// Declared before `values`: unlocked before they are freed.
+    pinned: Mutex<Option<Guard>>,
+    values: Mutex<Values>,
+    shape: Shape,
+    dtype: DType,
     pub(super) device: B::Device,
     on_device: Mutex<Option<B::FloatTensorPrimitive>>,
     link: Link<B>,
@@ -149,35 +173,118 @@ impl<B: Backend> std::fmt::Debug for HostTensor<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HostTensor")
             .field("id", &self.id)
-            .field("shape", &self.data.shape)
+            .field("shape", &self.shape)
             .finish()
     }
 }
 
 impl<B: Backend> HostTensor<B> {
     pub(crate) fn new(data: TensorData, device: &B::Device, link: Link<B>) -> Arc<Self> {
+        let (shape, dtype) = (data.shape.clone(), data.dtype);
+        Self::with(Values::Ready(Arc::new(data)), shape, dtype, device, link)
+    }
+
+    pub(crate) fn filled(fill: Fill, device: &B::Device, link: Link<B>) -> Arc<Self> {
+        let (shape, dtype) = (fill.shape.clone(), fill.dtype.into());
+        Self::with(Values::Fill(fill), shape, dtype, device, link)
+    }
+
+    /// A tensor whose values an update on the host will send through the
+    /// returned sender; its readers wait for them.
+    pub(crate) fn pending(
+        shape: Shape,
+        dtype: DType,
+        device: &B::Device,
+        link: Link<B>,
+    ) -> (Arc<Self>, Sender<TensorData>) {
+        let (send, receive) = channel();
+        let host = Self::with(Values::Pending(receive), shape, dtype, device, link);
+        (host, send)
+    }
+
+    fn with(values: Values, shape: Shape, dtype: DType, device: &B::Device, link: Link<B>) -> Arc<Self> {
         Arc::new(Self {
             id: NEXT_HOST_ID.fetch_add(1, Ordering::Relaxed),
+            in_flight: Mutex::new(None),
             pinned: Mutex::new(None),
-            data,
+            values: Mutex::new(values),
+            shape,
+            dtype,
             device: device.clone(),
             on_device: Mutex::new(None),
             link,
         })
     }
 
-    /// The host values.
-    pub fn data(&self) -> &TensorData {
-        &self.data
+    fn values(&self) -> std::sync::MutexGuard<'_, Values> {
+        self.values.lock().expect("values lock")
     }
 
-    /// The host values to write, when no one else holds the tensor; its
-    /// device copy is dropped (page-locking stays: the buffer is the same).
-    pub(crate) fn data_mut(self: &mut Arc<Self>) -> Option<&mut TensorData> {
+    /// The host values (waiting for an update in progress, if any).
+    pub fn data(&self) -> Arc<TensorData> {
+        let mut values = self.values();
+        let data = match &*values {
+            Values::Ready(data) => return data.clone(),
+            Values::Fill(fill) => {
+                TensorData::full_dtype(fill.shape.clone(), fill.value, fill.dtype.into())
+            }
+            Values::Pending(update) => update
+                .recv()
+                .expect("the host update of an Offload tensor failed (see its panic above)"),
+        };
+        let data = Arc::new(data);
+        *values = Values::Ready(data.clone());
+        data
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> Shape {
+        self.shape.clone()
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// A fill whose host values were never asked for.
+    fn unwritten_fill(&self) -> Option<Fill> {
+        match &*self.values() {
+            Values::Fill(fill) => Some(fill.clone()),
+            _ => None,
+        }
+    }
+
+    /// Whether the values can be read without waiting for an update.
+    fn is_ready(&self) -> bool {
+        !matches!(&*self.values(), Values::Pending(_))
+    }
+
+    /// Lends the values to an update that sends them back through the
+    /// returned sender, when no other tensor shares them; until it does, the
+    /// tensor's readers wait for them (its shape and dtype stay readable).
+    /// The device copy is dropped; the page-lock stays (the buffer is the
+    /// same).
+    pub(crate) fn lend(self: &Arc<Self>) -> Option<(TensorData, Sender<TensorData>)> {
         if Arc::strong_count(self) != 1 {
             return None;
         }
-        // The cache's weak reference goes with the device copy.
+        let data = self.data();
+        // No copy reads the values any more.
+        drop(self.in_flight.lock().expect("in-flight lock").take());
+        drop(data);
+        let mut values = self.values();
+        match &*values {
+            // A reader holds them (a copy being taken): not lent.
+            Values::Ready(data) if Arc::strong_count(data) == 1 => {}
+            _ => return None,
+        }
+        let (send, receive) = channel();
+        let Values::Ready(data) = std::mem::replace(&mut *values, Values::Pending(receive)) else {
+            unreachable!("matched above");
+        };
+        let data = Arc::try_unwrap(data).expect("no other reader: checked under the lock");
+        drop(values);
         if self
             .on_device
             .lock()
@@ -187,42 +294,72 @@ impl<B: Backend> HostTensor<B> {
         {
             residency::forget(self.id);
         }
-        Arc::get_mut(self).map(|this| &mut this.data)
+        Some((data, send))
     }
 
     fn bytes(&self) -> u64 {
-        self.data.bytes.len() as u64
+        (self.shape.num_elements() * self.dtype.size()) as u64
     }
 
-    /// The device copy, uploading (and caching) it if needed.
+    /// The device copy for an operation: filled there for an unwritten fill,
+    /// else the cached copy or a fresh upload, recorded in the page-in trace
+    /// (which may start copies of the tensors it expects next).
     fn page_in(self: &Arc<Self>) -> B::FloatTensorPrimitive {
+        if let Some(fill) = self.unwritten_fill() {
+            return B::float_full(fill.shape, fill.value, &self.device, fill.dtype);
+        }
+        let weak: Weak<dyn residency::Resident> = Arc::downgrade(self) as _;
+        prefetch::accessed(self.id, self.bytes(), weak);
+        self.copy_in()
+    }
+
+    /// The cached device copy, or a fresh upload (cached).
+    fn copy_in(self: &Arc<Self>) -> B::FloatTensorPrimitive {
         if let Some(t) = self.on_device.lock().expect("residency lock").as_ref() {
             residency::touch(self.id);
             return t.clone();
         }
-        let bytes = self.data.as_bytes();
+        let data = self.data();
+        let bytes = data.as_bytes();
         if bytes.len() >= PIN_BYTES {
             let mut pinned = self.pinned.lock().expect("pin lock");
             if pinned.is_none() {
                 *pinned = (self.link.pin)(&self.device, bytes);
             }
         }
-        let tensor = (self.link.upload)(bytes, self.data.dtype, &self.data.shape, &self.device)
-            .unwrap_or_else(|| B::float_from_data(self.data.clone(), &self.device));
+        let tensor = match (self.link.upload)(bytes, data.dtype, &data.shape, &self.device) {
+            Some((tensor, in_flight)) => {
+                // The copy before this one from the same bytes landed long ago.
+                *self.in_flight.lock().expect("in-flight lock") = Some(in_flight);
+                tensor
+            }
+            None => B::float_from_data((*data).clone(), &self.device),
+        };
         *self.on_device.lock().expect("residency lock") = Some(tensor.clone());
-        let weak: std::sync::Weak<dyn residency::Evict> = Arc::downgrade(self) as _;
+        let weak: Weak<dyn residency::Resident> = Arc::downgrade(self) as _;
         residency::paged_in(self.id, self.bytes(), weak);
         tensor
     }
 }
 
-impl<B: Backend> residency::Evict for HostTensor<B> {
+impl<B: Backend> residency::Resident for HostTensor<B> {
     fn evict(&self) -> bool {
         self.on_device
             .lock()
             .expect("residency lock")
             .take()
             .is_some()
+    }
+
+    fn prefetch(self: Arc<Self>) -> bool {
+        if !self.is_ready() || self.unwritten_fill().is_some() {
+            return false;
+        }
+        let cached = self.on_device.lock().expect("residency lock").is_some();
+        if !cached {
+            self.copy_in();
+        }
+        !cached
     }
 }
 
@@ -304,6 +441,7 @@ impl<AB: AutodiffBackend> ModuleMapper<AB> for ParkParams {
 /// are host-resident again (`Autodiff<Offload<B>>` training with burn-optim).
 /// The optimizer's own state is parked too: burn-optim moves it to the
 /// parameter's device at each step, which on `Offload` means host memory.
+/// Each step also ends a step of the page-in trace ([`super::prefetch`]).
 #[derive(Clone)]
 pub struct HostParams<O>(pub O);
 
@@ -316,11 +454,15 @@ where
     type Record = O::Record;
 
     fn step(&mut self, lr: LearningRate, module: M, grads: GradientsParams) -> M {
-        self.0.step(lr, module, grads).map(&mut ParkParams)
+        let module = self.0.step(lr, module, grads).map(&mut ParkParams);
+        prefetch::end_step();
+        module
     }
 
     fn step_multi(&mut self, lr: LearningRate, module: M, grads: MultiGradientsParams) -> M {
-        self.0.step_multi(lr, module, grads).map(&mut ParkParams)
+        let module = self.0.step_multi(lr, module, grads).map(&mut ParkParams);
+        prefetch::end_step();
+        module
     }
 
     fn to_record(&self) -> Self::Record {

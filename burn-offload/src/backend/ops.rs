@@ -13,12 +13,26 @@ use std::future::Future;
 use std::ops::Range;
 
 use super::draw::random_data;
-use super::offload::Link;
+use super::offload::{Fill, Link};
 use super::{lower, HostTensor, OffloadTensor, OffloadWith};
 use crate::transfer::Transfer;
 
 fn host<B: Backend, T: Transfer>(data: TensorData, device: &B::Device) -> OffloadTensor<B> {
     OffloadTensor::Host(HostTensor::new(data, device, Link::of::<T>()))
+}
+
+fn filled<B: Backend, T: Transfer>(
+    shape: Shape,
+    value: Scalar,
+    device: &B::Device,
+    dtype: FloatDType,
+) -> OffloadTensor<B> {
+    let fill = Fill {
+        value,
+        shape,
+        dtype,
+    };
+    OffloadTensor::Host(HostTensor::filled(fill, device, Link::of::<T>()))
 }
 
 impl<B: Backend, T: Transfer> FloatTensorOps<Self> for OffloadWith<B, T> {
@@ -38,11 +52,11 @@ impl<B: Backend, T: Transfer> FloatTensorOps<Self> for OffloadWith<B, T> {
     }
 
     fn float_zeros(shape: Shape, device: &Device<Self>, dtype: FloatDType) -> FloatTensor<Self> {
-        host::<B, T>(TensorData::full_dtype(shape, 0.0, dtype.into()), device)
+        filled::<B, T>(shape, Scalar::Float(0.0), device, dtype)
     }
 
     fn float_ones(shape: Shape, device: &Device<Self>, dtype: FloatDType) -> FloatTensor<Self> {
-        host::<B, T>(TensorData::full_dtype(shape, 1.0, dtype.into()), device)
+        filled::<B, T>(shape, Scalar::Float(1.0), device, dtype)
     }
 
     fn float_full(
@@ -51,10 +65,7 @@ impl<B: Backend, T: Transfer> FloatTensorOps<Self> for OffloadWith<B, T> {
         device: &Device<Self>,
         dtype: FloatDType,
     ) -> FloatTensor<Self> {
-        host::<B, T>(
-            TensorData::full_dtype(shape, fill_value, dtype.into()),
-            device,
-        )
+        filled::<B, T>(shape, fill_value, device, dtype)
     }
 
     fn float_empty(shape: Shape, device: &Device<Self>, dtype: FloatDType) -> FloatTensor<Self> {
@@ -68,7 +79,7 @@ impl<B: Backend, T: Transfer> FloatTensorOps<Self> for OffloadWith<B, T> {
     ) -> impl Future<Output = Result<TensorData, ExecutionError>> + Send {
         async move {
             match tensor {
-                OffloadTensor::Host(h) => Ok(h.data().clone()),
+                OffloadTensor::Host(h) => Ok((*h.data()).clone()),
                 OffloadTensor::Device(t) => B::float_into_data(t).await,
             }
         }
@@ -85,7 +96,7 @@ impl<B: Backend, T: Transfer> FloatTensorOps<Self> for OffloadWith<B, T> {
     fn float_to_device(tensor: FloatTensor<Self>, device: &Device<Self>) -> FloatTensor<Self> {
         match tensor {
             OffloadTensor::Host(h) if h.device == *device => OffloadTensor::Host(h),
-            OffloadTensor::Host(h) => host::<B, T>(h.data().clone(), device),
+            OffloadTensor::Host(h) => host::<B, T>((*h.data()).clone(), device),
             OffloadTensor::Device(t) => {
                 let data = burn::tensor::try_read_sync(B::float_into_data(t))
                     .expect("reading a device tensor back to the host must be possible on this platform")

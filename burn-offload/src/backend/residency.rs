@@ -5,18 +5,22 @@
 //! copies to drop when the cache is over its budget, and keeps the books.
 
 use std::collections::VecDeque;
-use std::sync::{Mutex, Weak};
+use std::sync::{Arc, Mutex, Weak};
 
-/// Something whose device copy can be dropped.
-pub trait Evict: Send + Sync {
+/// Something host-resident with a device copy the cache manages.
+pub trait Resident: Send + Sync {
     /// Drops the device copy; `true` if there was one.
     fn evict(&self) -> bool;
+    /// Starts its copy to the device ahead of use, unless it is cached, not
+    /// ready (an update of its values is still running) or needs none;
+    /// `true` if a copy started.
+    fn prefetch(self: Arc<Self>) -> bool;
 }
 
 struct Entry {
     id: u64,
     bytes: u64,
-    owner: Weak<dyn Evict>,
+    owner: Weak<dyn Resident>,
 }
 
 struct State {
@@ -70,6 +74,11 @@ pub fn stats() -> OffloadStats {
     }
 }
 
+/// The cache budget.
+pub(crate) fn budget() -> u64 {
+    state().budget
+}
+
 /// Starts a new peak measurement from the current residency.
 pub fn reset_peak() {
     let mut s = state();
@@ -87,7 +96,7 @@ pub fn set_param_cache_bytes(bytes: u64) {
     evict_all(victims);
 }
 
-pub(crate) fn paged_in(id: u64, bytes: u64, owner: Weak<dyn Evict>) {
+pub(crate) fn paged_in(id: u64, bytes: u64, owner: Weak<dyn Resident>) {
     let victims = {
         let mut s = state();
         s.to_device += bytes;
@@ -118,7 +127,7 @@ pub(crate) fn forget(id: u64) {
 }
 
 /// Removes least recently used entries (never `keep`) until within budget.
-fn over_budget(s: &mut State, keep: Option<u64>) -> Vec<Weak<dyn Evict>> {
+fn over_budget(s: &mut State, keep: Option<u64>) -> Vec<Weak<dyn Resident>> {
     let mut victims = Vec::new();
     let mut i = 0;
     while s.resident > s.budget && i < s.entries.len() {
@@ -135,7 +144,7 @@ fn over_budget(s: &mut State, keep: Option<u64>) -> Vec<Weak<dyn Evict>> {
 }
 
 /// Drops device copies outside the state lock (each takes its own lock).
-fn evict_all(victims: Vec<Weak<dyn Evict>>) {
+fn evict_all(victims: Vec<Weak<dyn Resident>>) {
     for owner in victims {
         if let Some(owner) = owner.upgrade() {
             owner.evict();

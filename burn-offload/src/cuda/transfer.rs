@@ -12,7 +12,9 @@ use super::device::{
 };
 use super::download::{try_read_bytes, try_read_into, try_start_read, PendingRead};
 use super::types::is_cuda;
-use super::upload::{after_uploads, try_upload, wait_uploads, UploadBatch};
+use super::upload::{
+    after_uploads, try_upload, try_upload_ordered, wait_uploads, CopyInFlight, UploadBatch,
+};
 use crate::store::ReadBack;
 use crate::transfer::{Download, HostTransfer, Landed, QueuedRead, Transfer, UploadWait};
 
@@ -43,6 +45,7 @@ impl Transfer for CudaTransfer {
     type Pin = Pinned;
     type Read = PendingRead;
     type Batch = UploadBatch;
+    type InFlight = CopyInFlight;
 
     fn upload<X: Backend, const D: usize>(
         bytes: &[u8],
@@ -51,6 +54,15 @@ impl Transfer for CudaTransfer {
         device: &X::Device,
     ) -> Option<Tensor<X, D>> {
         try_upload::<X, D>(bytes, dtype, shape, device)
+    }
+
+    fn upload_ordered<X: Backend, const D: usize>(
+        bytes: &[u8],
+        dtype: DType,
+        shape: &[usize],
+        device: &X::Device,
+    ) -> Option<(Tensor<X, D>, CopyInFlight)> {
+        try_upload_ordered::<X, D>(bytes, dtype, shape, device)
     }
 
     fn begin_uploads<X: Backend>(device: &X::Device, sizes: &[usize]) -> UploadBatch {

@@ -12,6 +12,7 @@ use std::any::Any;
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::ffi::c_void;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use burn::tensor::backend::Backend;
@@ -21,7 +22,8 @@ use burn_cubecl::cubecl::server::Handle;
 use burn_cubecl::cubecl::Runtime;
 use burn_cubecl::tensor::CubeTensor;
 
-use cudarc::driver::sys::{self, CUresult};
+use cudarc::driver::sys::{self, CUevent, CUresult};
+use cudarc::driver::CudaContext;
 
 /// `burn::backend::Cuda` in this workspace (fusion is off).
 use super::copier::*;
@@ -246,4 +248,75 @@ pub(super) unsafe extern "C" fn run_landed(data: *mut c_void) {
     let landed = unsafe { Box::from_raw(data.cast::<Landed>()) };
     // A panic must not unwind into the driver.
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(landed));
+}
+
+/// An upload the host did not wait for (see [`try_upload_ordered`]):
+/// dropping it, on any thread, waits for the copy to land.
+pub struct CopyInFlight {
+    landed: CUevent,
+    context: Arc<CudaContext>,
+}
+
+// SAFETY: a CUDA event may be waited for and destroyed from any thread that
+// makes its context current, which `drop` does.
+unsafe impl Send for CopyInFlight {}
+// SAFETY: shared references to it give no access to the event.
+unsafe impl Sync for CopyInFlight {}
+
+impl Drop for CopyInFlight {
+    fn drop(&mut self) {
+        if self.context.bind_to_thread().is_ok() {
+            // SAFETY: an event we created in this context and recorded once.
+            unsafe {
+                check(sys::cuEventSynchronize(self.landed), "cuEventSynchronize");
+                check(sys::cuEventDestroy_v2(self.landed), "cuEventDestroy");
+            }
+        }
+    }
+}
+
+/// As [`try_upload`], but the host does not wait for the copy: the calling
+/// thread's compute stream waits for it on the device (an event recorded
+/// behind the copy), so the kernels submitted after this return run after it
+/// and the host keeps submitting. `bytes` must stay alive and unchanged until
+/// the returned [`CopyInFlight`] is dropped.
+pub(crate) fn try_upload_ordered<X: Backend, const D: usize>(
+    bytes: &[u8],
+    dtype: DType,
+    shape: &[usize],
+    device: &X::Device,
+) -> Option<(Tensor<X, D>, CopyInFlight)> {
+    let device = (device as &dyn Any).downcast_ref::<CudaDevice>()?;
+    if !is_cuda::<X>() {
+        return None;
+    }
+    let cube = upload_cube(bytes, dtype, shape, device);
+    // Kernels submitted before the copy reach the stream ahead of the wait,
+    // so they do not wait for it.
+    flush(device);
+    let (_, compute) = buffer_ptr_and_stream(&cube.client, &cube.handle);
+    let in_flight = with_copier(device, |copier| {
+        let mut landed: CUevent = std::ptr::null_mut();
+        // SAFETY: `landed` is a valid out-pointer; the context is current;
+        // `up` and `compute` are live streams of this context.
+        unsafe {
+            check(
+                sys::cuEventCreate(
+                    &mut landed,
+                    sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
+                ),
+                "cuEventCreate",
+            );
+            check(sys::cuEventRecord(landed, copier.up), "cuEventRecord");
+            check(sys::cuStreamWaitEvent(compute, landed, 0), "cuStreamWaitEvent");
+        }
+        CopyInFlight {
+            landed,
+            context: copier.context.clone(),
+        }
+    });
+    let tensor = cuda_as(Tensor::<CudaBackend, D>::from_primitive(
+        TensorPrimitive::Float(cube),
+    ))?;
+    Some((tensor, in_flight))
 }

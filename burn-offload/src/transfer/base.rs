@@ -60,6 +60,10 @@ pub trait Transfer: ReadBack + 'static {
     type Read: QueuedRead;
     /// Held while one bind's uploads are issued (their buffers allocated ahead).
     type Batch;
+    /// An ordered upload's copy in flight: dropping it waits (from any
+    /// thread) until the copy has landed, after which its host bytes may be
+    /// written or freed.
+    type InFlight: Send + Sync + 'static;
 
     /// A tensor whose upload from `bytes` (elements of `dtype`, shape
     /// `shape`) has been started; `None` where this backend has no fast path.
@@ -69,6 +73,15 @@ pub trait Transfer: ReadBack + 'static {
         shape: &[usize],
         device: &X::Device,
     ) -> Option<Tensor<X, D>>;
+    /// As [`upload`](Self::upload), with the device's later work on this
+    /// thread ordered behind the copy by the device itself: the host goes on
+    /// at once, and keeps `bytes` unchanged until the returned copy is dropped.
+    fn upload_ordered<X: Backend, const D: usize>(
+        bytes: &[u8],
+        dtype: DType,
+        shape: &[usize],
+        device: &X::Device,
+    ) -> Option<(Tensor<X, D>, Self::InFlight)>;
     /// Starts a bind's uploads, of `sizes` bytes each, in order.
     fn begin_uploads<X: Backend>(device: &X::Device, sizes: &[usize]) -> Self::Batch;
     /// Lets the device run what was submitted, then waits for every started upload.
@@ -134,6 +147,7 @@ impl Transfer for HostTransfer {
     type Pin = Infallible;
     type Read = Infallible;
     type Batch = ();
+    type InFlight = Infallible;
 
     fn upload<X: Backend, const D: usize>(
         _: &[u8],
@@ -141,6 +155,15 @@ impl Transfer for HostTransfer {
         _: &[usize],
         _: &X::Device,
     ) -> Option<Tensor<X, D>> {
+        None
+    }
+
+    fn upload_ordered<X: Backend, const D: usize>(
+        _: &[u8],
+        _: DType,
+        _: &[usize],
+        _: &X::Device,
+    ) -> Option<(Tensor<X, D>, Infallible)> {
         None
     }
 
