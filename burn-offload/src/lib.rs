@@ -33,8 +33,9 @@ mod store;
 mod transfer;
 
 pub use backend::{
-    prefetch, residency, Gemm, GemmKernels, HostOptimizer, HostOptimizerConfig, HostOptimizerState,
-    HostParams, MatmulError, OffloadTensor, OffloadWith, ParkParams,
+    host_update_stats, prefetch, residency, Gemm, GemmKernels, HostOptimizer, HostOptimizerConfig,
+    HostOptimizerState, HostParams, HostUpdateStats, MatmulError, OffloadTensor, OffloadWith,
+    ParkParams, HOST_GRADIENTS_QUEUED,
 };
 pub use device::Offload;
 pub use engine::{

@@ -10,9 +10,9 @@ use burn::prelude::*;
 use burn::tensor::TensorPrimitive;
 use burn_offload::residency::{self, set_param_cache_bytes};
 use burn_offload::{prefetch, BlockModel, HostOptimizerConfig, HostParams};
-use std::sync::{Mutex, MutexGuard};
 use burn_offload_tests::{train_side_by_side, ReadParams, TestAutodiff as Reference, WriteParams};
 use models::{Llama, LlamaConfig};
+use std::sync::{Mutex, MutexGuard};
 
 type Off = burn_offload_tests::OffloadAutodiff;
 
@@ -116,7 +116,11 @@ fn constants_are_made_where_they_are_read() {
         .into_scalar()
         .elem::<f32>();
     assert_eq!(sum, 2.0 * 64.0 * 128.0);
-    assert_eq!(residency::stats().bytes_to_device, before, "constants copied");
+    assert_eq!(
+        residency::stats().bytes_to_device,
+        before,
+        "constants copied"
+    );
     // Their host values still exist when asked for.
     let ones = Tensor::<Off, 1>::ones([3], &device).into_data();
     assert_eq!(ones.to_vec::<f32>().unwrap(), vec![1.0; 3]);
@@ -144,16 +148,24 @@ fn trace_prefetch_follows_changes_of_order_and_eviction() {
     let optim = HostOptimizerConfig::default().init::<Off, Llama<Off>>();
     let ref_optim = AdamWConfig::new().init::<Reference, Llama<Reference>>();
     let probe = burn_offload_tests::random_tokens::<Off>(1, 8, config.vocab_size, 99, &device);
-    train_side_by_side(model, reference, optim, ref_optim, 10, 1e-2, |step, model| {
-        // Step 0 recorded the trace (a trace left by another test or not).
-        if step == 0 {
-            recorded = Some(prefetch::stats());
-        }
-        // Read by steps 3 and 4 before their own forward.
-        if step == 2 || step == 3 {
-            drop(model.forward(probe.clone()));
-        }
-    });
+    train_side_by_side(
+        model,
+        reference,
+        optim,
+        ref_optim,
+        10,
+        1e-2,
+        |step, model| {
+            // Step 0 recorded the trace (a trace left by another test or not).
+            if step == 0 {
+                recorded = Some(prefetch::stats());
+            }
+            // Read by steps 3 and 4 before their own forward.
+            if step == 2 || step == 3 {
+                drop(model.forward(probe.clone()));
+            }
+        },
+    );
     let (before, after) = (recorded.expect("ten steps"), prefetch::stats());
     assert_eq!(after.steps - before.steps, 9, "{after:?}");
     // Steps 3 and 5 leave the trace; 1, 2, 4 and 6 to 9 follow it.

@@ -32,6 +32,10 @@ pub struct Job {
     pub accum: usize,
     pub fused: bool,
     pub resident: bool,
+    /// With `resident`: the model on `Offload<B>` with the host optimizer
+    /// (weights and Adam state in host memory, gradients on the device until
+    /// the step, weights paged in through a cache).
+    pub host_params: bool,
     /// Device compute precision: sets the bytes of weights on the device,
     /// activations and checkpoints (the loss stays f32).
     pub compute: Compute,
@@ -322,11 +326,22 @@ impl Plan {
             Item::held("Adam m and v (fp32)", 2 * F32 * params),
         ];
         let mut device = Vec::new();
-        if job.resident {
+        if job.resident && job.host_params {
+            device.push(Item::held(
+                "gradients (every parameter's, until the step)",
+                F32 * params,
+            ));
+            device.push(Item::held(
+                "parameter cache (weights paged in)",
+                burn_offload::residency::stats().budget_bytes,
+            ));
+        } else if job.resident {
             device.push(Item::held(
                 "parameters, gradients, Adam m and v",
                 4 * F32 * params,
             ));
+        }
+        if job.resident {
             if job.accum > 1 {
                 device.push(Item::held(
                     "gradients summed over the micro-batches",
@@ -351,9 +366,17 @@ impl Plan {
                 "logits and loss (whole batch)",
                 F32 * 5 * tokens * s.vocab,
             ));
-            // Resident training keeps its state on the device; the host holds
-            // only the initial copy burn makes while building the model.
-            host = vec![Item::held("parameters while building (fp32)", F32 * params)];
+            if job.host_params {
+                // `host` already holds the weights and both moments.
+                host.push(Item::held(
+                    "gradient copies queued for the host optimizer",
+                    (F32 * params).min(burn_offload::HOST_GRADIENTS_QUEUED),
+                ));
+            } else {
+                // Resident training keeps its state on the device; the host
+                // holds only the initial copy burn makes while building it.
+                host = vec![Item::held("parameters while building (fp32)", F32 * params)];
+            }
         } else {
             if !job.fused {
                 host.push(Item::held("gradient buffer (fp32)", F32 * params));

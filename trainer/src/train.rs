@@ -597,6 +597,27 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
             &device,
         )?,
     };
+    if opts.progress && opts.host_params {
+        let (paged, prefetch, updates) = (
+            burn_offload::residency::stats(),
+            burn_offload::prefetch::stats(),
+            burn_offload::host_update_stats(),
+        );
+        let steps = prefetch.steps.max(1) as f64;
+        eprintln!(
+            "offload: {:.2} GB paged in ({:.2} GB cache peak of {:.2}); prefetch: {} copies ({:.2} GB), \
+             trace followed by {} of {} steps; host updates {:.3} s a step, {:.3} s waiting for gradients",
+            paged.bytes_to_device as f64 / 1e9,
+            paged.peak_resident_bytes as f64 / 1e9,
+            paged.budget_bytes as f64 / 1e9,
+            prefetch.copies,
+            prefetch.bytes as f64 / 1e9,
+            prefetch.replayed,
+            prefetch.steps,
+            updates.updating.as_secs_f64() / steps,
+            updates.waiting.as_secs_f64() / steps,
+        );
+    }
     #[cfg(feature = "cuda")]
     if opts.progress && opts.matmul != "auto" {
         // How much of the work the chosen kernel took, and what it left to
@@ -825,6 +846,7 @@ pub fn plan(opts: &TrainOptions, machine: &Machine) -> Result<(Plan, PlanJob)> {
         accum: opts.accum,
         fused: opts.fused,
         resident: opts.resident,
+        host_params: opts.host_params,
         compute: opts.compute,
         loss_chunk_tokens: opts.loss_chunk_tokens,
         gpu: cfg!(feature = "cuda"),

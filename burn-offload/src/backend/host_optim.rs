@@ -22,7 +22,8 @@ use burn::optim::{LearningRate, SimpleOptimizer};
 use burn::record::Record;
 use std::cell::RefCell;
 use std::sync::mpsc::{channel, Sender};
-use std::sync::Mutex;
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Shape, Tensor, TensorData, TensorPrimitive};
@@ -195,7 +196,7 @@ impl Lent {
 
 /// A gradient on its way to host memory.
 enum Gradient<R> {
-    Queued(R),
+    Queued(R, Admitted),
     Read(Vec<f32>),
 }
 
@@ -209,12 +210,13 @@ impl<R: QueuedRead> Gradient<R> {
             TensorPrimitive::Float(OffloadTensor::Device(primitive)) => {
                 let tensor = Tensor::<B, D>::from_primitive(TensorPrimitive::Float(primitive));
                 let device = tensor.device();
+                let admitted = Admitted::wait(tensor.dtype().size() as u64 * numel as u64);
                 match T::start_read(tensor, true) {
                     Ok(read) => {
                         // The kernels it waits for reach the device before
                         // anything waits for the copy.
                         T::flush::<B>(&device);
-                        return Gradient::Queued(read);
+                        return Gradient::Queued(read, admitted);
                     }
                     Err(tensor) => {
                         let mut values = vec![0.0; numel];
@@ -230,33 +232,113 @@ impl<R: QueuedRead> Gradient<R> {
         Gradient::Read(values)
     }
 
-    /// Runs `f` on the gradient's values (a queued copy lands in a buffer the
-    /// update thread reuses).
+    /// Runs `f` on the gradient's values (a queued f32 copy where it landed,
+    /// in page-locked memory: the update reads it once, with no copy first).
     fn with_values(self, len: usize, f: impl FnOnce(&[f32])) {
         match self {
             Gradient::Read(values) => f(&values),
-            Gradient::Queued(read) => GRADIENT.with_borrow_mut(|buffer| {
-                buffer.resize(len, 0.0);
-                read.finish(buffer, false);
-                f(buffer)
+            Gradient::Queued(read, admitted) => GRADIENT.with_borrow_mut(|scratch| {
+                let _admitted = admitted;
+                read.finish_with(scratch, len, f)
             }),
         }
     }
 }
 
+/// Bytes of gradient copies queued and not yet taken by the update thread:
+/// each lands in a page-locked buffer of its own, so the step waits for the
+/// update thread before it queues more than [`HOST_GRADIENTS_QUEUED`].
+static QUEUED: (Mutex<u64>, Condvar) = (Mutex::new(0), Condvar::new());
+
+/// Most bytes of gradient copies the host optimizer keeps queued for its
+/// update thread (each in page-locked host memory until its update).
+pub const HOST_GRADIENTS_QUEUED: u64 = 4 << 30;
+
+/// A queued copy's share of [`QUEUED`], given back when dropped (also when
+/// its update fails).
+struct Admitted(u64);
+
+impl Admitted {
+    /// Waits for room for `bytes` (a copy larger than the bound waits for an
+    /// empty queue).
+    fn wait(bytes: u64) -> Self {
+        let (queued, taken) = &QUEUED;
+        let mut queued = queued
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        while *queued > 0 && *queued + bytes > HOST_GRADIENTS_QUEUED {
+            queued = taken
+                .wait(queued)
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+        }
+        *queued += bytes;
+        Self(bytes)
+    }
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        let (queued, taken) = &QUEUED;
+        *queued
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) -= self.0;
+        taken.notify_all();
+    }
+}
+
 thread_local! {
-    /// The update thread's landing buffer for gradients.
+    /// The update thread's buffer for gradients that need widening.
     static GRADIENT: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 type Update = Box<dyn FnOnce() + Send>;
+
+/// What the update thread did since the process started.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct HostUpdateStats {
+    /// Parameters updated.
+    pub updates: u64,
+    /// Time spent waiting for gradients to land.
+    pub waiting: Duration,
+    /// Time spent updating.
+    pub updating: Duration,
+}
+
+static UPDATE_STATS: Mutex<HostUpdateStats> = Mutex::new(HostUpdateStats {
+    updates: 0,
+    waiting: Duration::ZERO,
+    updating: Duration::ZERO,
+});
+
+/// The host optimizer's update thread's counters now.
+pub fn host_update_stats() -> HostUpdateStats {
+    *UPDATE_STATS
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Counts one update when dropped: how long it waited, and since when it ran.
+struct Timed(Duration, Instant);
+
+impl Drop for Timed {
+    fn drop(&mut self) {
+        let mut stats = UPDATE_STATS
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        stats.updates += 1;
+        stats.waiting += self.0;
+        stats.updating += self.1.elapsed();
+    }
+}
 
 /// The thread that runs the updates, in the order the optimizer visits the
 /// parameters: the next forward reads the first parameters while the last
 /// ones are still being updated.
 fn run_on_update_thread(update: Update) {
     static QUEUE: Mutex<Option<Sender<Update>>> = Mutex::new(None);
-    let mut queue = QUEUE.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut queue = QUEUE
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     let sender = queue.get_or_insert_with(|| {
         let (sender, updates) = channel::<Update>();
         std::thread::Builder::new()
@@ -324,7 +406,10 @@ impl<B: Backend, T: Transfer> SimpleOptimizer<OffloadWith<B, T>> for HostOptimiz
         };
         let config = self.config;
         run_on_update_thread(Box::new(move || {
+            let queued = Instant::now();
             gradient.with_values(len, |grads| {
+                let landed = Instant::now();
+                let _timed = Timed(landed - queued, landed);
                 config.update(
                     time as u64,
                     lr,

@@ -32,6 +32,9 @@ pub mod prefetch;
 pub mod residency;
 
 pub use gemm::{Gemm, GemmKernels, MatmulError};
-pub use host_optim::{HostOptimizer, HostOptimizerConfig, HostOptimizerState};
+pub use host_optim::{
+    host_update_stats, HostOptimizer, HostOptimizerConfig, HostOptimizerState, HostUpdateStats,
+    HOST_GRADIENTS_QUEUED,
+};
 pub(crate) use offload::{lower, HostTensor};
 pub use offload::{HostParams, OffloadTensor, OffloadWith, ParkParams};

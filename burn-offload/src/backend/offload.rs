@@ -83,10 +83,7 @@ fn upload_with<B: Backend, T: Transfer>(
 ) -> Option<(B::FloatTensorPrimitive, Guard)> {
     let numel = shape.iter().product::<usize>();
     let (flat, in_flight) = T::upload_ordered::<B, 1>(bytes, dtype, &[numel], device)?;
-    let tensor = B::float_reshape(
-        flat.into_primitive().tensor(),
-        Shape::from(shape.to_vec()),
-    );
+    let tensor = B::float_reshape(flat.into_primitive().tensor(), Shape::from(shape.to_vec()));
     Some((tensor, Box::new(in_flight) as Guard))
 }
 
@@ -202,7 +199,13 @@ impl<B: Backend> HostTensor<B> {
         (host, send)
     }
 
-    fn with(values: Values, shape: Shape, dtype: DType, device: &B::Device, link: Link<B>) -> Arc<Self> {
+    fn with(
+        values: Values,
+        shape: Shape,
+        dtype: DType,
+        device: &B::Device,
+        link: Link<B>,
+    ) -> Arc<Self> {
         Arc::new(Self {
             id: NEXT_HOST_ID.fetch_add(1, Ordering::Relaxed),
             in_flight: Mutex::new(None),
@@ -356,7 +359,10 @@ impl<B: Backend> residency::Resident for HostTensor<B> {
             return false;
         }
         let cached = self.on_device.lock().expect("residency lock").is_some();
-        if !cached {
+        if cached {
+            // Kept over what was used longer ago.
+            residency::touch(self.id);
+        } else {
             self.copy_in();
         }
         !cached

@@ -37,8 +37,6 @@ struct Trace {
     recording: Vec<Read>,
     /// The next read expected from `replay`; `None` once this step left it.
     cursor: Option<usize>,
-    /// `replay[..issued]` have had their copies considered.
-    issued: usize,
     /// This step's reads that matched the trace.
     matched: usize,
     stats: PrefetchStats,
@@ -64,7 +62,6 @@ static TRACE: Mutex<Trace> = Mutex::new(Trace {
     known: None,
     recording: Vec::new(),
     cursor: None,
-    issued: 0,
     matched: 0,
     stats: PrefetchStats {
         steps: 0,
@@ -76,7 +73,9 @@ static TRACE: Mutex<Trace> = Mutex::new(Trace {
 });
 
 fn trace() -> std::sync::MutexGuard<'static, Trace> {
-    TRACE.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    TRACE
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// The prefetch's counters now.
@@ -106,7 +105,7 @@ pub(crate) fn accessed(id: u64, bytes: u64, owner: Weak<dyn Resident>) {
         if t.replay.get(c).is_some_and(|r| r.id == id) {
             t.cursor = Some(c + 1);
             t.matched += 1;
-            upcoming(&mut t, c + 1)
+            upcoming(&t, c + 1)
         } else if t.known.as_ref().is_some_and(|known| known.contains(&id)) {
             t.cursor = None;
             Vec::new()
@@ -117,21 +116,20 @@ pub(crate) fn accessed(id: u64, bytes: u64, owner: Weak<dyn Resident>) {
     prefetch_all(ahead);
 }
 
-/// The owners of `replay[from..]` not considered yet, up to half the cache
-/// budget of bytes past `from`.
-fn upcoming(t: &mut Trace, from: usize) -> Vec<(Weak<dyn Resident>, u64)> {
+/// The owners of `replay[from..]`, up to half the cache budget of bytes.
+/// Those already cached or with a copy started are passed over cheaply by
+/// [`Resident::prefetch`]; those whose values are not ready yet (an update
+/// still running) are tried again at the next read.
+fn upcoming(t: &Trace, from: usize) -> Vec<(Weak<dyn Resident>, u64)> {
     let limit = residency::budget() / 2;
     let mut window = 0u64;
     let mut owners = Vec::new();
-    for (i, read) in t.replay.iter().enumerate().skip(from) {
+    for read in t.replay.iter().skip(from) {
         window += read.bytes;
         if window > limit {
             break;
         }
-        if i >= t.issued {
-            owners.push((read.owner.clone(), read.bytes));
-            t.issued = i + 1;
-        }
+        owners.push((read.owner.clone(), read.bytes));
     }
     owners
 }
@@ -178,9 +176,8 @@ pub fn end_step() {
             t.replay = recording;
         }
         t.cursor = Some(0);
-        t.issued = 0;
         t.matched = 0;
-        upcoming(&mut t, 0)
+        upcoming(&t, 0)
     };
     prefetch_all(ahead);
 }

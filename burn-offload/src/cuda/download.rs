@@ -176,6 +176,30 @@ impl PendingRead {
     }
 }
 
+impl PendingRead {
+    /// Waits for the copy and hands `f` the values as f32: in cubecl's
+    /// page-locked staging for an f32 tensor, else widened into `scratch`.
+    pub(crate) fn finish_with<R>(
+        self,
+        scratch: &mut Vec<f32>,
+        len: usize,
+        f: impl FnOnce(&[f32]) -> R,
+    ) -> R {
+        assert_eq!(len, self.len, "gradient length");
+        bind_context(&self.device);
+        let bytes = burn_cubecl::cubecl::future::block_on(self.future)
+            .unwrap_or_else(|e| panic!("CUDA device-to-host copy failed: {e:?}"));
+        let raw = &bytes[..self.len * self.dtype.size()];
+        if self.dtype == DType::BF16 {
+            scratch.resize(len, 0.0);
+            widen_into(scratch, &aligned::<bf16>(raw), false);
+            f(scratch)
+        } else {
+            f(&aligned::<f32>(raw))
+        }
+    }
+}
+
 /// `raw` as elements of `T`: in place when aligned (cubecl's page-locked
 /// staging is), else copied (its fallback, a plain `Vec<u8>`, may not be).
 pub(super) fn aligned<T: bytemuck::Pod>(raw: &[u8]) -> std::borrow::Cow<'_, [T]> {

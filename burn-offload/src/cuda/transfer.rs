@@ -39,6 +39,10 @@ impl QueuedRead for PendingRead {
     fn finish(self, out: &mut [f32], accumulate: bool) {
         PendingRead::finish(self, out, accumulate)
     }
+
+    fn finish_with<R>(self, scratch: &mut Vec<f32>, len: usize, f: impl FnOnce(&[f32]) -> R) -> R {
+        PendingRead::finish_with(self, scratch, len, f)
+    }
 }
 
 impl Transfer for CudaTransfer {

@@ -308,7 +308,10 @@ pub(crate) fn try_upload_ordered<X: Backend, const D: usize>(
                 "cuEventCreate",
             );
             check(sys::cuEventRecord(landed, copier.up), "cuEventRecord");
-            check(sys::cuStreamWaitEvent(compute, landed, 0), "cuStreamWaitEvent");
+            check(
+                sys::cuStreamWaitEvent(compute, landed, 0),
+                "cuStreamWaitEvent",
+            );
         }
         CopyInFlight {
             landed,

@@ -49,6 +49,16 @@ pub trait QueuedRead: Send {
     /// Waits for the copy and writes (or, with `accumulate`, adds) the
     /// values into `out` (same length, f32).
     fn finish(self, out: &mut [f32], accumulate: bool);
+    /// Waits for the copy and hands `f` its values as f32, where they
+    /// landed if they are f32 (no second copy), else widened into `scratch`.
+    fn finish_with<R>(self, scratch: &mut Vec<f32>, len: usize, f: impl FnOnce(&[f32]) -> R) -> R
+    where
+        Self: Sized,
+    {
+        scratch.resize(len, 0.0);
+        self.finish(scratch, false);
+        f(scratch)
+    }
 }
 
 /// The copy machinery of one kind of device, chosen once by type (the engine
