@@ -5,6 +5,7 @@
 #   resident  plain burn, Autodiff<Gemm<Cuda>> + burn-optim AdamW (--resident)
 #   host      Autodiff<Offload<Gemm<Cuda>>> + the host AdamW (--resident --host-params)
 #   engine    the block-streamed engine
+#   fused     the engine with --fused (12 B/param on the host: what fits a 7B in fp32)
 # Shapes: 085b (the 0.85B Llama) and 7b (Llama-2-7B). fp32 compute, sequences
 # of 1024 tokens, TP_STEPS steps (6). Needs .device/bin.tar.xz (bin/train).
 # Writes $OUT/typeparam.txt (one line a row: exit, tok/s median of steps 3+,
@@ -20,6 +21,7 @@ nvidia-smi --query-gpu=name --format=csv,noheader | tee -a $OUT/typeparam.txt
 for row in ${TP_ROWS:-085b:4:resident 085b:4:host 085b:16:resident 085b:16:host}; do
   IFS=: read -r shape tok mode <<< "$row"
   extra=--resident; [ $mode = host ] && extra="--resident --host-params"; [ $mode = engine ] && extra=
+  [ $mode = fused ] && extra=--fused
   name=$shape-${tok}k-$mode
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > $W/$name.gpu &
   smi=$!
@@ -41,9 +43,12 @@ rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", err)
 gpu = [int(x) for x in open(f"{w}/{name}.gpu").read().split() if x.isdigit()]
 offload = [l for l in err.splitlines() if l.startswith("offload:")]
 tok = statistics.median(r["tokens_per_s"] for r in rows[2:]) if len(rows) > 2 else None
+steady = [r for r in rows[2:] if r.get("host_update_s") is not None]
+host = (f" host_update_s {statistics.median(r['host_update_s'] for r in steady):.3f}"
+        f" paged_gb_per_step {statistics.median(r['paged_in_bytes'] for r in steady) / 1e9:.2f}") if steady else ""
 print(f"{name} exit {status} tok/s {tok and round(tok)} steps {[round(r['step_s'], 3) for r in rows]}"
       f" losses {[round(r['loss'], 4) for r in rows]} host_peak_gib {rss and round(int(rss.group(1)) / 2**20, 1)}"
-      f" gpu_peak_gib {gpu and round(max(gpu) / 1024, 1)} {offload[-1] if offload else ''}")
+      f" gpu_peak_gib {gpu and round(max(gpu) / 1024, 1)}{host} {offload[-1] if offload else ''}")
 if status != "0":
     print("  " + " | ".join(l for l in err.splitlines() if l.strip() and not l.startswith(("\t", " ")))[-600:])
 EOF

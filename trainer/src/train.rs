@@ -227,6 +227,14 @@ pub struct StepMetrics {
     /// Engine only: seconds the step waited for weight uploads to land (GPU).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub upload_wait_s: Option<f64>,
+    /// `--host-params` only: seconds the host optimizer's thread spent
+    /// updating during the step (its updates run while the next forward
+    /// reads the parameters they are done with).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host_update_s: Option<f64>,
+    /// `--host-params` only: host bytes paged onto the device during the step.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub paged_in_bytes: Option<u64>,
     /// Engine only: where the step's time went.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub split: Option<burn_offload::StepSplit>,
@@ -1083,6 +1091,8 @@ impl Job<'_> {
                 upload_wait_s: Some(pager.upload_wait_ns as f64 * 1e-9),
                 split: Some(report.split),
                 gpu_reserved_bytes: gpu_reserved_bytes(),
+                host_update_s: None,
+                paged_in_bytes: None,
                 skipped: report.skipped,
                 skipped_total: outcome.skipped_total,
             })?;
@@ -1252,6 +1262,10 @@ impl Job<'_> {
                 });
             }
             let started = Instant::now();
+            let (updating, paged) = (
+                burn_offload::host_update_stats().updating,
+                burn_offload::residency::stats().bytes_to_device,
+            );
             let mut phase = Instant::now();
             let mut split = burn_offload::StepSplit::default();
             let lr = schedule.lr(step);
@@ -1306,6 +1320,12 @@ impl Job<'_> {
                 upload_wait_s: None,
                 split: timed.then_some(split),
                 gpu_reserved_bytes: gpu_reserved_bytes(),
+                host_update_s: opts
+                    .host_params
+                    .then(|| (burn_offload::host_update_stats().updating - updating).as_secs_f64()),
+                paged_in_bytes: opts
+                    .host_params
+                    .then(|| burn_offload::residency::stats().bytes_to_device - paged),
                 skipped: false,
                 skipped_total: 0,
             };
