@@ -148,11 +148,24 @@ pub fn data_rel_err(a: &TensorData, b: &TensorData) -> f32 {
 /// `Autodiff<Offload<TestBackend>>`: the type parameter's autodiff backend.
 pub type OffloadAutodiff = burn::backend::Autodiff<burn_offload::Offload<TestBackend>>;
 
+/// How closely [`train_side_by_side`]'s two models must agree: losses at
+/// every step, parameters at the end. On the CPU both sides agree to 1e-5.
+/// On the GPU burn's f32 matmuls round their operands to TF32, so the last
+/// bits in which the host AdamW and burn-optim's on the device differ (each
+/// rounds `m / √v` its own way) move later losses by TF32's steps: on the
+/// H200, 6.7e-5 at step 13 of 20 with norm clipping
+/// (bench/results/cuda-bench). The bounds are the engine tests' (a wrong
+/// update errs by 1e-3 or more on the CPU, which is the check that tells).
+#[cfg(not(feature = "cuda"))]
+pub const SIDE_BY_SIDE_TOL: (f32, f32) = (1e-5, 1e-5);
+#[cfg(feature = "cuda")]
+pub const SIDE_BY_SIDE_TOL: (f32, f32) = (1e-3, 1e-2);
+
 /// Trains `model` (on `Offload`, `OA` its autodiff backend) with `optim` and `reference` (`RA`: plain
 /// burn, from the same weights) with `ref_optim` side by side for `steps`
-/// steps of the tiny batches, asserting that the losses agree to 1e-5 at
-/// every step, calling `after_step` with the Offload model after each, and
-/// that the parameters agree to 1e-5 at the end.
+/// steps of the tiny batches, asserting that the losses agree at every step
+/// and the parameters at the end ([`SIDE_BY_SIDE_TOL`]), calling
+/// `after_step` with the Offload model after each.
 pub fn train_side_by_side<OA, RA, O, R>(
     mut model: models::Llama<OA>,
     mut reference: models::Llama<RA>,
@@ -193,7 +206,7 @@ pub fn train_side_by_side<OA, RA, O, R>(
         reference = ref_optim.step(lr, reference, grads);
 
         assert!(
-            ((loss_value - ref_value) / ref_value).abs() <= 1e-5,
+            ((loss_value - ref_value) / ref_value).abs() <= SIDE_BY_SIDE_TOL.0,
             "step {step}: {loss_value} vs {ref_value}"
         );
         after_step(step, &model);
@@ -203,6 +216,9 @@ pub fn train_side_by_side<OA, RA, O, R>(
     reference.visit(&mut want);
     for (i, (g, w)) in got.0.iter().zip(&want.0).enumerate() {
         let err = data_rel_err(g, w);
-        assert!(err <= 1e-5, "parameter {i}: relative error {err}");
+        assert!(
+            err <= SIDE_BY_SIDE_TOL.1,
+            "parameter {i}: relative error {err}"
+        );
     }
 }
