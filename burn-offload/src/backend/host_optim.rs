@@ -26,7 +26,7 @@ use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{DType, Shape, Tensor, TensorData, TensorPrimitive};
+use burn::tensor::{DType, Scalar, Shape, Tensor, TensorData, TensorPrimitive};
 
 use super::offload::Link;
 use super::{HostParams, HostTensor, OffloadTensor, OffloadWith};
@@ -208,7 +208,16 @@ impl<R: QueuedRead> Gradient<R> {
         let numel = grad.shape().num_elements();
         let grad = match grad.into_primitive() {
             TensorPrimitive::Float(OffloadTensor::Device(primitive)) => {
-                let tensor = Tensor::<B, D>::from_primitive(TensorPrimitive::Float(primitive));
+                // Read from a buffer allocated now. A queued read is ordered
+                // behind the kernels that made its buffer only as far as
+                // the buffer's allocation: burn-optim's clipping scales a
+                // gradient in place, and a read of that older buffer raced
+                // the scaling (on the H100, losses differed between runs from
+                // the first update; with a synchronous read they did not).
+                // The copy holds the original, so it cannot run in place.
+                let fresh = B::float_mul_scalar(primitive.clone(), Scalar::Float(1.0));
+                drop(primitive);
+                let tensor = Tensor::<B, D>::from_primitive(TensorPrimitive::Float(fresh));
                 let device = tensor.device();
                 let admitted = Admitted::wait(tensor.dtype().size() as u64 * numel as u64);
                 match T::start_read(tensor, true) {

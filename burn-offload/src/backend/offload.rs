@@ -258,9 +258,21 @@ impl<B: Backend> HostTensor<B> {
         }
     }
 
-    /// Whether the values can be read without waiting for an update.
+    /// Whether the values can be read without waiting: an update that has
+    /// sent them back counts (they are taken now).
     fn is_ready(&self) -> bool {
-        !matches!(&*self.values(), Values::Pending(_))
+        let mut values = self.values();
+        let Values::Pending(update) = &*values else {
+            return true;
+        };
+        match update.try_recv() {
+            Ok(data) => {
+                *values = Values::Ready(Arc::new(data));
+                true
+            }
+            // Still running, or failed: a reader reports the failure.
+            Err(_) => false,
+        }
     }
 
     /// Lends the values to an update that sends them back through the

@@ -1,0 +1,6 @@
+# Device call (ran on an NVIDIA H200), carry .device/tptests.tar.xz: the CUDA test binaries at 7fbc839,
+# cargo test --release --features cuda -p burn-offload-tests --test host_optim --test offload_backend --no-run
+. bench/gpu/cublas_env.sh
+for i in 1 2 3; do for t in host_optim offload_backend; do /tmp/tpt/$t-tests --test-threads 1; done; done
+# then, the failure's message: /tmp/tpt/host_optim-tests host_adamw_with_clipping
+#   step 13: 5.6119514 vs 5.6123266 (TF32; tests/src/lib.rs SIDE_BY_SIDE_TOL)
