@@ -148,6 +148,20 @@ pub fn data_rel_err(a: &TensorData, b: &TensorData) -> f32 {
 /// `Autodiff<Offload<TestBackend>>`: the type parameter's autodiff backend.
 pub type OffloadAutodiff = burn::backend::Autodiff<burn_offload::Offload<TestBackend>>;
 
+/// A tiny Llama initialised on `Offload` (its parameters born in host memory)
+/// and plain burn's with the same weights.
+pub fn tiny_llama_pair() -> (models::Llama<OffloadAutodiff>, models::Llama<TestAutodiff>) {
+    let device = Default::default();
+    let config = models::LlamaConfig::tiny();
+    let model = config.init::<OffloadAutodiff>(&device);
+    let mut values = ReadParams(Vec::new());
+    model.visit(&mut values);
+    let reference = config
+        .init::<TestAutodiff>(&device)
+        .map(&mut WriteParams(values.0.into_iter()));
+    (model, reference)
+}
+
 /// How closely [`train_side_by_side`]'s two models must agree: losses at
 /// every step, parameters at the end. On the CPU both sides agree to 1e-5.
 /// On the GPU burn's f32 matmuls round their operands to TF32, so the last

@@ -11,7 +11,9 @@ use burn::optim::{AdamWConfig as BurnAdamW, Optimizer, SgdConfig as BurnSgd};
 use burn::prelude::*;
 use burn::tensor::TensorPrimitive;
 use burn_offload::{AdamWConfig, HostOptimizerConfig, SgdConfig};
-use burn_offload_tests::{train_side_by_side, ReadParams, TestAutodiff as Reference, WriteParams};
+use burn_offload_tests::{
+    tiny_llama_pair, train_side_by_side, ReadParams, TestAutodiff as Reference, WriteParams,
+};
 use models::{Llama, LlamaConfig};
 
 type Off = burn_offload_tests::OffloadAutodiff;
@@ -34,14 +36,7 @@ where
     O: Optimizer<Llama<Off>, Off>,
     R: Optimizer<Llama<Reference>, Reference>,
 {
-    let device = Default::default();
-    let config = LlamaConfig::tiny();
-    let model = config.init::<Off>(&device);
-    let mut values = ReadParams(Vec::new());
-    model.visit(&mut values);
-    let reference = config
-        .init::<Reference>(&device)
-        .map(&mut WriteParams(values.0.into_iter()));
+    let (model, reference) = tiny_llama_pair();
     train_side_by_side(
         model,
         reference,

@@ -10,7 +10,9 @@ use burn::prelude::*;
 use burn::tensor::TensorPrimitive;
 use burn_offload::residency::{self, set_param_cache_bytes};
 use burn_offload::{prefetch, BlockModel, HostOptimizerConfig, HostParams};
-use burn_offload_tests::{train_side_by_side, ReadParams, TestAutodiff as Reference, WriteParams};
+use burn_offload_tests::{
+    tiny_llama_pair, train_side_by_side, ReadParams, TestAutodiff as Reference, WriteParams,
+};
 use models::{Llama, LlamaConfig};
 use std::sync::{Mutex, MutexGuard};
 
@@ -135,12 +137,7 @@ fn trace_prefetch_follows_changes_of_order_and_eviction() {
     let _turn = serial();
     let device = Default::default();
     let config = LlamaConfig::tiny();
-    let model = config.init::<Off>(&device);
-    let mut values = ReadParams(Vec::new());
-    model.visit(&mut values);
-    let reference = config
-        .init::<Reference>(&device)
-        .map(&mut WriteParams(values.0.into_iter()));
+    let (model, reference) = tiny_llama_pair();
     let block_bytes = (model.blocks()[0].num_params() * 4) as u64;
     set_param_cache_bytes(2 * block_bytes);
 

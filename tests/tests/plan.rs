@@ -341,15 +341,20 @@ fn auto_keeps_the_forward_graphs_that_fit_the_gpu() {
 /// small jobs sit on cubecl's page floor. (A 7.39B run in bench/results/cuda-bench measured
 /// 11373 MiB with the earlier attention, which kept the `[b, h, t, t]`
 /// weights for the backward; it has not been run again.)
-#[test]
-fn gpu_prediction_matches_the_h100_runs() {
-    let gpu = Machine {
+/// The lent H100 as the runs measured it: 125 GiB of host memory, 78.66 GiB
+/// free on the GPU.
+fn h100() -> Machine {
+    Machine {
         host_bytes: 125 << 30,
         host_source: "test".into(),
         device_bytes: Some((78.66 * (1u64 << 30) as f64) as u64),
         device_source: "test".into(),
-    };
-    let llama_085b = ModelConfig::Llama(LlamaConfig {
+    }
+}
+
+/// The 0.85B Llama of the bench rows.
+fn llama_085b() -> ModelConfig {
+    ModelConfig::Llama(LlamaConfig {
         vocab_size: 32000,
         d_model: 2048,
         n_layer: 16,
@@ -358,7 +363,12 @@ fn gpu_prediction_matches_the_h100_runs() {
         d_ff: 5632,
         max_seq_len: 2048,
         ..LlamaConfig::tiny()
-    });
+    })
+}
+
+#[test]
+fn gpu_prediction_matches_the_h100_runs() {
+    let (gpu, llama_085b) = (h100(), llama_085b());
     for (batch, measured_mib) in [(4, 8415.0), (16, 11423.0)] {
         let job = Job {
             batch,
@@ -430,22 +440,7 @@ fn bf16_compute_adds_two_host_bytes_per_param_and_shrinks_the_device_plan() {
 /// 75.6 GiB predicted, 57.1 measured), which only refuses runs near the edge.
 #[test]
 fn host_params_plan_matches_the_h100_runs() {
-    let gpu = Machine {
-        host_bytes: 125 << 30,
-        host_source: "test".into(),
-        device_bytes: Some((78.66 * (1u64 << 30) as f64) as u64),
-        device_source: "test".into(),
-    };
-    let llama_085b = ModelConfig::Llama(LlamaConfig {
-        vocab_size: 32000,
-        d_model: 2048,
-        n_layer: 16,
-        n_head: 32,
-        n_kv_head: 8,
-        d_ff: 5632,
-        max_seq_len: 2048,
-        ..LlamaConfig::tiny()
-    });
+    let (gpu, llama_085b) = (h100(), llama_085b());
     for (batch, measured_gib, resident_gib) in [(4, 20.0, 26.5), (16, 48.2, 57.1)] {
         let job = Job {
             batch,
