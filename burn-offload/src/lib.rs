@@ -42,7 +42,9 @@ pub use engine::{
     BatchError, ConfigError, Engine, EngineConfig, EngineError, MicroBatch, StepReport, StepSplit,
     StreamedModel,
 };
-pub use host::optim::{AdamWConfig, OptimizerConfig, OptimizerError, SgdConfig, UpdateSlices};
+pub use host::optim::{
+    AdamWConfig, GradSlice, OptimizerConfig, OptimizerError, SgdConfig, UpdateSlices,
+};
 pub use host::trace;
 pub use matmul::{matmul_names, set_matmul, DEFAULT_MATMUL};
 pub use model::{BlockModel, DecoderBlock};

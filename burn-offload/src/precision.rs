@@ -145,6 +145,26 @@ pub fn cast_params<B: Backend, M: Module<B>>(module: M, dtype: DType) -> M {
     module.map(&mut CastParams(dtype))
 }
 
+/// `module` with every float parameter replaced by a new leaf: its value
+/// cast to `dtype`, requiring a gradient where the parameter did (ids kept).
+/// Nothing is recorded: the gradients land on the cast leaves, in `dtype`
+/// (what binding the weights in `dtype` gives, from f32 weights on the device).
+pub fn cast_leaves<B: Backend, M: Module<B>>(module: M, dtype: DType) -> M {
+    struct CastLeaves(DType);
+    impl<B: Backend> ModuleMapper<B> for CastLeaves {
+        fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+            let id = param.id;
+            let value = param.into_value();
+            let require_grad = value.is_require_grad();
+            let cast = cast_to(value, self.0)
+                .detach()
+                .set_require_grad(require_grad);
+            Param::initialized(id, cast)
+        }
+    }
+    module.map(&mut CastLeaves(dtype))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

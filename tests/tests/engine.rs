@@ -60,6 +60,8 @@ fn engine_config(fused: bool) -> EngineConfig {
         overlap: true,
         host_checkpoints: true,
         compute: Compute::Fp32,
+        cast_on_device: false,
+        compute_precision_gradients: false,
         kept_graphs: 0,
         blocking_sync: true,
         hold_updates_for_copies: true,
@@ -95,7 +97,7 @@ where
             .unwrap();
         assert_eq!(want.len(), slot_count(engine.store()));
         for (id, reference) in &want {
-            let err = rel_err(engine.grad(id).unwrap(), reference);
+            let err = rel_err(&engine.grad(id).unwrap(), reference);
             assert!(
                 err <= TOL,
                 "gradient of {id} (host checkpoints: {host_checkpoints}, kept graphs: {kept_graphs}): relative error {err}"
@@ -380,7 +382,7 @@ where
     );
     let ids = burn::module::list_param_ids(&model);
     for id in &ids {
-        let err = rel_err(small.grad(id).unwrap(), large.grad(id).unwrap());
+        let err = rel_err(&small.grad(id).unwrap(), &large.grad(id).unwrap());
         assert!(err <= TOL, "gradient of {id}: relative error {err}");
     }
     // The global norm (what clipping scales by) measures the accumulated
@@ -561,9 +563,7 @@ fn engine_trains_a_model_initialised_on_offload_like_one_on_the_inner_backend() 
     let config = LlamaConfig::tiny();
     let host_model = config.init::<Offload<B>>(&device);
     // A second store with the same values, bound positionally into a model on B.
-    let layout = StoreLayout {
-        gradient_buffer: true,
-    };
+    let layout = StoreLayout::f32_gradients(true);
     let store =
         burn_offload::HostStore::from_modules(&host_model, host_model.blocks(), layout).unwrap();
     let mut on_b = Engine::with_store(
@@ -1095,7 +1095,7 @@ fn ignored_targets_contribute_nothing_to_loss_and_gradients() {
         "engine loss {loss} vs {want_loss}"
     );
     for (id, reference) in &want {
-        let err = rel_err(engine.grad(id).unwrap(), reference);
+        let err = rel_err(&engine.grad(id).unwrap(), reference);
         assert!(err <= TOL, "engine gradient of {id}: relative error {err}");
     }
 

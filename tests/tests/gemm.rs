@@ -34,6 +34,8 @@ fn engine_config() -> EngineConfig {
         overlap: true,
         host_checkpoints: true,
         compute: Compute::Fp32,
+        cast_on_device: false,
+        compute_precision_gradients: false,
         kept_graphs: 0,
         blocking_sync: true,
         hold_updates_for_copies: true,

@@ -5,7 +5,7 @@ use burn_offload::Compute;
 use burn_offload::{Engine, EngineConfig};
 use burn_offload_tests::TestBackend as B;
 use models::{Gpt2Config, LlamaConfig, ModelConfig};
-use trainer::plan::{kept_graph_bytes, BlockInputs, Job, KeptGraphs, Machine, Plan};
+use trainer::plan::{kept_graph_bytes, BlockInputs, HostLayout, Job, KeptGraphs, Machine, Plan};
 use trainer::train::{run, TrainOptions};
 
 fn job(config: ModelConfig, fused: bool) -> Job {
@@ -23,6 +23,7 @@ fn job(config: ModelConfig, fused: bool) -> Job {
         // The H100 figures below were measured with block inputs in host memory.
         block_inputs: BlockInputs::Host,
         kept_graphs: KeptGraphs::Count(0),
+        host_layout: HostLayout::Full,
     }
 }
 
@@ -78,6 +79,100 @@ fn store_prediction_matches_the_allocated_store_within_ten_percent() {
             assert_eq!(measured, per_param * config.num_params() as u64);
         }
     }
+}
+
+/// bf16 compute: the compact layout's store (the blocks' gradients in bf16)
+/// is what the engine allocates, 14 B per block parameter; it drops the
+/// bf16 weights for upload; `auto` takes it exactly when the full layout
+/// does not fit the host, and never where it cannot apply.
+#[test]
+fn compact_host_layout_is_predicted_and_chosen_when_full_does_not_fit() {
+    let llama = medium_llama();
+    let config = ModelConfig::Llama(llama.clone());
+    let full = Job {
+        compute: Compute::Bf16,
+        ..job(config.clone(), false)
+    };
+    let compact = Job {
+        host_layout: HostLayout::Compact,
+        ..full.clone()
+    };
+    let device = Default::default();
+    let engine_config = EngineConfig {
+        compute: Compute::Bf16,
+        cast_on_device: true,
+        compute_precision_gradients: true,
+        ..EngineConfig::default()
+    };
+    let mut engine = Engine::new(llama.init::<B>(&device), engine_config, &device).unwrap();
+    let measured = engine.store().host_bytes() as u64;
+    let stem = engine.store().groups[0].numel() as u64;
+    let params = config.num_params() as u64;
+    assert_eq!(measured, 14 * params + 2 * stem);
+    assert_eq!(
+        engine.compute_copy_bytes(),
+        0,
+        "no bf16 weights on the host"
+    );
+    let (p_full, p_compact) = (Plan::new(&full), Plan::new(&compact));
+    assert_eq!(p_compact.store_bytes(), measured);
+    assert!(p_compact
+        .host
+        .iter()
+        .all(|i| !i.what.contains("compute precision (uploaded)")));
+    assert_eq!(p_full.store_bytes(), 16 * params);
+    assert!(p_full.host_total() > p_compact.host_total() + 3 * params);
+
+    let auto = Job {
+        host_layout: HostLayout::Auto,
+        ..full.clone()
+    };
+    let between = machine((p_full.host_total() + p_compact.host_total()) / 2, None);
+    let roomy = machine(p_full.host_total() + (1 << 30), None);
+    // On a CPU backend the device's share comes out of host memory too.
+    let needs = |p: &Plan| p.host_total() + p.device_total();
+    let between = Machine {
+        host_bytes: (needs(&p_full) + needs(&p_compact)) / 2,
+        ..between
+    };
+    let roomy = Machine {
+        host_bytes: needs(&p_full) + (1 << 30),
+        ..roomy
+    };
+    assert_eq!(
+        auto.clone().place_host_layout(&roomy).host_layout,
+        HostLayout::Full
+    );
+    let placed = auto.clone().place_host_layout(&between);
+    assert_eq!(placed.host_layout, HostLayout::Compact);
+    assert!(Plan::new(&placed).check(&placed, &between).is_ok());
+    assert!(
+        placed.store_mode().contains("14 B/param"),
+        "{}",
+        placed.store_mode()
+    );
+    for cannot in [
+        Job {
+            accum: 2,
+            ..auto.clone()
+        },
+        Job {
+            fused: true,
+            ..auto.clone()
+        },
+        Job {
+            compute: Compute::Fp32,
+            ..auto.clone()
+        },
+    ] {
+        assert_eq!(
+            cannot.place_host_layout(&between).host_layout,
+            HostLayout::Full
+        );
+    }
+    // Forced full on the smaller host: the refusal names the compact layout.
+    let err = Plan::new(&full).check(&full, &between).unwrap_err();
+    assert!(err.contains("--host-layout compact"), "{err}");
 }
 
 #[test]

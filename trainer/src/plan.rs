@@ -46,6 +46,55 @@ pub struct Job {
     pub block_inputs: BlockInputs,
     /// How many of the last blocks keep their forward graph (no recompute).
     pub kept_graphs: KeptGraphs,
+    /// How the host holds the gradients and the weights for upload.
+    pub host_layout: HostLayout,
+}
+
+/// How the engine's host store holds what a compute precision below fp32
+/// needs beside the fp32 weights and Adam state (at fp32 there is one layout).
+/// Both are exact: clipping and the guard see every gradient before any
+/// update, with one backward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostLayout {
+    /// Compact where it applies and the full layout does not fit the host,
+    /// full otherwise.
+    Auto,
+    /// An fp32 gradient buffer and a copy of the weights in the compute
+    /// precision for upload (18 host B/param in bf16).
+    Full,
+    /// The blocks' gradients kept as they arrive, in the compute precision,
+    /// and the fp32 weights cast on the device (14 host B/param in bf16).
+    /// Needs one micro-batch per step, not fused, not resident.
+    Compact,
+}
+
+impl HostLayout {
+    pub const ALL: [HostLayout; 3] = [HostLayout::Auto, HostLayout::Full, HostLayout::Compact];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            HostLayout::Auto => "auto",
+            HostLayout::Full => "full",
+            HostLayout::Compact => "compact",
+        }
+    }
+}
+
+impl std::fmt::Display for HostLayout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for HostLayout {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        HostLayout::ALL
+            .into_iter()
+            .find(|l| l.name().eq_ignore_ascii_case(s))
+            .ok_or_else(|| format!("expected auto, full or compact, got `{s}`"))
+    }
 }
 
 /// How many blocks, counted back from the last, the engine runs forward under
@@ -138,6 +187,54 @@ impl std::str::FromStr for BlockInputs {
 }
 
 impl Job {
+    /// Whether the compact host layout can apply to this job: the engine,
+    /// not fused, one micro-batch, a compute precision below fp32.
+    pub fn compact_applies(&self) -> bool {
+        !self.resident && !self.fused && self.accum == 1 && self.compute != Compute::Fp32
+    }
+
+    /// Whether the job runs with the compact host layout (once placed).
+    pub fn compact(&self) -> bool {
+        self.host_layout == HostLayout::Compact
+    }
+
+    /// The job with [`HostLayout::Auto`] decided for `machine` (call it
+    /// first): compact where it applies and the full layout does not fit,
+    /// with the block inputs placed either way; full otherwise.
+    pub fn place_host_layout(mut self, machine: &Machine) -> Self {
+        if self.host_layout != HostLayout::Auto {
+            return self;
+        }
+        self.host_layout = HostLayout::Full;
+        if self.compact_applies() {
+            let full = self.clone().place_block_inputs(machine);
+            if Plan::new(&full).check(&full, machine).is_err() {
+                self.host_layout = HostLayout::Compact;
+            }
+        }
+        self
+    }
+
+    /// The store's mode in words, with its host bytes per parameter and
+    /// whether clipping and the guard are exact with one backward.
+    pub fn store_mode(&self) -> String {
+        if self.resident {
+            return "resident (plain burn)".into();
+        }
+        let below_fp32 = self.compute != Compute::Fp32;
+        let (name, bytes, exact) = match (self.fused, self.compact(), below_fp32) {
+            (true, ..) => (
+                "fused",
+                if below_fp32 { 14 } else { 12 },
+                "clipping or the guard run the backward twice",
+            ),
+            (false, true, _) => ("compact", 14, "exact, one backward"),
+            (false, false, true) => ("full", 18, "exact, one backward"),
+            (false, false, false) => ("full", 16, "exact, one backward"),
+        };
+        format!("host layout {name}: {bytes} B/param in the store ({exact})")
+    }
+
     /// The job with [`BlockInputs::Auto`] decided for `machine`: on a GPU the
     /// block inputs go to the device when the whole plan still fits it, else
     /// to host memory; on CPU backends the device is the host.
@@ -378,10 +475,17 @@ impl Plan {
                 host = vec![Item::held("parameters while building (fp32)", F32 * params)];
             }
         } else {
-            if !job.fused {
+            if job.fused {
+            } else if job.compact() {
+                let blocks = s.layers * s.block_params;
+                host.push(Item::held(
+                    "gradient buffer (blocks in the compute precision, stem fp32)",
+                    width * blocks + F32 * (params - blocks),
+                ));
+            } else {
                 host.push(Item::held("gradient buffer (fp32)", F32 * params));
             }
-            if job.compute != Compute::Fp32 {
+            if job.compute != Compute::Fp32 && !job.compact() {
                 host.push(Item::held(
                     "weights in the compute precision (uploaded)",
                     width * params,
@@ -399,13 +503,19 @@ impl Plan {
             // GPU a dropped block's buffers stay reserved until a later bind
             // has waited for its last kernels (`cuda::UploadPool`).
             let blocks = if job.gpu { 3 } else { 2 };
+            // Compact: the blocks arrive in fp32 and two are cast at a time.
+            let block_bytes = if job.compact() {
+                (F32 * blocks + width * 2) * s.block_params
+            } else {
+                width * blocks * s.block_params
+            };
             device.push(Item::held(
                 if job.gpu {
                     "weights: stem + three blocks (bound, copying, retiring)"
                 } else {
                     "weights: stem + two blocks"
                 },
-                F32 * s.stem_params + width * blocks * s.block_params,
+                F32 * s.stem_params + block_bytes,
             ));
             let checkpoints = width * (s.layers + 1) * tokens * s.d;
             if job.gpu && job.block_inputs == BlockInputs::Host {
@@ -594,10 +704,8 @@ impl Plan {
         if host > machine.host_bytes {
             let store = if job.resident {
                 String::new()
-            } else if job.fused {
-                " (12 B/param: weights, Adam m and v; plus buffers)".to_string()
             } else {
-                " (16 B/param: weights, Adam m and v, gradients; plus buffers)".to_string()
+                format!(" ({}; plus buffers)", job.store_mode())
             };
             // The lent GPU hosts grow RAM on demand: MemAvailable at start can understate.
             let grows = if machine.host_source == "MemAvailable" {
@@ -657,6 +765,16 @@ fn suggestion(job: &Job, machine: &Machine) -> String {
                 ..job.clone()
             },
             "drop --resident (stream from host memory)".to_string(),
+        ));
+    }
+    if job.compact_applies() && !job.compact() {
+        tries.push((
+            Job {
+                host_layout: HostLayout::Compact,
+                ..job.clone()
+            },
+            "--host-layout compact (14 B/param on the host, exact clipping with one backward)"
+                .to_string(),
         ));
     }
     if !job.fused && !job.resident {

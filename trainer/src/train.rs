@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 use crate::data::{default_corpus, Batcher};
 use crate::instruct::{self, DataFormat};
 use crate::outputs::{check_writable_folder, MetricsFile, ResumeMarker};
-use crate::plan::{BlockInputs, Job as PlanJob, KeptGraphs, Machine, Plan};
+use crate::plan::{BlockInputs, HostLayout, Job as PlanJob, KeptGraphs, Machine, Plan};
 use crate::schedule::WarmupCosine;
 use crate::signals;
 use crate::token_cache;
@@ -91,6 +91,9 @@ pub struct TrainOptions {
     pub loss_chunk_tokens: usize,
     /// Engine on a GPU: where the block inputs it recomputes from are kept.
     pub block_inputs: BlockInputs,
+    /// Engine below fp32 compute: how the host holds gradients and the
+    /// weights for upload (`auto`: compact when the full layout does not fit).
+    pub host_layout: HostLayout,
     /// Engine: how many of the last blocks keep their forward graph on the
     /// device instead of being recomputed (`auto`: as many as fit a GPU).
     pub kept_graphs: KeptGraphs,
@@ -164,6 +167,7 @@ impl Default for TrainOptions {
             matmul: burn_offload::DEFAULT_MATMUL.into(),
             loss_chunk_tokens: 4096,
             block_inputs: BlockInputs::Auto,
+            host_layout: HostLayout::Auto,
             kept_graphs: KeptGraphs::Auto,
             checkpoint_dir: None,
             checkpoint_every: 0,
@@ -372,6 +376,22 @@ fn validate(opts: &TrainOptions) -> Result<()> {
     if let Some((flag, _)) = engine_only.iter().find(|(_, set)| opts.resident && *set) {
         bail!("{flag} is an option of the offload engine; drop it or --resident");
     }
+    if opts.host_layout == HostLayout::Compact {
+        let why = if opts.resident {
+            Some("is an option of the offload engine; drop it or --resident")
+        } else if opts.fused {
+            Some("keeps a gradient buffer, which --fused does not have")
+        } else if opts.accum > 1 {
+            Some("keeps gradients as they arrive and cannot accumulate micro-batches (--accum)")
+        } else if opts.compute == Compute::Fp32 {
+            Some("applies to a compute precision below fp32 (--compute bf16)")
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            bail!("--host-layout compact {why}");
+        }
+    }
     if opts.host_params && !opts.resident {
         bail!("--host-params is an option of plain burn training; add --resident");
     }
@@ -420,6 +440,9 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
         bail!("--data-cache holds tokenized text corpora; --data is not a text corpus");
     }
     let placed = check_memory(opts)?;
+    if opts.progress && !opts.resident {
+        eprintln!("memory plan: {}", placed.store_mode());
+    }
     let (batcher, corpus) = match (&opts.data, format) {
         (Some(path), DataFormat::Alpaca | DataFormat::Sharegpt | DataFormat::Chat) => {
             let shaping = instruct::Shaping {
@@ -560,6 +583,7 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
         corpus,
         block_inputs: placed.block_inputs,
         kept_graphs: placed.kept_graphs.count(),
+        compact: placed.compact(),
         building: Instant::now(),
     };
     // `--host-params`: the same loop over `Offload<B>` with the host AdamW.
@@ -860,7 +884,9 @@ pub fn plan(opts: &TrainOptions, machine: &Machine) -> Result<(Plan, PlanJob)> {
         gpu: cfg!(feature = "cuda"),
         block_inputs: opts.block_inputs,
         kept_graphs: opts.kept_graphs,
+        host_layout: opts.host_layout,
     }
+    .place_host_layout(machine)
     .place_block_inputs(machine)
     .place_kept_graphs(machine);
     Ok((Plan::new(&job), job))
@@ -904,6 +930,8 @@ struct Job<'a> {
     block_inputs: BlockInputs,
     /// Blocks whose forward graph the engine keeps (decided by the memory plan).
     kept_graphs: usize,
+    /// The compact host layout (decided by the memory plan).
+    compact: bool,
     /// When the model began to be built (initialisation time is reported).
     building: Instant,
 }
@@ -959,6 +987,8 @@ impl Job<'_> {
             overlap: !opts.serial_copies,
             host_checkpoints: self.block_inputs == BlockInputs::Host,
             compute: opts.compute,
+            cast_on_device: self.compact,
+            compute_precision_gradients: self.compact,
             kept_graphs: self.kept_graphs,
             blocking_sync: !opts.spin_waits,
             hold_updates_for_copies: !opts.updates_during_copies,
@@ -970,7 +1000,7 @@ impl Job<'_> {
             let copies = engine.compute_copy_bytes();
             let store = engine.store();
             eprintln!(
-                "host store ready: {} parameters, {:.2} GiB ({} B/param) in {:.1} s; host peak so far {:.2} GiB",
+                "host store ready: {} parameters, {:.2} GiB ({:.1} B/param) in {:.1} s; host peak so far {:.2} GiB",
                 human_count(store.num_params()),
                 store.host_bytes() as f64 / GIB,
                 store.bytes_per_param(),

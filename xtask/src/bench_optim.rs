@@ -10,8 +10,8 @@ use burn::backend::{Autodiff, Flex};
 use burn::module::{Module, Param};
 use burn::optim::{AdamWConfig as BurnAdamW, GradientsParams, Optimizer};
 use burn::tensor::{Distribution, Tensor};
-use burn_offload::UpdateSlices;
 use burn_offload::{AdamWConfig, OptimizerConfig};
+use burn_offload::{GradSlice, UpdateSlices};
 use serde::Serialize;
 
 #[derive(clap::Args)]
@@ -97,7 +97,7 @@ pub fn run(args: Args) -> Result<()> {
             params: &mut p,
             m: &mut m,
             v: &mut v,
-            grads: &grads,
+            grads: GradSlice::F32(&grads),
             bf16: None,
         };
         OptimizerConfig::AdamW(config).update(step, 1e-3, 1.0, slices);
@@ -111,7 +111,7 @@ pub fn run(args: Args) -> Result<()> {
             params: &mut p,
             m: &mut m,
             v: &mut v,
-            grads: &grads,
+            grads: GradSlice::F32(&grads),
             bf16: Some(&mut copy),
         };
         OptimizerConfig::AdamW(config).update(step, 1e-3, 1.0, slices);

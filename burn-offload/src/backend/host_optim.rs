@@ -30,7 +30,7 @@ use burn::tensor::{DType, Scalar, Shape, Tensor, TensorData, TensorPrimitive};
 
 use super::offload::Link;
 use super::{HostParams, HostTensor, OffloadTensor, OffloadWith};
-use crate::host::optim::{AdamWConfig, OptimizerConfig, SgdConfig, UpdateSlices};
+use crate::host::optim::{AdamWConfig, GradSlice, OptimizerConfig, SgdConfig, UpdateSlices};
 use crate::transfer::{QueuedRead, Transfer};
 
 /// A host optimizer's settings: AdamW or SGD (the engine's
@@ -427,7 +427,7 @@ impl<B: Backend, T: Transfer> SimpleOptimizer<OffloadWith<B, T>> for HostOptimiz
                         params: params.values(),
                         m: m.values(),
                         v: v.values(),
-                        grads,
+                        grads: GradSlice::F32(grads),
                         bf16: None,
                     },
                 )

@@ -177,6 +177,23 @@ impl PendingRead {
 }
 
 impl PendingRead {
+    /// Waits for the copy and writes its values over `out` as bf16: a bf16
+    /// tensor's bytes straight from the staging buffer, an f32 one's rounded.
+    pub(crate) fn finish_bf16(self, out: &mut [bf16]) {
+        assert_eq!(out.len(), self.len, "gradient length");
+        bind_context(&self.device);
+        let bytes = burn_cubecl::cubecl::future::block_on(self.future)
+            .unwrap_or_else(|e| panic!("CUDA device-to-host copy failed: {e:?}"));
+        let raw = &bytes[..self.len * self.dtype.size()];
+        if self.dtype == DType::BF16 {
+            copy_bytes(bytemuck::cast_slice_mut(out), raw);
+        } else {
+            crate::host::bf16::round_into_par(out, &aligned::<f32>(raw));
+        }
+    }
+}
+
+impl PendingRead {
     /// Waits for the copy and hands `f` the values as f32: in cubecl's
     /// page-locked staging for an f32 tensor, else widened into `scratch`.
     pub(crate) fn finish_with<R>(

@@ -40,6 +40,10 @@ impl QueuedRead for PendingRead {
         PendingRead::finish(self, out, accumulate)
     }
 
+    fn finish_bf16(self, out: &mut [burn::tensor::bf16]) {
+        PendingRead::finish_bf16(self, out)
+    }
+
     fn finish_with<R>(self, scratch: &mut Vec<f32>, len: usize, f: impl FnOnce(&[f32]) -> R) -> R {
         PendingRead::finish_with(self, scratch, len, f)
     }

@@ -64,6 +64,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
                 // Block i's weights and checkpoint have landed; block i-1's
                 // weights are copied while block i computes.
                 self.pager.ready::<B>(&self.device);
+                let block = self.landed(block);
                 if i > 0 {
                     next = Some(self.bind_block_ad(blocks, i - 1));
                 }

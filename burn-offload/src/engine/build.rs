@@ -26,6 +26,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         config.validate::<B>(device)?;
         let layout = StoreLayout {
             gradient_buffer: !config.fused,
+            bf16_block_gradients: config.compute_precision_gradients,
         };
         let block_ids = param_ids(model.blocks());
         // Lazily initialised weights are drawn one tensor at a time, straight
@@ -48,6 +49,14 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
             return Err(ConfigError::StoreLayout {
                 store_has_buffer: store.layout.gradient_buffer,
                 fused: config.fused,
+            }
+            .into());
+        }
+        if store.layout.gradient_buffer
+            && store.layout.bf16_block_gradients != config.compute_precision_gradients
+        {
+            return Err(ConfigError::GradientPrecision {
+                store_bf16: store.layout.bf16_block_gradients,
             }
             .into());
         }
@@ -90,7 +99,8 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         if config.blocking_sync {
             pager.blocking_sync::<B>(device);
         }
-        let bf16 = (config.compute == Compute::Bf16).then(|| Bf16Weights::new(&store));
+        let bf16 = (config.compute == Compute::Bf16 && !config.cast_on_device)
+            .then(|| Bf16Weights::new(&store));
         // What is uploaded: the f32 slabs, or in bf16 mode the bf16 copies
         // and the stem's f32 slab (the embedding phases bind it in f32).
         let f32_groups = match &bf16 {

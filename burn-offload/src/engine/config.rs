@@ -31,6 +31,16 @@ pub struct EngineConfig {
     pub host_checkpoints: bool,
     /// The precision the device computes in; the host state stays f32.
     pub compute: Compute,
+    /// With a compute precision below f32: upload the f32 weights and cast
+    /// them on the device, instead of keeping a copy in the compute
+    /// precision in host memory (2 host bytes/param fewer, twice the bytes
+    /// uploaded). The same values reach the kernels either way.
+    pub cast_on_device: bool,
+    /// With a compute precision below f32 and a gradient buffer: the blocks'
+    /// gradients are kept in host memory as they arrive, in the compute
+    /// precision (2 host bytes/param fewer). Exact, since nothing is added
+    /// to them: a step takes one micro-batch.
+    pub compute_precision_gradients: bool,
     /// Blocks, counted back from the last, whose forward runs under
     /// `Autodiff` and keeps its graph on the device until the backward, which
     /// then seeds it directly instead of recomputing the block from its
@@ -61,6 +71,8 @@ impl Default for EngineConfig {
             overlap: true,
             host_checkpoints: true,
             compute: Compute::Fp32,
+            cast_on_device: false,
+            compute_precision_gradients: false,
             kept_graphs: 0,
             blocking_sync: true,
             hold_updates_for_copies: true,
@@ -78,6 +90,17 @@ impl EngineConfig {
             .map_err(ConfigError::Precision)?;
         if self.loss_chunk_tokens == 0 {
             return Err(ConfigError::LossChunk.into());
+        }
+        if self.compute == Compute::Fp32 {
+            if self.cast_on_device {
+                return Err(ConfigError::NeedsLowPrecision("cast_on_device").into());
+            }
+            if self.compute_precision_gradients {
+                return Err(ConfigError::NeedsLowPrecision("compute_precision_gradients").into());
+            }
+        }
+        if self.compute_precision_gradients && self.fused {
+            return Err(ConfigError::FusedGradients.into());
         }
         if let Some(clip) = self.grad_clip {
             if !(clip.is_finite() && clip > 0.0) {
@@ -148,6 +171,25 @@ pub enum ConfigError {
     /// A gradient buffer asked of fused mode.
     #[error("fused mode keeps no gradient buffer")]
     FusedGradients,
+    /// A setting that only applies below f32 compute, asked with f32.
+    #[error("{0} applies only to a compute precision below fp32")]
+    NeedsLowPrecision(&'static str),
+    /// More than one micro-batch with gradients kept in the compute precision.
+    #[error(
+        "gradients kept in the compute precision cannot accumulate micro-batches; use one \
+         micro-batch or an f32 gradient buffer"
+    )]
+    CompactAccumulation,
+    /// A store whose gradient buffers are not in the precision the engine keeps them in.
+    #[error(
+        "store keeps the blocks' gradients in {}, the engine in {}",
+        if *store_bf16 { "bf16" } else { "f32" },
+        if *store_bf16 { "f32" } else { "bf16" }
+    )]
+    GradientPrecision {
+        /// Whether the store's block gradient buffers are bf16.
+        store_bf16: bool,
+    },
 }
 
 /// Micro-batches the engine cannot train on.

@@ -18,6 +18,7 @@ use crate::host::lookup::{check_tokens, gather_rows, scatter_add_rows, TokenRows
 use crate::host::norm::sum_of_squares;
 use crate::ops::embedding::segment_sums;
 use crate::precision::cast_to;
+use crate::store::GradBuffer;
 use crate::transfer::PendingGradients;
 use crate::BlockModel;
 
@@ -244,8 +245,8 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         let grads = &mut group
             .grads
             .as_mut()
-            .expect("gradient buffer")
-            .as_mut_slice()[table.range()];
+            .and_then(GradBuffer::f32_mut)
+            .expect("an f32 gradient buffer (the stem's)")[table.range()];
         let added = self
             .table_touch
             .scatter(grads, table.shape.as_slice(), &tokens, &dy);

@@ -12,7 +12,7 @@ use super::StreamedModel;
 use super::{BlockAd, Engine, EngineError, AD};
 use crate::engine::config::BatchError;
 use crate::host::{throttle, trace};
-use crate::precision::cast_to;
+use crate::precision::{cast_leaves, cast_to};
 use crate::transfer::Stash;
 use crate::{BlockModel, DecoderBlock};
 
@@ -115,6 +115,10 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
             let block = next.take().expect("block bound ahead");
             // Block i's weights have landed.
             self.pager.ready::<B>(&self.device);
+            let block = match block {
+                ForwardBlock::Plain(block) => ForwardBlock::Plain(self.landed(block)),
+                ForwardBlock::Graph(block) => ForwardBlock::Graph(self.landed(block)),
+            };
             if i < 2 {
                 self.mark(format_args!("block {i} landed"));
             }
@@ -163,6 +167,19 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
             }
         }
         Ok((x, state))
+    }
+
+    /// A module bound in the compute precision, once its copies have landed
+    /// ([`crate::transfer::Pager::ready`]): with
+    /// [`EngineConfig::cast_on_device`](super::EngineConfig::cast_on_device)
+    /// its f32 weights are cast on the device now, as new leaves (so its
+    /// gradients come back in the compute precision, as from a bf16 bind).
+    pub(super) fn landed<X: Backend, T: Module<X>>(&self, module: T) -> T {
+        if self.config.cast_on_device {
+            cast_leaves(module, self.config.compute.dtype())
+        } else {
+            module
+        }
     }
 
     /// Binds block `i` (its weights paged in) for graph-free forward.
@@ -241,6 +258,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         let (x, _) = self.stream_forward(&blocks, inputs, false)?;
         let stem = self.bind_stem::<B, M>(self.template.clone(), false, false);
         self.pager.ready::<B>(&self.device);
+        let stem = self.landed(stem);
         let logits = stem.head(x.narrow(1, seq - 1, 1));
         drop(stem);
         self.pager.evict(0);

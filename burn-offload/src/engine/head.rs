@@ -51,6 +51,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
             false,
         );
         self.pager.ready::<B>(&self.device);
+        let stem_ad = self.landed(stem_ad);
         // The last recomputed block's weights are copied during the head
         // (kept blocks are still bound from the forward).
         let next = (first_kept == num_blocks && num_blocks > 0)

@@ -2,6 +2,7 @@
 //! applied first), single parameters and their gradients and moments, the
 //! whole model, checkpoints, and trace marks.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use burn::module::{ModuleMapper, Param, ParamId};
@@ -104,12 +105,14 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         Some(&self.store.groups[g].params.as_slice()[slot.range()])
     }
 
-    /// The accumulated gradient of a parameter (`None` in fused mode).
-    pub fn grad(&mut self, id: &ParamId) -> Option<&[f32]> {
+    /// The accumulated gradient of a parameter (`None` in fused mode), as
+    /// f32 (widened where the buffer holds bf16).
+    pub fn grad(&mut self, id: &ParamId) -> Option<Cow<'_, [f32]>> {
         let (g, k) = *self.slot_of.get(id)?;
         self.settle(g);
         let slot = &self.store.groups[g].slots[k];
-        Some(&self.store.groups[g].grads.as_ref()?.as_slice()[slot.range()])
+        let grads = self.store.groups[g].grads.as_ref()?.values();
+        Some(grads.f32_range(slot.range()))
     }
 
     /// Adam moments `(m, v)` of a parameter.

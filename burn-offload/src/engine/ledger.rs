@@ -192,7 +192,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
                     .grads
                     .as_ref()
                     .expect("gradient buffer in non-fused mode")
-                    .as_slice(),
+                    .values(),
                 bf16: lent
                     .bf16
                     .as_mut()

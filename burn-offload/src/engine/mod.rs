@@ -302,6 +302,9 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
     ) -> Result<(f32, f64), EngineError> {
         self.check_batches(micro_batches)?;
         let k = micro_batches.len();
+        if self.config.compute_precision_gradients && k > 1 {
+            return Err(ConfigError::CompactAccumulation.into());
+        }
         let weight = token_weight(micro_batches);
         let mut loss = 0.0;
         self.group_sum_sq = vec![0.0; self.store.groups.len()];

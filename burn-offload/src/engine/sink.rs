@@ -8,9 +8,10 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 
 use super::StreamedModel;
 use super::{DeviceTransfer, Engine, AD};
-use crate::host::norm::{sum_of_squares, sum_of_squares_outside};
-use crate::host::optim::UpdateSlices;
+use crate::host::norm::{grad_sum_of_squares, sum_of_squares, sum_of_squares_outside};
+use crate::host::optim::{GradSlice, UpdateSlices};
 use crate::host::rows::{write_into, write_into_sum_sq};
+use crate::store::GradBuffer;
 use crate::transfer::PendingGradients;
 
 /// Where a block's gradients go once they are on the host.
@@ -47,17 +48,24 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
             g,
             false,
             Box::new(move |lent| {
-                let grads = lent
-                    .slabs
-                    .grads
-                    .as_mut()
-                    .expect("gradient buffer")
-                    .as_mut_slice();
-                pending.finish(grads, !first);
-                if last {
-                    sum_of_squares_outside(grads, unmeasured)
-                } else {
-                    0.0
+                let buffer = lent.slabs.grads.as_mut().expect("gradient buffer");
+                match buffer {
+                    GradBuffer::F32(slab) => {
+                        let grads = slab.as_mut_slice();
+                        pending.finish(grads, !first);
+                        if last {
+                            sum_of_squares_outside(grads, unmeasured)
+                        } else {
+                            0.0
+                        }
+                    }
+                    GradBuffer::Bf16(slab) => {
+                        // One micro-batch (checked when the step starts),
+                        // a whole block (measured whole).
+                        debug_assert!(first && last && unmeasured.is_empty());
+                        pending.finish_bf16(slab.as_mut_slice());
+                        grad_sum_of_squares(GradSlice::Bf16(slab.as_slice()))
+                    }
                 }
             }),
         );
@@ -76,8 +84,8 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
                 let buffer = group
                     .grads
                     .as_mut()
-                    .expect("gradient buffer")
-                    .as_mut_slice();
+                    .and_then(GradBuffer::f32_mut)
+                    .expect("an f32 gradient buffer (the stem's)");
                 match (*last, g, self.embedding_slot) {
                     (false, ..) => write_into(buffer, grads, !*first),
                     // Measured as the early fold does (head, then table), so
@@ -103,7 +111,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
                     params: group.params.as_mut_slice(),
                     m: group.adam_m.as_mut_slice(),
                     v: group.adam_v.as_mut_slice(),
-                    grads,
+                    grads: GradSlice::F32(grads),
                     bf16: self.bf16.as_mut().map(|c| c.updated(g)),
                 };
                 self.config.optimizer.update(*step, *lr, *scale, slices);

@@ -1,7 +1,9 @@
-//! Page-aligned host buffers: what DMA engines and page-locking want.
+//! Page-aligned host buffers (f32, and bf16 viewed in one): what DMA
+//! engines and page-locking want.
 
 use std::alloc::{self, Layout};
 
+use burn::tensor::bf16;
 use rayon::prelude::*;
 
 const PAGE: usize = 4096;
@@ -86,5 +88,47 @@ impl Drop for Slab {
             // SAFETY: allocated in `zeros` with this exact layout.
             unsafe { alloc::dealloc(self.ptr as *mut u8, Self::layout(self.len)) }
         }
+    }
+}
+
+/// A page-aligned, zero-initialised `bf16` buffer: a [`Slab`] of half as
+/// many `f32`, viewed as bf16.
+pub struct Bf16Slab {
+    slab: Slab,
+    len: usize,
+}
+
+impl Bf16Slab {
+    /// `len` zeros, page-aligned.
+    pub fn zeros(len: usize) -> Self {
+        Self {
+            slab: Slab::zeros(len.div_ceil(2)),
+            len,
+        }
+    }
+
+    /// Number of `bf16` in the slab.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the slab holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes this slab occupies.
+    pub fn bytes(&self) -> usize {
+        self.slab.bytes()
+    }
+
+    /// The values.
+    pub fn as_slice(&self) -> &[bf16] {
+        &bytemuck::cast_slice(self.slab.as_slice())[..self.len]
+    }
+
+    /// The values, to write.
+    pub fn as_mut_slice(&mut self) -> &mut [bf16] {
+        &mut bytemuck::cast_slice_mut(self.slab.as_mut_slice())[..self.len]
     }
 }

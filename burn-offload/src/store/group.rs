@@ -1,6 +1,7 @@
 //! One parameter group's state: its slot table and slabs.
 
-use crate::host::slab::Slab;
+use crate::host::optim::GradSlice;
+use crate::host::slab::{Bf16Slab, Slab};
 
 /// Where one parameter lives inside its group's slabs. Slots are in the order
 /// burn visits a module's parameters, which is how binding matches them.
@@ -35,7 +36,70 @@ pub struct ParamGroup {
     pub adam_v: Slab,
     /// Accumulated gradients; `None` in fused mode, where each block's gradient
     /// is applied as soon as it arrives and never stored whole.
-    pub grads: Option<Slab>,
+    pub grads: Option<GradBuffer>,
+}
+
+/// A group's gradient buffer: f32, or bf16 where a block's gradient arrives
+/// in bf16 and is not accumulated (kept as it arrived: nothing is lost, and
+/// it costs half the host memory).
+pub enum GradBuffer {
+    /// f32 values.
+    F32(Slab),
+    /// bf16 values.
+    Bf16(Bf16Slab),
+}
+
+impl GradBuffer {
+    /// `len` zeros, in bf16 with `bf16`.
+    pub fn zeros(len: usize, bf16: bool) -> Self {
+        if bf16 {
+            GradBuffer::Bf16(Bf16Slab::zeros(len))
+        } else {
+            GradBuffer::F32(Slab::zeros(len))
+        }
+    }
+
+    /// An empty buffer of the same kind (what a lent group keeps).
+    fn empty_like(&self) -> Self {
+        Self::zeros(0, matches!(self, GradBuffer::Bf16(_)))
+    }
+
+    /// Number of values.
+    pub fn len(&self) -> usize {
+        match self {
+            GradBuffer::F32(s) => s.len(),
+            GradBuffer::Bf16(s) => s.len(),
+        }
+    }
+
+    /// Whether it holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes it occupies.
+    pub fn bytes(&self) -> usize {
+        match self {
+            GradBuffer::F32(s) => s.bytes(),
+            GradBuffer::Bf16(s) => s.bytes(),
+        }
+    }
+
+    /// The values.
+    pub fn values(&self) -> GradSlice<'_> {
+        match self {
+            GradBuffer::F32(s) => GradSlice::F32(s.as_slice()),
+            GradBuffer::Bf16(s) => GradSlice::Bf16(s.as_slice()),
+        }
+    }
+
+    /// The values of an f32 buffer, to write (the stem's always is).
+    pub fn f32_mut(&mut self) -> Option<&mut [f32]> {
+        match self {
+            GradBuffer::F32(s) => Some(s.as_mut_slice()),
+            GradBuffer::Bf16(_) => None,
+        }
+    }
 }
 
 /// A group's slabs without its layout: what the engine lends to its host
@@ -48,7 +112,7 @@ pub struct GroupSlabs {
     /// Second moment.
     pub adam_v: Slab,
     /// Accumulated gradients (none in fused mode).
-    pub grads: Option<Slab>,
+    pub grads: Option<GradBuffer>,
 }
 
 impl ParamGroup {
@@ -66,7 +130,10 @@ impl ParamGroup {
             params: std::mem::replace(&mut self.params, empty()),
             adam_m: std::mem::replace(&mut self.adam_m, empty()),
             adam_v: std::mem::replace(&mut self.adam_v, empty()),
-            grads: self.grads.as_mut().map(|g| std::mem::replace(g, empty())),
+            grads: self.grads.as_mut().map(|g| {
+                let empty = g.empty_like();
+                std::mem::replace(g, empty)
+            }),
         }
     }
 

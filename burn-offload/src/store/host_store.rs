@@ -15,7 +15,7 @@ use burn::module::{Module, ParamId};
 use burn::tensor::backend::Backend;
 
 use super::template::{param_ids, Collect, Fill, ReadBack, Visited};
-use super::{ParamGroup, ParamSlot};
+use super::{GradBuffer, ParamGroup, ParamSlot};
 use crate::host::slab::Slab;
 
 /// Draws every lazily initialised parameter of a module.
@@ -40,6 +40,19 @@ impl ReadBack for ReadData {}
 pub struct StoreLayout {
     /// Keep a full gradient buffer (16 bytes/param) or not (fused: 12 bytes/param).
     pub gradient_buffer: bool,
+    /// The blocks' gradient buffers hold bf16 (14 bytes/param for the
+    /// blocks); the stem's stays f32.
+    pub bf16_block_gradients: bool,
+}
+
+impl StoreLayout {
+    /// An f32 gradient buffer (`true`) or none.
+    pub fn f32_gradients(gradient_buffer: bool) -> Self {
+        Self {
+            gradient_buffer,
+            bf16_block_gradients: false,
+        }
+    }
 }
 
 /// Why a model could not be put into (or taken out of) a store.
@@ -134,7 +147,7 @@ impl HostStore {
             for (k, p) in params.iter().enumerate() {
                 slot_of.insert(p.id, (g, k));
             }
-            groups.push(Self::empty_group(&params, layout));
+            groups.push(Self::empty_group(&params, layout, g > 0));
         }
         let mut fill = Fill::<R> {
             groups: &mut groups,
@@ -146,7 +159,7 @@ impl HostStore {
     }
 
     /// A group with slabs for `params` (values not filled in).
-    fn empty_group(params: &[Visited], layout: StoreLayout) -> ParamGroup {
+    fn empty_group(params: &[Visited], layout: StoreLayout, block: bool) -> ParamGroup {
         let mut slots = Vec::with_capacity(params.len());
         let mut offset = 0;
         for p in params {
@@ -164,7 +177,9 @@ impl HostStore {
             params: Slab::zeros(offset),
             adam_m: Slab::zeros(offset),
             adam_v: Slab::zeros(offset),
-            grads: layout.gradient_buffer.then(|| Slab::zeros(offset)),
+            grads: layout
+                .gradient_buffer
+                .then(|| GradBuffer::zeros(offset, block && layout.bf16_block_gradients)),
         }
     }
 
@@ -191,13 +206,11 @@ impl HostStore {
         self.groups.iter().map(ParamGroup::numel).sum()
     }
 
-    /// Host bytes held per parameter by the store (16 with a gradient buffer, 12 fused).
-    pub fn bytes_per_param(&self) -> usize {
-        if self.layout.gradient_buffer {
-            16
-        } else {
-            12
-        }
+    /// Host bytes held per parameter by the store: 12 for the weights and
+    /// both moments, and the gradient buffer's (4, 2 in bf16, none fused), on
+    /// average over the groups.
+    pub fn bytes_per_param(&self) -> f64 {
+        self.host_bytes() as f64 / self.num_params().max(1) as f64
     }
 
     /// Host bytes held by all slabs.
@@ -208,7 +221,7 @@ impl HostStore {
                 g.params.bytes()
                     + g.adam_m.bytes()
                     + g.adam_v.bytes()
-                    + g.grads.as_ref().map_or(0, Slab::bytes)
+                    + g.grads.as_ref().map_or(0, GradBuffer::bytes)
             })
             .sum()
     }

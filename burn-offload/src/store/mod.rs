@@ -9,7 +9,7 @@ mod host_store;
 mod template;
 
 pub use bf16::Bf16Weights;
-pub use group::{GroupSlabs, ParamGroup, ParamSlot};
+pub use group::{GradBuffer, GroupSlabs, ParamGroup, ParamSlot};
 pub use host_store::{HostStore, StoreError, StoreLayout};
 pub use template::ReadBack;
 pub(crate) use template::{param_ids, Collect, ToPlaceholders};

@@ -13,8 +13,9 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use burn::tensor::backend::Backend;
-use burn::tensor::{DType, Tensor};
+use burn::tensor::{bf16, DType, Tensor};
 
+use crate::host::bf16::round_into_par;
 use crate::store::ReadBack;
 
 /// A callback run once the uploads started before it have landed.
@@ -49,6 +50,16 @@ pub trait QueuedRead: Send {
     /// Waits for the copy and writes (or, with `accumulate`, adds) the
     /// values into `out` (same length, f32).
     fn finish(self, out: &mut [f32], accumulate: bool);
+    /// Waits for the copy and writes its values over `out` as bf16 (rounded
+    /// to nearest even from f32; a bf16 tensor's arrive unchanged).
+    fn finish_bf16(self, out: &mut [bf16])
+    where
+        Self: Sized,
+    {
+        let mut scratch = vec![0.0; out.len()];
+        self.finish(&mut scratch, false);
+        round_into_par(out, &scratch);
+    }
     /// Waits for the copy and hands `f` its values as f32, where they
     /// landed if they are f32 (no second copy), else widened into `scratch`.
     fn finish_with<R>(self, scratch: &mut Vec<f32>, len: usize, f: impl FnOnce(&[f32]) -> R) -> R

@@ -6,10 +6,11 @@ use std::collections::HashSet;
 
 use burn::module::{ModuleVisitor, Param, ParamId};
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{DType, Tensor};
+use burn::tensor::{bf16, DType, Tensor};
 use rayon::prelude::*;
 
 use super::{PagerStats, QueuedRead, Transfer};
+use crate::host::bf16::round_into_par;
 use crate::host::rows::write_into;
 use crate::store::ParamGroup;
 
@@ -37,6 +38,19 @@ impl<T: Transfer> PendingGradients<T> {
                 None if accumulate => {}
                 None => out.par_chunks_mut(1 << 16).for_each(|c| c.fill(0.0)),
                 Some(grad) => grad.finish(out, accumulate),
+            }
+        }
+    }
+
+    /// [`PendingGradients::finish`] into a bf16 buffer, written over: for
+    /// gradients computed in bf16, whose values arrive unchanged.
+    pub fn finish_bf16(self, out: &mut [bf16]) {
+        for (range, grad) in self.slots {
+            let out = &mut out[range];
+            match grad {
+                None => out.par_chunks_mut(1 << 16).for_each(|c| c.fill(bf16::ZERO)),
+                Some(PendingGrad::Queued(read)) => read.finish_bf16(out),
+                Some(PendingGrad::Read(values)) => round_into_par(out, &values),
             }
         }
     }

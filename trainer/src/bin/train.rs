@@ -147,6 +147,14 @@ struct Cli {
     /// still fits the GPU with them there (`--plan` shows the choice).
     #[arg(long, default_value = "auto")]
     block_inputs: trainer::plan::BlockInputs,
+    /// Engine below fp32 compute: how the host holds the gradients and the
+    /// weights for upload. `full`: an fp32 gradient buffer and bf16 weights
+    /// (18 B/param); `compact`: the blocks' gradients kept in bf16 as they
+    /// arrive and the fp32 weights cast on the GPU (14 B/param; one
+    /// micro-batch per step); both exact with one backward. `auto`: compact
+    /// when full does not fit the host (`--plan` shows the choice).
+    #[arg(long, default_value = "auto")]
+    host_layout: trainer::plan::HostLayout,
     /// Engine: how many of the last blocks run their forward under autodiff
     /// and keep the graph on the device until the backward, which then skips
     /// their recompute. `auto`: on a GPU, as many as the memory plan fits in
@@ -198,7 +206,7 @@ struct Cli {
 /// in `TrainOptions`' validation.)
 fn refuse_ignored_flags(matches: &ArgMatches, cli: &Cli) -> Result<(), String> {
     let given = |id: &str| matches.value_source(id) == Some(ValueSource::CommandLine);
-    let rules: [(&str, &str, bool, &str); 7] = [
+    let rules: [(&str, &str, bool, &str); 8] = [
         (
             "keep",
             "--keep",
@@ -238,6 +246,12 @@ fn refuse_ignored_flags(matches: &ArgMatches, cli: &Cli) -> Result<(), String> {
         (
             "keep_graphs",
             "--keep-graphs",
+            cli.resident,
+            "is an option of the offload engine; drop it or --resident",
+        ),
+        (
+            "host_layout",
+            "--host-layout",
             cli.resident,
             "is an option of the offload engine; drop it or --resident",
         ),
@@ -290,6 +304,7 @@ fn main() -> ExitCode {
         matmul: cli.matmul,
         loss_chunk_tokens: cli.loss_chunk_tokens,
         block_inputs: cli.block_inputs,
+        host_layout: cli.host_layout,
         kept_graphs: cli.keep_graphs,
         checkpoint_dir: cli.checkpoint_dir,
         checkpoint_every: cli.checkpoint_every,

@@ -18,4 +18,4 @@ pub use adamw::AdamWConfig;
 pub use config::{check_lr, OptimizerConfig, OptimizerError};
 pub use sgd::SgdConfig;
 pub(crate) use slices::CHUNK;
-pub use slices::{Rows, UpdateSlices};
+pub use slices::{GradSlice, Rows, UpdateSlices};

@@ -1,6 +1,8 @@
 //! How an update walks a group's slabs: in chunks across threads, or over an
 //! embedding table's selected rows, the bf16 copy rounded as it goes.
 
+use std::borrow::Cow;
+
 use burn::tensor::bf16;
 use rayon::prelude::*;
 
@@ -10,6 +12,54 @@ use crate::host::throttle;
 /// Elements per rayon task: large enough to amortise scheduling, small enough
 /// to balance a block across cores.
 pub(crate) const CHUNK: usize = 1 << 15;
+
+/// A gradient as the host holds it: f32, or bf16 as a bf16 backward
+/// produced it (read widened to f32, so an update sees the same values
+/// either way).
+#[derive(Debug, Clone, Copy)]
+pub enum GradSlice<'a> {
+    /// f32 values.
+    F32(&'a [f32]),
+    /// bf16 values.
+    Bf16(&'a [bf16]),
+}
+
+impl<'a> GradSlice<'a> {
+    /// Number of values.
+    pub fn len(&self) -> usize {
+        match self {
+            GradSlice::F32(g) => g.len(),
+            GradSlice::Bf16(g) => g.len(),
+        }
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The first `mid` values and the rest.
+    pub fn split_at(self, mid: usize) -> (Self, Self) {
+        match self {
+            GradSlice::F32(g) => {
+                let (a, b) = g.split_at(mid);
+                (GradSlice::F32(a), GradSlice::F32(b))
+            }
+            GradSlice::Bf16(g) => {
+                let (a, b) = g.split_at(mid);
+                (GradSlice::Bf16(a), GradSlice::Bf16(b))
+            }
+        }
+    }
+
+    /// The values in `range`, as f32 (widened into a new buffer from bf16).
+    pub fn f32_range(&self, range: std::ops::Range<usize>) -> Cow<'a, [f32]> {
+        match *self {
+            GradSlice::F32(g) => Cow::Borrowed(&g[range]),
+            GradSlice::Bf16(g) => Cow::Owned(g[range].iter().map(|v| v.to_f32()).collect()),
+        }
+    }
+}
 
 /// The state a group's update works on: parameters, two moment buffers
 /// (SGD uses the first as its momentum buffer) and the gradient; and, in bf16
@@ -22,7 +72,7 @@ pub struct UpdateSlices<'a> {
     /// Second moment (unused by SGD).
     pub v: &'a mut [f32],
     /// The gradient, scaled by the update's `grad_scale` as it is read.
-    pub grads: &'a [f32],
+    pub grads: GradSlice<'a>,
     /// The bf16 copy of the parameters, rewritten as they change.
     pub bf16: Option<&'a mut [bf16]>,
 }
@@ -94,29 +144,29 @@ where
             (width, Box::new(move |r| picked[r] == pick))
         }
     };
+    let grads = s.grads;
     let pieces = s
         .params
         .par_chunks_mut(piece)
         .zip(s.m.par_chunks_mut(piece))
         .zip(s.v.par_chunks_mut(piece))
-        .zip(s.grads.par_chunks(piece))
         .enumerate();
+    // A piece's gradient, widened from bf16 only for the pieces updated.
+    let grad = |r: usize, len: usize| grads.f32_range(r * piece..r * piece + len);
     match s.bf16 {
-        Some(out) => {
-            pieces
-                .zip(out.par_chunks_mut(piece))
-                .for_each(|((r, (((p, m), v), g)), o)| {
-                    if selected(r) {
-                        throttle::wait_for_copies();
-                        update(p, m, v, g);
-                        round_into(o, p);
-                    }
-                })
-        }
-        None => pieces.for_each(|(r, (((p, m), v), g))| {
+        Some(out) => pieces
+            .zip(out.par_chunks_mut(piece))
+            .for_each(|((r, ((p, m), v)), o)| {
+                if selected(r) {
+                    throttle::wait_for_copies();
+                    update(p, m, v, &grad(r, p.len()));
+                    round_into(o, p);
+                }
+            }),
+        None => pieces.for_each(|(r, ((p, m), v))| {
             if selected(r) {
                 throttle::wait_for_copies();
-                update(p, m, v, g);
+                update(p, m, v, &grad(r, p.len()));
             }
         }),
     }

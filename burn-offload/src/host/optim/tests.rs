@@ -61,7 +61,7 @@ fn sgd_with_momentum_matches_the_textbook_recurrence() {
                 params: &mut p,
                 m: &mut m,
                 v: &mut v,
-                grads: &g,
+                grads: GradSlice::F32(&g),
                 bf16: None,
             },
         );
@@ -97,7 +97,7 @@ fn rows_updated_in_two_selections_equal_one_update() {
                         params: &mut p,
                         m: &mut m,
                         v: &mut v,
-                        grads: &grads,
+                        grads: GradSlice::F32(&grads),
                         bf16: Some(&mut copy),
                     };
                     config.update_rows(step, 1e-2, 0.5, slices, rows);
@@ -140,7 +140,7 @@ fn the_bf16_copy_is_the_rounded_update() {
             params: &mut p,
             m: &mut m,
             v: &mut v,
-            grads: &grads,
+            grads: GradSlice::F32(&grads),
             bf16: copy,
         };
         config.update(1, 1e-2, 1.0, slices);
@@ -153,4 +153,56 @@ fn the_bf16_copy_is_the_rounded_update() {
         .iter()
         .zip(&with)
         .all(|(c, p)| *c == bf16::from_f32(*p)));
+}
+
+/// A gradient held in bf16 updates exactly as the same values widened to
+/// f32, for both optimizers, whole and by picked rows.
+#[test]
+fn bf16_gradients_update_as_their_f32_values() {
+    let n = 3 * CHUNK + 77;
+    let g16: Vec<bf16> = (0..n)
+        .map(|i| bf16::from_f32((i as f32 * 0.37).sin() * 1e-2))
+        .collect();
+    let g32: Vec<f32> = g16.iter().map(|v| v.to_f32()).collect();
+    let start: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos()).collect();
+    let width = 7;
+    let picked: Vec<bool> = (0..n / width).map(|r| r % 3 == 0).collect();
+    for optimizer in [
+        OptimizerConfig::AdamW(AdamWConfig::default()),
+        OptimizerConfig::Sgd(SgdConfig {
+            momentum: 0.9,
+            weight_decay: 1e-3,
+        }),
+    ] {
+        let run = |grads: GradSlice<'_>, rows: Rows<'_>| {
+            let len = match rows {
+                Rows::All => n,
+                Rows::Picked { width, picked, .. } => width * picked.len(),
+            };
+            let (mut p, mut m, mut v) = (start[..len].to_vec(), vec![0.1; len], vec![0.2; len]);
+            for step in 1..=3 {
+                let grads = grads.split_at(len).0;
+                let slices = UpdateSlices {
+                    params: &mut p,
+                    m: &mut m,
+                    v: &mut v,
+                    grads,
+                    bf16: None,
+                };
+                optimizer.update_rows(step, 1e-2, 0.5, slices, rows);
+            }
+            (p, m, v)
+        };
+        let rows = Rows::Picked {
+            width,
+            picked: &picked,
+            pick: true,
+        };
+        for rows in [Rows::All, rows] {
+            assert!(
+                run(GradSlice::Bf16(&g16), rows) == run(GradSlice::F32(&g32), rows),
+                "{optimizer:?}: bf16 and f32 gradients updated differently"
+            );
+        }
+    }
 }
