@@ -151,25 +151,22 @@ fn compact_host_layout_is_predicted_and_chosen_when_full_does_not_fit() {
         "{}",
         placed.store_mode()
     );
-    for cannot in [
-        Job {
-            accum: 2,
-            ..auto.clone()
-        },
-        Job {
-            fused: true,
-            ..auto.clone()
-        },
-        Job {
-            compute: Compute::Fp32,
-            ..auto.clone()
-        },
-    ] {
-        assert_eq!(
-            cannot.place_host_layout(&between).host_layout,
-            HostLayout::Full
-        );
-    }
+    let fp32 = Job {
+        compute: Compute::Fp32,
+        ..auto.clone()
+    };
+    assert_eq!(fp32.place_host_layout(&between).host_layout, HostLayout::Full);
+    let fused = Job {
+        fused: true,
+        ..compact.clone()
+    };
+    assert!(fused.store_mode().contains("12 B/param"), "{}", fused.store_mode());
+    let accumulating = Job {
+        accum: 2,
+        ..compact.clone()
+    };
+    assert!(!accumulating.compact_gradients());
+    assert_eq!(Plan::new(&accumulating).store_bytes(), 16 * params);
     // Forced full on the smaller host: the refusal names the compact layout.
     let err = Plan::new(&full).check(&full, &between).unwrap_err();
     assert!(err.contains("--host-layout compact"), "{err}");

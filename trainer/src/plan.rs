@@ -52,19 +52,19 @@ pub struct Job {
 
 /// How the engine's host store holds what a compute precision below fp32
 /// needs beside the fp32 weights and Adam state (at fp32 there is one layout).
-/// Both are exact: clipping and the guard see every gradient before any
-/// update, with one backward.
+/// Neither changes what clipping and the guard see.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HostLayout {
     /// Compact where it applies and the full layout does not fit the host,
     /// full otherwise.
     Auto,
-    /// An fp32 gradient buffer and a copy of the weights in the compute
-    /// precision for upload (18 host B/param in bf16).
+    /// A copy of the weights in the compute precision for upload, and an
+    /// fp32 gradient buffer (18 host B/param in bf16; fused 14).
     Full,
-    /// The blocks' gradients kept as they arrive, in the compute precision,
-    /// and the fp32 weights cast on the device (14 host B/param in bf16).
-    /// Needs one micro-batch per step, not fused, not resident.
+    /// The fp32 weights uploaded and cast on the device, and, with one
+    /// micro-batch per step, the blocks' gradients kept as they arrive, in
+    /// the compute precision (14 host B/param in bf16; 16 with `--accum`;
+    /// fused 12).
     Compact,
 }
 
@@ -188,14 +188,20 @@ impl std::str::FromStr for BlockInputs {
 
 impl Job {
     /// Whether the compact host layout can apply to this job: the engine,
-    /// not fused, one micro-batch, a compute precision below fp32.
+    /// a compute precision below fp32.
     pub fn compact_applies(&self) -> bool {
-        !self.resident && !self.fused && self.accum == 1 && self.compute != Compute::Fp32
+        !self.resident && self.compute != Compute::Fp32
     }
 
     /// Whether the job runs with the compact host layout (once placed).
     pub fn compact(&self) -> bool {
         self.host_layout == HostLayout::Compact
+    }
+
+    /// Whether the blocks' gradient buffer is in the compute precision: the
+    /// compact layout with a buffer and one micro-batch.
+    pub fn compact_gradients(&self) -> bool {
+        self.compact() && !self.fused && self.accum == 1
     }
 
     /// The job with [`HostLayout::Auto`] decided for `machine` (call it
@@ -216,23 +222,32 @@ impl Job {
     }
 
     /// The store's mode in words, with its host bytes per parameter and
-    /// whether clipping and the guard are exact with one backward.
+    /// whether clipping and the guard need one backward or two.
     pub fn store_mode(&self) -> String {
         if self.resident {
             return "resident (plain burn)".into();
         }
-        let below_fp32 = self.compute != Compute::Fp32;
-        let (name, bytes, exact) = match (self.fused, self.compact(), below_fp32) {
-            (true, ..) => (
-                "fused",
-                if below_fp32 { 14 } else { 12 },
-                "clipping or the guard run the backward twice",
-            ),
-            (false, true, _) => ("compact", 14, "exact, one backward"),
-            (false, false, true) => ("full", 18, "exact, one backward"),
-            (false, false, false) => ("full", 16, "exact, one backward"),
+        let copy = if self.compute != Compute::Fp32 && !self.compact() {
+            2
+        } else {
+            0
         };
-        format!("host layout {name}: {bytes} B/param in the store ({exact})")
+        let gradients = match (self.fused, self.compact_gradients()) {
+            (true, _) => 0,
+            (false, true) => 2,
+            (false, false) => 4,
+        };
+        let layout = if self.compact() { "compact" } else { "full" };
+        let mode = if self.fused { "fused" } else { "buffered" };
+        let exact = if self.fused {
+            "clipping or the guard run the backward twice"
+        } else {
+            "exact clipping and guard with one backward"
+        };
+        format!(
+            "{mode}, host layout {layout}: {} B/param in the store ({exact})",
+            12 + copy + gradients
+        )
     }
 
     /// The job with [`BlockInputs::Auto`] decided for `machine`: on a GPU the
@@ -476,7 +491,7 @@ impl Plan {
             }
         } else {
             if job.fused {
-            } else if job.compact() {
+            } else if job.compact_gradients() {
                 let blocks = s.layers * s.block_params;
                 host.push(Item::held(
                     "gradient buffer (blocks in the compute precision, stem fp32)",
@@ -773,8 +788,7 @@ fn suggestion(job: &Job, machine: &Machine) -> String {
                 host_layout: HostLayout::Compact,
                 ..job.clone()
             },
-            "--host-layout compact (14 B/param on the host, exact clipping with one backward)"
-                .to_string(),
+            "--host-layout compact (no bf16 weights on the host; bf16 block gradients)".to_string(),
         ));
     }
     if !job.fused && !job.resident {

@@ -377,19 +377,11 @@ fn validate(opts: &TrainOptions) -> Result<()> {
         bail!("{flag} is an option of the offload engine; drop it or --resident");
     }
     if opts.host_layout == HostLayout::Compact {
-        let why = if opts.resident {
-            Some("is an option of the offload engine; drop it or --resident")
-        } else if opts.fused {
-            Some("keeps a gradient buffer, which --fused does not have")
-        } else if opts.accum > 1 {
-            Some("keeps gradients as they arrive and cannot accumulate micro-batches (--accum)")
-        } else if opts.compute == Compute::Fp32 {
-            Some("applies to a compute precision below fp32 (--compute bf16)")
-        } else {
-            None
-        };
-        if let Some(why) = why {
-            bail!("--host-layout compact {why}");
+        if opts.resident {
+            bail!("--host-layout compact is an option of the offload engine; drop it or --resident");
+        }
+        if opts.compute == Compute::Fp32 {
+            bail!("--host-layout compact applies to a compute precision below fp32 (--compute bf16)");
         }
     }
     if opts.host_params && !opts.resident {
@@ -583,7 +575,7 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
         corpus,
         block_inputs: placed.block_inputs,
         kept_graphs: placed.kept_graphs.count(),
-        compact: placed.compact(),
+        compact: (placed.compact(), placed.compact_gradients()),
         building: Instant::now(),
     };
     // `--host-params`: the same loop over `Offload<B>` with the host AdamW.
@@ -930,8 +922,9 @@ struct Job<'a> {
     block_inputs: BlockInputs,
     /// Blocks whose forward graph the engine keeps (decided by the memory plan).
     kept_graphs: usize,
-    /// The compact host layout (decided by the memory plan).
-    compact: bool,
+    /// The compact host layout, and with it gradients in the compute
+    /// precision (decided by the memory plan).
+    compact: (bool, bool),
     /// When the model began to be built (initialisation time is reported).
     building: Instant,
 }
@@ -987,8 +980,8 @@ impl Job<'_> {
             overlap: !opts.serial_copies,
             host_checkpoints: self.block_inputs == BlockInputs::Host,
             compute: opts.compute,
-            cast_on_device: self.compact,
-            compute_precision_gradients: self.compact,
+            cast_on_device: self.compact.0,
+            compute_precision_gradients: self.compact.1,
             kept_graphs: self.kept_graphs,
             blocking_sync: !opts.spin_waits,
             hold_updates_for_copies: !opts.updates_during_copies,

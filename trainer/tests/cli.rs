@@ -179,45 +179,22 @@ fn a_sequence_longer_than_the_sliding_window_is_refused() {
     assert!(ok, "{stderr}");
 }
 
-/// `--host-layout compact` runs where it applies (bf16, one micro-batch) and
-/// is refused, naming why, where it cannot.
+/// `--host-layout compact` runs where it applies (bf16: 14 B/param with one
+/// micro-batch, 16 with several, 12 fused) and is refused, naming why, where
+/// it cannot.
 #[test]
 fn compact_host_layout_runs_and_is_refused_where_it_cannot_apply() {
-    let (ok, stderr) = train(&[
-        "--steps",
-        "2",
-        "--compute",
-        "bf16",
-        "--host-layout",
-        "compact",
-    ]);
-    assert!(ok, "{stderr}");
-    assert!(
-        stderr.contains("host layout compact: 14 B/param"),
-        "{stderr}"
-    );
-    assert_fails_with(
-        &["--host-layout", "compact"],
-        "compute precision below fp32",
-    );
-    assert_fails_with(
-        &[
-            "--host-layout",
-            "compact",
-            "--compute",
-            "bf16",
-            "--accum",
-            "2",
-        ],
-        "cannot accumulate micro-batches",
-    );
-    assert_fails_with(
-        &["--host-layout", "compact", "--compute", "bf16", "--fused"],
-        "--fused",
-    );
+    for (extra, mode) in [
+        (&[][..], "buffered, host layout compact: 14 B/param"),
+        (&["--accum", "2"], "buffered, host layout compact: 16 B/param"),
+        (&["--fused"], "fused, host layout compact: 12 B/param"),
+    ] {
+        let args = [&["--steps", "2", "--compute", "bf16", "--host-layout", "compact"][..], extra].concat();
+        let (ok, stderr) = train(&args);
+        assert!(ok, "{extra:?}: {stderr}");
+        assert!(stderr.contains(mode), "{extra:?}: {stderr}");
+    }
+    assert_fails_with(&["--host-layout", "compact"], "compute precision below fp32");
     assert_fails_with(&["--host-layout", "compact", "--resident"], "--resident");
-    assert_fails_with(
-        &["--host-layout", "tight"],
-        "expected auto, full or compact",
-    );
+    assert_fails_with(&["--host-layout", "tight"], "expected auto, full or compact");
 }

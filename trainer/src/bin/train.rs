@@ -147,12 +147,12 @@ struct Cli {
     /// still fits the GPU with them there (`--plan` shows the choice).
     #[arg(long, default_value = "auto")]
     block_inputs: trainer::plan::BlockInputs,
-    /// Engine below fp32 compute: how the host holds the gradients and the
-    /// weights for upload. `full`: an fp32 gradient buffer and bf16 weights
-    /// (18 B/param); `compact`: the blocks' gradients kept in bf16 as they
-    /// arrive and the fp32 weights cast on the GPU (14 B/param; one
-    /// micro-batch per step); both exact with one backward. `auto`: compact
-    /// when full does not fit the host (`--plan` shows the choice).
+    /// Engine below fp32 compute: how the host holds the weights for upload
+    /// and the gradients. `full`: bf16 weights and an fp32 gradient buffer
+    /// (18 B/param; fused 14); `compact`: the fp32 weights cast on the GPU
+    /// and, with one micro-batch, the blocks' gradients kept in bf16 as they
+    /// arrive (14 B/param; fused 12). Neither changes what clipping sees.
+    /// `auto`: compact when full does not fit the host (`--plan` shows it).
     #[arg(long, default_value = "auto")]
     host_layout: trainer::plan::HostLayout,
     /// Engine: how many of the last blocks run their forward under autodiff
