@@ -1,0 +1,4 @@
+#!/usr/bin/env bash
+# run32 call 2 (nvidia-h100-x1, same build): the largest Llama-3-8B-wide model the planner accepts
+# with fp32 Adam state, bf16 compute, fused + compact (12 B/param), 4k tokens, clipping and guard on.
+tar xJf .device/bin.tar.xz -C .device; for L in 46 44 42 40 38; do echo '{"arch":"llama","vocab_size":50257,"d_model":4096,"n_layer":'$L',"n_head":32,"n_kv_head":8,"d_ff":14336,"max_seq_len":8192}' > /tmp/w8.json; if .device/bin/train --plan --model /tmp/w8.json --tokenizer gpt2 --batch 4 --seq-len 1024 --compute bf16 --fused --host-layout compact --host-mem-gib 125 > /tmp/plan-$L.txt 2>&1 && grep -q '^fits' /tmp/plan-$L.txt; then echo "largest: $L layers"; cat /tmp/plan-$L.txt; break; else echo "$L: $(tail -1 /tmp/plan-$L.txt)"; fi; done; OUT=$OUT HOST_GIB=125 BIG_STEPS=6 BIG_LIMIT=300 ARGS="--lr 3e-5 --warmup 1" BIG_ROWS="w8-$L:4:fused-compact" bash bench/gpu/big.sh 2>&1 | tail -8; cp /tmp/plan-*.txt $OUT/
