@@ -42,14 +42,15 @@ pub use engine::{
     BatchError, ConfigError, Engine, EngineConfig, EngineError, MicroBatch, StepReport, StepSplit,
     StreamedModel,
 };
+pub use host::optim::quant::QUANT_BLOCK;
 pub use host::optim::{
-    AdamWConfig, GradSlice, OptimizerConfig, OptimizerError, SgdConfig, UpdateSlices,
+    AdamWConfig, GradSlice, MomentSlices, OptimizerConfig, OptimizerError, SgdConfig, UpdateSlices,
 };
 pub use host::trace;
 pub use matmul::{matmul_names, set_matmul, DEFAULT_MATMUL};
 pub use model::{BlockModel, DecoderBlock};
 pub use precision::{cast_params, cast_to, Compute, PrecisionError};
-pub use store::{checkpoint, HostStore, StoreError, StoreLayout};
+pub use store::{checkpoint, HostStore, MomentValues, Moments, Q8Slab, StoreError, StoreLayout};
 pub use transfer::PagerStats;
 
 /// burn's CUDA backend as this crate sees it: the backend type, its device

@@ -36,6 +36,7 @@ fn engine_config() -> EngineConfig {
         compute: Compute::Fp32,
         cast_on_device: false,
         compute_precision_gradients: false,
+        eight_bit_moments: false,
         kept_graphs: 0,
         blocking_sync: true,
         hold_updates_for_copies: true,

@@ -5,7 +5,9 @@ use burn_offload::Compute;
 use burn_offload::{Engine, EngineConfig};
 use burn_offload_tests::TestBackend as B;
 use models::{Gpt2Config, LlamaConfig, ModelConfig};
-use trainer::plan::{kept_graph_bytes, BlockInputs, HostLayout, Job, KeptGraphs, Machine, Plan};
+use trainer::plan::{
+    kept_graph_bytes, BlockInputs, HostLayout, Job, KeptGraphs, Machine, OptimState, Plan,
+};
 use trainer::train::{run, TrainOptions};
 
 fn job(config: ModelConfig, fused: bool) -> Job {
@@ -24,6 +26,7 @@ fn job(config: ModelConfig, fused: bool) -> Job {
         block_inputs: BlockInputs::Host,
         kept_graphs: KeptGraphs::Count(0),
         host_layout: HostLayout::Full,
+        optim_state: OptimState::Fp32,
     }
 }
 
@@ -155,12 +158,19 @@ fn compact_host_layout_is_predicted_and_chosen_when_full_does_not_fit() {
         compute: Compute::Fp32,
         ..auto.clone()
     };
-    assert_eq!(fp32.place_host_layout(&between).host_layout, HostLayout::Full);
+    assert_eq!(
+        fp32.place_host_layout(&between).host_layout,
+        HostLayout::Full
+    );
     let fused = Job {
         fused: true,
         ..compact.clone()
     };
-    assert!(fused.store_mode().contains("12 B/param"), "{}", fused.store_mode());
+    assert!(
+        fused.store_mode().contains("12 B/param"),
+        "{}",
+        fused.store_mode()
+    );
     let accumulating = Job {
         accum: 2,
         ..compact.clone()
@@ -564,4 +574,38 @@ fn host_params_plan_matches_the_h100_runs() {
         let host: u64 = plan.host.iter().map(|i| i.bytes).sum();
         assert!(host >= 12 * params, "{:?}", plan.host);
     }
+}
+
+/// 8-bit moments: the plan's store is what the engine allocates (a byte per
+/// value and a scale per 256, for each moment).
+#[test]
+fn eight_bit_state_is_predicted() {
+    let llama = medium_llama();
+    let config = ModelConfig::Llama(llama.clone());
+    let job = Job {
+        optim_state: OptimState::EightBit,
+        ..job(config.clone(), true)
+    };
+    let device = Default::default();
+    let engine_config = EngineConfig {
+        fused: true,
+        eight_bit_moments: true,
+        ..EngineConfig::default()
+    };
+    let mut engine = Engine::new(llama.init::<B>(&device), engine_config, &device).unwrap();
+    let measured = engine.store().host_bytes() as u64;
+    let predicted = Plan::new(&job).store_bytes();
+    // Scales are counted per group in the store, over the whole model in the plan.
+    let groups = engine.store().groups.len() as u64;
+    assert!(
+        measured.abs_diff(predicted) <= 8 * groups,
+        "predicted {predicted}, allocated {measured}"
+    );
+    let params = config.num_params() as f64;
+    assert!((6.0..6.1).contains(&(measured as f64 / params)));
+    assert!(
+        job.store_mode().contains("8bit Adam state: 6 B/param"),
+        "{}",
+        job.store_mode()
+    );
 }

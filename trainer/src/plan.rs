@@ -48,6 +48,56 @@ pub struct Job {
     pub kept_graphs: KeptGraphs,
     /// How the host holds the gradients and the weights for upload.
     pub host_layout: HostLayout,
+    /// The optimizer's moments: fp32 or 8-bit.
+    pub optim_state: OptimState,
+}
+
+/// How the engine keeps the optimizer's moments in host memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OptimState {
+    /// fp32, 8 B/param for both.
+    #[default]
+    Fp32,
+    /// 8-bit blockwise (bitsandbytes' scheme): a byte per value and a
+    /// scale per 256 values, about 2 B/param for both.
+    EightBit,
+}
+
+impl OptimState {
+    /// Host bytes of both moments for `params` parameters.
+    pub fn bytes(self, params: u64) -> u64 {
+        match self {
+            OptimState::Fp32 => 2 * F32 * params,
+            OptimState::EightBit => {
+                let block = burn_offload::QUANT_BLOCK as u64;
+                2 * (params + F32 * params.div_ceil(block))
+            }
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            OptimState::Fp32 => "fp32",
+            OptimState::EightBit => "8bit",
+        }
+    }
+}
+
+impl std::fmt::Display for OptimState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for OptimState {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        [OptimState::Fp32, OptimState::EightBit]
+            .into_iter()
+            .find(|o| o.name().eq_ignore_ascii_case(s))
+            .ok_or_else(|| format!("expected fp32 or 8bit, got `{s}`"))
+    }
 }
 
 /// How the engine's host store holds what a compute precision below fp32
@@ -244,9 +294,14 @@ impl Job {
         } else {
             "exact clipping and guard with one backward"
         };
+        let moments = match self.optim_state {
+            OptimState::Fp32 => 8,
+            OptimState::EightBit => 2,
+        };
         format!(
-            "{mode}, host layout {layout}: {} B/param in the store ({exact})",
-            12 + copy + gradients
+            "{mode}, host layout {layout}, {} Adam state: {} B/param in the store ({exact})",
+            self.optim_state,
+            4 + moments + copy + gradients
         )
     }
 
@@ -435,7 +490,14 @@ impl Plan {
 
         let mut host = vec![
             Item::held("parameters (fp32 master weights)", F32 * params),
-            Item::held("Adam m and v (fp32)", 2 * F32 * params),
+            Item::held(
+                if job.optim_state == OptimState::EightBit {
+                    "Adam m and v (8-bit, a scale per 256)"
+                } else {
+                    "Adam m and v (fp32)"
+                },
+                job.optim_state.bytes(params),
+            ),
         ];
         let mut device = Vec::new();
         if job.resident && job.host_params {

@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 use crate::data::{default_corpus, Batcher};
 use crate::instruct::{self, DataFormat};
 use crate::outputs::{check_writable_folder, MetricsFile, ResumeMarker};
-use crate::plan::{BlockInputs, HostLayout, Job as PlanJob, KeptGraphs, Machine, Plan};
+use crate::plan::{BlockInputs, HostLayout, Job as PlanJob, KeptGraphs, Machine, OptimState, Plan};
 use crate::schedule::WarmupCosine;
 use crate::signals;
 use crate::token_cache;
@@ -94,6 +94,8 @@ pub struct TrainOptions {
     /// Engine below fp32 compute: how the host holds gradients and the
     /// weights for upload (`auto`: compact when the full layout does not fit).
     pub host_layout: HostLayout,
+    /// Engine: the optimizer's moments in fp32 or 8-bit.
+    pub optim_state: OptimState,
     /// Engine: how many of the last blocks keep their forward graph on the
     /// device instead of being recomputed (`auto`: as many as fit a GPU).
     pub kept_graphs: KeptGraphs,
@@ -168,6 +170,7 @@ impl Default for TrainOptions {
             loss_chunk_tokens: 4096,
             block_inputs: BlockInputs::Auto,
             host_layout: HostLayout::Auto,
+            optim_state: OptimState::Fp32,
             kept_graphs: KeptGraphs::Auto,
             checkpoint_dir: None,
             checkpoint_every: 0,
@@ -376,12 +379,19 @@ fn validate(opts: &TrainOptions) -> Result<()> {
     if let Some((flag, _)) = engine_only.iter().find(|(_, set)| opts.resident && *set) {
         bail!("{flag} is an option of the offload engine; drop it or --resident");
     }
+    if opts.optim_state == OptimState::EightBit && opts.resident {
+        bail!("--optim-state 8bit is an option of the offload engine; drop it or --resident");
+    }
     if opts.host_layout == HostLayout::Compact {
         if opts.resident {
-            bail!("--host-layout compact is an option of the offload engine; drop it or --resident");
+            bail!(
+                "--host-layout compact is an option of the offload engine; drop it or --resident"
+            );
         }
         if opts.compute == Compute::Fp32 {
-            bail!("--host-layout compact applies to a compute precision below fp32 (--compute bf16)");
+            bail!(
+                "--host-layout compact applies to a compute precision below fp32 (--compute bf16)"
+            );
         }
     }
     if opts.host_params && !opts.resident {
@@ -877,6 +887,7 @@ pub fn plan(opts: &TrainOptions, machine: &Machine) -> Result<(Plan, PlanJob)> {
         block_inputs: opts.block_inputs,
         kept_graphs: opts.kept_graphs,
         host_layout: opts.host_layout,
+        optim_state: opts.optim_state,
     }
     .place_host_layout(machine)
     .place_block_inputs(machine)
@@ -982,6 +993,7 @@ impl Job<'_> {
             compute: opts.compute,
             cast_on_device: self.compact.0,
             compute_precision_gradients: self.compact.1,
+            eight_bit_moments: opts.optim_state == OptimState::EightBit,
             kept_graphs: self.kept_graphs,
             blocking_sync: !opts.spin_waits,
             hold_updates_for_copies: !opts.updates_during_copies,

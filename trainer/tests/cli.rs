@@ -186,15 +186,46 @@ fn a_sequence_longer_than_the_sliding_window_is_refused() {
 fn compact_host_layout_runs_and_is_refused_where_it_cannot_apply() {
     for (extra, mode) in [
         (&[][..], "buffered, host layout compact: 14 B/param"),
-        (&["--accum", "2"], "buffered, host layout compact: 16 B/param"),
+        (
+            &["--accum", "2"],
+            "buffered, host layout compact: 16 B/param",
+        ),
         (&["--fused"], "fused, host layout compact: 12 B/param"),
     ] {
-        let args = [&["--steps", "2", "--compute", "bf16", "--host-layout", "compact"][..], extra].concat();
+        let args = [
+            &[
+                "--steps",
+                "2",
+                "--compute",
+                "bf16",
+                "--host-layout",
+                "compact",
+            ][..],
+            extra,
+        ]
+        .concat();
         let (ok, stderr) = train(&args);
         assert!(ok, "{extra:?}: {stderr}");
         assert!(stderr.contains(mode), "{extra:?}: {stderr}");
     }
-    assert_fails_with(&["--host-layout", "compact"], "compute precision below fp32");
+    assert_fails_with(
+        &["--host-layout", "compact"],
+        "compute precision below fp32",
+    );
     assert_fails_with(&["--host-layout", "compact", "--resident"], "--resident");
-    assert_fails_with(&["--host-layout", "tight"], "expected auto, full or compact");
+    assert_fails_with(
+        &["--host-layout", "tight"],
+        "expected auto, full or compact",
+    );
+}
+
+/// `--optim-state 8bit` trains with 8-bit moments (about 6 B/param in the
+/// store with fused mode), and is an option of the engine only.
+#[test]
+fn eight_bit_optimizer_state_runs_and_is_refused_with_resident() {
+    let (ok, stderr) = train(&["--steps", "2", "--optim-state", "8bit", "--fused"]);
+    assert!(ok, "{stderr}");
+    assert!(stderr.contains("8bit Adam state: 6 B/param"), "{stderr}");
+    assert_fails_with(&["--optim-state", "8bit", "--resident"], "--resident");
+    assert_fails_with(&["--optim-state", "4bit"], "expected fp32 or 8bit");
 }

@@ -11,7 +11,7 @@ use burn::module::{Module, Param};
 use burn::optim::{AdamWConfig as BurnAdamW, GradientsParams, Optimizer};
 use burn::tensor::{Distribution, Tensor};
 use burn_offload::{AdamWConfig, OptimizerConfig};
-use burn_offload::{GradSlice, UpdateSlices};
+use burn_offload::{GradSlice, MomentSlices, UpdateSlices};
 use serde::Serialize;
 
 #[derive(clap::Args)]
@@ -95,8 +95,10 @@ pub fn run(args: Args) -> Result<()> {
         step += 1;
         let slices = UpdateSlices {
             params: &mut p,
-            m: &mut m,
-            v: &mut v,
+            moments: MomentSlices::F32 {
+                m: &mut m,
+                v: &mut v,
+            },
             grads: GradSlice::F32(&grads),
             bf16: None,
         };
@@ -109,8 +111,10 @@ pub fn run(args: Args) -> Result<()> {
         step += 1;
         let slices = UpdateSlices {
             params: &mut p,
-            m: &mut m,
-            v: &mut v,
+            moments: MomentSlices::F32 {
+                m: &mut m,
+                v: &mut v,
+            },
             grads: GradSlice::F32(&grads),
             bf16: Some(&mut copy),
         };

@@ -30,7 +30,9 @@ use burn::tensor::{DType, Scalar, Shape, Tensor, TensorData, TensorPrimitive};
 
 use super::offload::Link;
 use super::{HostParams, HostTensor, OffloadTensor, OffloadWith};
-use crate::host::optim::{AdamWConfig, GradSlice, OptimizerConfig, SgdConfig, UpdateSlices};
+use crate::host::optim::{
+    AdamWConfig, GradSlice, MomentSlices, OptimizerConfig, SgdConfig, UpdateSlices,
+};
 use crate::transfer::{QueuedRead, Transfer};
 
 /// A host optimizer's settings: AdamW or SGD (the engine's
@@ -425,8 +427,10 @@ impl<B: Backend, T: Transfer> SimpleOptimizer<OffloadWith<B, T>> for HostOptimiz
                     1.0,
                     UpdateSlices {
                         params: params.values(),
-                        m: m.values(),
-                        v: v.values(),
+                        moments: MomentSlices::F32 {
+                            m: m.values(),
+                            v: v.values(),
+                        },
                         grads: GradSlice::F32(grads),
                         bf16: None,
                     },

@@ -27,6 +27,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         let layout = StoreLayout {
             gradient_buffer: !config.fused,
             bf16_block_gradients: config.compute_precision_gradients,
+            eight_bit_moments: config.eight_bit_moments,
         };
         let block_ids = param_ids(model.blocks());
         // Lazily initialised weights are drawn one tensor at a time, straight
@@ -57,6 +58,12 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         {
             return Err(ConfigError::GradientPrecision {
                 store_bf16: store.layout.bf16_block_gradients,
+            }
+            .into());
+        }
+        if store.layout.eight_bit_moments != config.eight_bit_moments {
+            return Err(ConfigError::MomentKind {
+                store_eight_bit: store.layout.eight_bit_moments,
             }
             .into());
         }

@@ -41,6 +41,10 @@ pub struct EngineConfig {
     /// precision (2 host bytes/param fewer). Exact, since nothing is added
     /// to them: a step takes one micro-batch.
     pub compute_precision_gradients: bool,
+    /// Keep the optimizer's moments 8-bit blockwise (bitsandbytes' 8-bit
+    /// Adam scheme: about 2 host bytes/param for both instead of 8),
+    /// dequantised and quantised again inside the update loop.
+    pub eight_bit_moments: bool,
     /// Blocks, counted back from the last, whose forward runs under
     /// `Autodiff` and keeps its graph on the device until the backward, which
     /// then seeds it directly instead of recomputing the block from its
@@ -73,6 +77,7 @@ impl Default for EngineConfig {
             compute: Compute::Fp32,
             cast_on_device: false,
             compute_precision_gradients: false,
+            eight_bit_moments: false,
             kept_graphs: 0,
             blocking_sync: true,
             hold_updates_for_copies: true,
@@ -180,6 +185,16 @@ pub enum ConfigError {
          micro-batch or an f32 gradient buffer"
     )]
     CompactAccumulation,
+    /// A store whose moments are not of the kind the engine keeps.
+    #[error(
+        "store keeps {} optimizer moments, the engine {}",
+        if *store_eight_bit { "8-bit" } else { "fp32" },
+        if *store_eight_bit { "fp32" } else { "8-bit" }
+    )]
+    MomentKind {
+        /// Whether the store's moments are 8-bit.
+        store_eight_bit: bool,
+    },
     /// A store whose gradient buffers are not in the precision the engine keeps them in.
     #[error(
         "store keeps the blocks' gradients in {}, the engine in {}",

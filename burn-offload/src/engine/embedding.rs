@@ -16,6 +16,7 @@ use super::StreamedModel;
 use super::{DeviceTransfer, Engine, EngineError, AD};
 use crate::host::lookup::{check_tokens, gather_rows, scatter_add_rows, TokenRows};
 use crate::host::norm::sum_of_squares;
+use crate::host::optim::quant::QUANT_BLOCK;
 use crate::ops::embedding::segment_sums;
 use crate::precision::cast_to;
 use crate::store::GradBuffer;
@@ -165,6 +166,16 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         let (range, [rows, width]) = (table.range(), [table.shape[0], table.shape[1]]);
         // Before any update: a bad batch leaves the step's update deferred whole.
         check_tokens(&tokens, rows).map_err(|bad| token_error(bad, rows))?;
+        // 8-bit moments are quantised in blocks from the stem's start: the
+        // table's rows can be updated apart only where they are whole blocks.
+        let rows_apart = !self.config.eight_bit_moments
+            || (range.start % QUANT_BLOCK == 0 && width % QUANT_BLOCK == 0);
+        if !rows_apart {
+            if let Some(update) = self.deferred.take() {
+                self.hand_out(update, Part::Whole);
+                self.take_back(0);
+            }
+        }
         let deferred = self.deferred.take().map(|update| {
             let mut picked = vec![false; rows];
             for &t in &tokens {

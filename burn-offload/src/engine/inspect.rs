@@ -13,7 +13,7 @@ use super::StreamedModel;
 use super::{Engine, EngineConfig};
 use crate::host::trace;
 use crate::store::checkpoint::{self, CheckpointError};
-use crate::store::{Bf16Weights, HostStore};
+use crate::store::{Bf16Weights, HostStore, MomentValues};
 use crate::transfer::PagerStats;
 
 impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
@@ -115,16 +115,12 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         Some(grads.f32_range(slot.range()))
     }
 
-    /// Adam moments `(m, v)` of a parameter.
-    pub fn moments(&mut self, id: &ParamId) -> Option<(&[f32], &[f32])> {
+    /// Adam moments `(m, v)` of a parameter, as f32 (dequantised when 8-bit).
+    pub fn moments(&mut self, id: &ParamId) -> Option<MomentValues<'_>> {
         let (g, k) = *self.slot_of.get(id)?;
         self.settle(g);
-        let (group, slot) = (&self.store.groups[g], &self.store.groups[g].slots[k]);
-        let range = slot.range();
-        Some((
-            &group.adam_m.as_slice()[range.clone()],
-            &group.adam_v.as_slice()[range],
-        ))
+        let group = &self.store.groups[g];
+        Some(group.moments.values(group.slots[k].range()))
     }
 
     /// A complete, ordinary module with the store's current values (for

@@ -186,8 +186,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
             let slabs = &mut lent.slabs;
             let slices = UpdateSlices {
                 params: slabs.params.as_mut_slice(),
-                m: slabs.adam_m.as_mut_slice(),
-                v: slabs.adam_v.as_mut_slice(),
+                moments: slabs.moments.slices(),
                 grads: slabs
                     .grads
                     .as_ref()

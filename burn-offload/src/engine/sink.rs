@@ -109,8 +109,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
             Sink::Update { step, lr, scale } => {
                 let slices = UpdateSlices {
                     params: group.params.as_mut_slice(),
-                    m: group.adam_m.as_mut_slice(),
-                    v: group.adam_v.as_mut_slice(),
+                    moments: group.moments.slices(),
                     grads: GradSlice::F32(grads),
                     bf16: self.bf16.as_mut().map(|c| c.updated(g)),
                 };

@@ -3,8 +3,10 @@
 //!
 //! Layout: `<dir>/step-<N>/{model.safetensors, optimizer.safetensors,
 //! manifest.json}`. Tensors are named `stem.<path>` / `blocks.<i>.<path>`
-//! (`m.`/`v.` prefixes in the optimizer file). Each tensor is a view of its
-//! slab range, so writing makes no second copy of the model in memory.
+//! (`m.`/`v.` prefixes in the optimizer file; 8-bit moments are stored per
+//! group as `m8.<group>` codes with `m8.<group>.absmax` scales, and `v8.`).
+//! Each tensor is a view of its slab range, so writing makes no second copy
+//! of the model in memory.
 //!
 //! Crash safety: a checkpoint is written into `<dir>/.tmp-step-<N>`, every
 //! file is fsynced, the manifest is written last, and only then is the folder
@@ -29,8 +31,7 @@ use rayon::prelude::*;
 use safetensors::tensor::{Dtype, SafeTensors, View};
 use serde::{Deserialize, Serialize};
 
-use super::HostStore;
-use crate::host::slab::Slab;
+use super::{HostStore, Moments};
 
 /// The manifest's `format`.
 pub const FORMAT: &str = "burn-offload-checkpoint";
@@ -144,25 +145,37 @@ pub struct Manifest {
     pub trainer: serde_json::Value,
 }
 
-/// One slab range as a safetensors view (borrowed: no copy).
+/// One slab range (f32), or an 8-bit moment's codes (u8) or scales (f32),
+/// as a safetensors view (borrowed: no copy).
 struct SlabView<'a> {
-    shape: &'a [usize],
-    data: &'a [f32],
+    dtype: Dtype,
+    shape: Vec<usize>,
+    data: &'a [u8],
+}
+
+impl<'a> SlabView<'a> {
+    fn f32(shape: &[usize], data: &'a [f32]) -> Self {
+        // Little-endian hosts store f32 exactly as safetensors wants it.
+        Self {
+            dtype: Dtype::F32,
+            shape: shape.to_vec(),
+            data: bytemuck::cast_slice(data),
+        }
+    }
 }
 
 impl View for SlabView<'_> {
     fn dtype(&self) -> Dtype {
-        Dtype::F32
+        self.dtype
     }
     fn shape(&self) -> &[usize] {
-        self.shape
+        &self.shape
     }
     fn data(&self) -> Cow<'_, [u8]> {
-        // Little-endian hosts store f32 exactly as safetensors wants it.
-        Cow::Borrowed(bytemuck::cast_slice(self.data))
+        Cow::Borrowed(self.data)
     }
     fn data_len(&self) -> usize {
-        std::mem::size_of_val(self.data)
+        self.data.len()
     }
 }
 
@@ -174,23 +187,73 @@ fn tensor_name(group: usize, slot: &str) -> String {
     }
 }
 
+/// `stem` or `blocks.<i>`: the prefix of a group's tensors.
+fn group_name(group: usize) -> String {
+    if group == 0 {
+        "stem".into()
+    } else {
+        format!("blocks.{}", group - 1)
+    }
+}
+
 fn views<'a>(
     store: &'a HostStore,
     prefix: &str,
-    slab: impl Fn(usize) -> &'a Slab,
+    slab: impl Fn(usize) -> &'a [f32],
 ) -> Vec<(String, SlabView<'a>)> {
     let mut out = Vec::new();
     for (g, group) in store.groups.iter().enumerate() {
-        let data = slab(g).as_slice();
+        let data = slab(g);
         for slot in &group.slots {
-            let view = SlabView {
-                shape: &slot.shape,
-                data: &data[slot.range()],
-            };
+            let view = SlabView::f32(&slot.shape, &data[slot.range()]);
             out.push((format!("{prefix}{}", tensor_name(g, &slot.name)), view));
         }
     }
     out
+}
+
+/// The optimizer file's tensors: per parameter `m.<name>` and `v.<name>`
+/// (f32 moments), or per group `m8.<group>`, `m8.<group>.absmax` and the
+/// same for `v8` (8-bit moments: quantisation blocks run across a group's
+/// parameters).
+fn moment_views(store: &HostStore) -> Vec<(String, SlabView<'_>)> {
+    let mut all = Vec::new();
+    for (g, group) in store.groups.iter().enumerate() {
+        match &group.moments {
+            Moments::F32 { .. } => {}
+            Moments::Q8 { m, v } => {
+                let name = group_name(g);
+                for (prefix, q) in [("m8", m), ("v8", v)] {
+                    all.push((
+                        format!("{prefix}.{name}"),
+                        SlabView {
+                            dtype: Dtype::U8,
+                            shape: vec![q.codes.len()],
+                            data: &q.codes,
+                        },
+                    ));
+                    all.push((
+                        format!("{prefix}.{name}.absmax"),
+                        SlabView::f32(&[q.absmax.len()], &q.absmax),
+                    ));
+                }
+            }
+        }
+    }
+    let f32_moments = |g: usize, first: bool| {
+        let (m, v) = store.groups[g].moments.f32().expect("f32 moments");
+        if first {
+            m
+        } else {
+            v
+        }
+    };
+    if store.layout.eight_bit_moments {
+        return all;
+    }
+    all.extend(views(store, "m.", |g| f32_moments(g, true)));
+    all.extend(views(store, "v.", |g| f32_moments(g, false)));
+    all
 }
 
 fn write_synced(
@@ -318,15 +381,18 @@ impl CheckpointDir {
         };
         let model = tmp.join(MODEL_FILE);
         write_synced(&model, |p| {
-            safetensors::serialize_to_file(views(store, "", |g| &store.groups[g].params), None, p)
-                .map_err(safetensors_error(p))
+            safetensors::serialize_to_file(
+                views(store, "", |g| store.groups[g].params.as_slice()),
+                None,
+                p,
+            )
+            .map_err(safetensors_error(p))
         })?;
         pause_for_crash_tests();
         let optimizer = tmp.join(OPTIMIZER_FILE);
         write_synced(&optimizer, |p| {
-            let mut all = views(store, "m.", |g| &store.groups[g].adam_m);
-            all.extend(views(store, "v.", |g| &store.groups[g].adam_v));
-            safetensors::serialize_to_file(all, None, p).map_err(safetensors_error(p))
+            safetensors::serialize_to_file(moment_views(store), None, p)
+                .map_err(safetensors_error(p))
         })?;
         let crc = [
             Mapped::open(&model)?.crc32(),
@@ -532,13 +598,37 @@ pub fn load_into(checkpoint: &Path, store: &mut HostStore) -> Result<Manifest, C
         }
     }
     let (model_st, optim_st) = (model.parse()?, optimizer.parse()?);
+    // The moments' kind must be the run's: 8-bit codes are not f32 values.
+    let eight_bit = store.layout.eight_bit_moments;
+    if optim_st.tensor("m8.stem").is_ok() != eight_bit {
+        let kind = |q: bool| if q { "8-bit" } else { "fp32" };
+        return Err(CheckpointError::Mismatch {
+            path: checkpoint.to_path_buf(),
+            reason: format!(
+                "it holds {} optimizer state, the run keeps {} (--optim-state)",
+                kind(!eight_bit),
+                kind(eight_bit)
+            ),
+        });
+    }
     // Validate every tensor first.
     for (g, group) in store.groups.iter().enumerate() {
         for slot in &group.slots {
             let name = tensor_name(g, &slot.name);
-            model.check(&model_st, &name, &slot.shape)?;
-            optimizer.check(&optim_st, &format!("m.{name}"), &slot.shape)?;
-            optimizer.check(&optim_st, &format!("v.{name}"), &slot.shape)?;
+            model.check(&model_st, &name, Dtype::F32, &slot.shape)?;
+            if !eight_bit {
+                optimizer.check(&optim_st, &format!("m.{name}"), Dtype::F32, &slot.shape)?;
+                optimizer.check(&optim_st, &format!("v.{name}"), Dtype::F32, &slot.shape)?;
+            }
+        }
+        if let Moments::Q8 { m, .. } = &group.moments {
+            let name = group_name(g);
+            for prefix in ["m8", "v8"] {
+                let (codes, blocks) = (m.codes.len(), m.absmax.len());
+                optimizer.check(&optim_st, &format!("{prefix}.{name}"), Dtype::U8, &[codes])?;
+                let absmax = format!("{prefix}.{name}.absmax");
+                optimizer.check(&optim_st, &absmax, Dtype::F32, &[blocks])?;
+            }
         }
     }
     for (g, group) in store.groups.iter_mut().enumerate() {
@@ -551,20 +641,27 @@ pub fn load_into(checkpoint: &Path, store: &mut HostStore) -> Result<Manifest, C
                 model_st.tensor(&name).expect("checked").data(),
                 &mut group.params.as_mut_slice()[range.clone()],
             );
-            copy_f32(
-                optim_st
-                    .tensor(&format!("m.{name}"))
-                    .expect("checked")
-                    .data(),
-                &mut group.adam_m.as_mut_slice()[range.clone()],
-            );
-            copy_f32(
-                optim_st
-                    .tensor(&format!("v.{name}"))
-                    .expect("checked")
-                    .data(),
-                &mut group.adam_v.as_mut_slice()[range],
-            );
+            if let Moments::F32 { m, v } = &mut group.moments {
+                for (prefix, out) in [("m", m), ("v", v)] {
+                    let tensor = optim_st
+                        .tensor(&format!("{prefix}.{name}"))
+                        .expect("checked");
+                    copy_f32(tensor.data(), &mut out.as_mut_slice()[range.clone()]);
+                }
+            }
+        }
+        if let Moments::Q8 { m, v } = &mut group.moments {
+            let name = group_name(g);
+            for (prefix, q) in [("m8", m), ("v8", v)] {
+                let codes = optim_st
+                    .tensor(&format!("{prefix}.{name}"))
+                    .expect("checked");
+                q.codes.copy_from_slice(codes.data());
+                let absmax = optim_st
+                    .tensor(&format!("{prefix}.{name}.absmax"))
+                    .expect("checked");
+                copy_f32(absmax.data(), &mut q.absmax);
+            }
         }
     }
     Ok(manifest)
@@ -627,6 +724,7 @@ impl Mapped {
         &self,
         st: &SafeTensors<'_>,
         name: &str,
+        dtype: Dtype,
         shape: &[usize],
     ) -> Result<(), CheckpointError> {
         let corrupt = |reason: String| CheckpointError::Corrupt {
@@ -636,9 +734,9 @@ impl Mapped {
         let t = st
             .tensor(name)
             .map_err(|_| corrupt(format!("tensor `{name}` is missing")))?;
-        if t.dtype() != Dtype::F32 || t.shape() != shape {
+        if t.dtype() != dtype || t.shape() != shape {
             return Err(corrupt(format!(
-                "tensor `{name}` is {:?} {:?}, expected F32 {shape:?}",
+                "tensor `{name}` is {:?} {:?}, expected {dtype:?} {shape:?}",
                 t.dtype(),
                 t.shape()
             )));

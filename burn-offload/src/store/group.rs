@@ -1,5 +1,6 @@
 //! One parameter group's state: its slot table and slabs.
 
+use super::Moments;
 use crate::host::optim::GradSlice;
 use crate::host::slab::{Bf16Slab, Slab};
 
@@ -30,10 +31,8 @@ pub struct ParamGroup {
     pub slots: Vec<ParamSlot>,
     /// Parameter values.
     pub params: Slab,
-    /// First moment (SGD: momentum).
-    pub adam_m: Slab,
-    /// Second moment.
-    pub adam_v: Slab,
+    /// The optimizer's moments.
+    pub moments: Moments,
     /// Accumulated gradients; `None` in fused mode, where each block's gradient
     /// is applied as soon as it arrives and never stored whole.
     pub grads: Option<GradBuffer>,
@@ -107,10 +106,8 @@ impl GradBuffer {
 pub struct GroupSlabs {
     /// Parameter values.
     pub params: Slab,
-    /// First moment.
-    pub adam_m: Slab,
-    /// Second moment.
-    pub adam_v: Slab,
+    /// The optimizer's moments.
+    pub moments: Moments,
     /// Accumulated gradients (none in fused mode).
     pub grads: Option<GradBuffer>,
 }
@@ -128,8 +125,10 @@ impl ParamGroup {
         let empty = || Slab::zeros(0);
         GroupSlabs {
             params: std::mem::replace(&mut self.params, empty()),
-            adam_m: std::mem::replace(&mut self.adam_m, empty()),
-            adam_v: std::mem::replace(&mut self.adam_v, empty()),
+            moments: {
+                let empty = self.moments.empty_like();
+                std::mem::replace(&mut self.moments, empty)
+            },
             grads: self.grads.as_mut().map(|g| {
                 let empty = g.empty_like();
                 std::mem::replace(g, empty)
@@ -140,8 +139,7 @@ impl ParamGroup {
     /// Puts back what [`ParamGroup::lend`] took.
     pub(crate) fn restore(&mut self, slabs: GroupSlabs) {
         self.params = slabs.params;
-        self.adam_m = slabs.adam_m;
-        self.adam_v = slabs.adam_v;
+        self.moments = slabs.moments;
         self.grads = slabs.grads;
     }
 

@@ -15,7 +15,7 @@ use burn::module::{Module, ParamId};
 use burn::tensor::backend::Backend;
 
 use super::template::{param_ids, Collect, Fill, ReadBack, Visited};
-use super::{GradBuffer, ParamGroup, ParamSlot};
+use super::{GradBuffer, Moments, ParamGroup, ParamSlot};
 use crate::host::slab::Slab;
 
 /// Draws every lazily initialised parameter of a module.
@@ -43,6 +43,9 @@ pub struct StoreLayout {
     /// The blocks' gradient buffers hold bf16 (14 bytes/param for the
     /// blocks); the stem's stays f32.
     pub bf16_block_gradients: bool,
+    /// The optimizer's moments are 8-bit blockwise (about 2 bytes/param for
+    /// both instead of 8).
+    pub eight_bit_moments: bool,
 }
 
 impl StoreLayout {
@@ -51,6 +54,7 @@ impl StoreLayout {
         Self {
             gradient_buffer,
             bf16_block_gradients: false,
+            eight_bit_moments: false,
         }
     }
 }
@@ -175,8 +179,7 @@ impl HostStore {
         ParamGroup {
             slots,
             params: Slab::zeros(offset),
-            adam_m: Slab::zeros(offset),
-            adam_v: Slab::zeros(offset),
+            moments: Moments::zeros(offset, layout.eight_bit_moments),
             grads: layout
                 .gradient_buffer
                 .then(|| GradBuffer::zeros(offset, block && layout.bf16_block_gradients)),
@@ -207,7 +210,7 @@ impl HostStore {
     }
 
     /// Host bytes held per parameter by the store: 12 for the weights and
-    /// both moments, and the gradient buffer's (4, 2 in bf16, none fused), on
+    /// both moments (about 6 with 8-bit moments), and the gradient buffer's (4, 2 in bf16, none fused), on
     /// average over the groups.
     pub fn bytes_per_param(&self) -> f64 {
         self.host_bytes() as f64 / self.num_params().max(1) as f64
@@ -218,10 +221,7 @@ impl HostStore {
         self.groups
             .iter()
             .map(|g| {
-                g.params.bytes()
-                    + g.adam_m.bytes()
-                    + g.adam_v.bytes()
-                    + g.grads.as_ref().map_or(0, GradBuffer::bytes)
+                g.params.bytes() + g.moments.bytes() + g.grads.as_ref().map_or(0, GradBuffer::bytes)
             })
             .sum()
     }

@@ -6,10 +6,12 @@ mod bf16;
 pub mod checkpoint;
 mod group;
 mod host_store;
+mod moments;
 mod template;
 
 pub use bf16::Bf16Weights;
 pub use group::{GradBuffer, GroupSlabs, ParamGroup, ParamSlot};
 pub use host_store::{HostStore, StoreError, StoreLayout};
+pub use moments::{MomentValues, Moments, Q8Slab};
 pub use template::ReadBack;
 pub(crate) use template::{param_ids, Collect, ToPlaceholders};

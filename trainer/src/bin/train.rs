@@ -155,6 +155,12 @@ struct Cli {
     /// `auto`: compact when full does not fit the host (`--plan` shows it).
     #[arg(long, default_value = "auto")]
     host_layout: trainer::plan::HostLayout,
+    /// Engine: the optimizer's moments in host memory. `fp32`: 8 B/param;
+    /// `8bit`: blockwise 8-bit (bitsandbytes' 8-bit Adam scheme: a byte per
+    /// value, a scale per 256, a non-linear code), about 2 B/param,
+    /// dequantised and quantised again in the update loop.
+    #[arg(long, default_value = "fp32")]
+    optim_state: trainer::plan::OptimState,
     /// Engine: how many of the last blocks run their forward under autodiff
     /// and keep the graph on the device until the backward, which then skips
     /// their recompute. `auto`: on a GPU, as many as the memory plan fits in
@@ -206,7 +212,7 @@ struct Cli {
 /// in `TrainOptions`' validation.)
 fn refuse_ignored_flags(matches: &ArgMatches, cli: &Cli) -> Result<(), String> {
     let given = |id: &str| matches.value_source(id) == Some(ValueSource::CommandLine);
-    let rules: [(&str, &str, bool, &str); 8] = [
+    let rules: [(&str, &str, bool, &str); 9] = [
         (
             "keep",
             "--keep",
@@ -252,6 +258,12 @@ fn refuse_ignored_flags(matches: &ArgMatches, cli: &Cli) -> Result<(), String> {
         (
             "host_layout",
             "--host-layout",
+            cli.resident,
+            "is an option of the offload engine; drop it or --resident",
+        ),
+        (
+            "optim_state",
+            "--optim-state",
             cli.resident,
             "is an option of the offload engine; drop it or --resident",
         ),
@@ -305,6 +317,7 @@ fn main() -> ExitCode {
         loss_chunk_tokens: cli.loss_chunk_tokens,
         block_inputs: cli.block_inputs,
         host_layout: cli.host_layout,
+        optim_state: cli.optim_state,
         kept_graphs: cli.keep_graphs,
         checkpoint_dir: cli.checkpoint_dir,
         checkpoint_every: cli.checkpoint_every,

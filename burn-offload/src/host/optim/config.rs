@@ -113,8 +113,7 @@ impl OptimizerConfig {
     ) {
         let n = s.params.len();
         assert!(
-            s.m.len() == n
-                && s.v.len() == n
+            s.moments.len() == n
                 && s.grads.len() == n
                 && s.bf16.as_ref().is_none_or(|b| b.len() == n),
             "slab lengths differ"

@@ -9,6 +9,7 @@
 
 mod adamw;
 mod config;
+pub mod quant;
 mod sgd;
 mod slices;
 #[cfg(test)]
@@ -18,4 +19,4 @@ pub use adamw::AdamWConfig;
 pub use config::{check_lr, OptimizerConfig, OptimizerError};
 pub use sgd::SgdConfig;
 pub(crate) use slices::CHUNK;
-pub use slices::{GradSlice, Rows, UpdateSlices};
+pub use slices::{GradSlice, MomentSlices, Rows, UpdateSlices};

@@ -6,6 +6,7 @@ use std::borrow::Cow;
 use burn::tensor::bf16;
 use rayon::prelude::*;
 
+use super::quant::{dequantize_block, quantize_block, DynamicMap, QUANT_BLOCK, SIGNED, UNSIGNED};
 use crate::host::bf16::round_into;
 use crate::host::throttle;
 
@@ -61,16 +62,91 @@ impl<'a> GradSlice<'a> {
     }
 }
 
-/// The state a group's update works on: parameters, two moment buffers
-/// (SGD uses the first as its momentum buffer) and the gradient; and, in bf16
-/// compute mode, the bf16 copy of the parameters to write as they change.
+/// A group's moments as an update writes them: f32, or 8-bit blockwise
+/// (codes and one scale per [`QUANT_BLOCK`] values, from the group's start).
+pub enum MomentSlices<'a> {
+    /// f32 values.
+    F32 {
+        /// First moment (SGD: the momentum buffer).
+        m: &'a mut [f32],
+        /// Second moment (unused by SGD).
+        v: &'a mut [f32],
+    },
+    /// 8-bit codes and their blocks' scales.
+    Q8 {
+        /// First moment's codes (signed map).
+        m: &'a mut [u8],
+        /// Its blocks' scales.
+        m_absmax: &'a mut [f32],
+        /// Second moment's codes (unsigned map).
+        v: &'a mut [u8],
+        /// Its blocks' scales.
+        v_absmax: &'a mut [f32],
+    },
+}
+
+impl<'a> MomentSlices<'a> {
+    /// Number of values.
+    pub fn len(&self) -> usize {
+        match self {
+            MomentSlices::F32 { m, .. } => m.len(),
+            MomentSlices::Q8 { m, .. } => m.len(),
+        }
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The first `mid` values and the rest; 8-bit moments split only at a
+    /// block boundary.
+    pub fn split_at(self, mid: usize) -> (Self, Self) {
+        match self {
+            MomentSlices::F32 { m, v } => {
+                let ((m0, m1), (v0, v1)) = (m.split_at_mut(mid), v.split_at_mut(mid));
+                (
+                    MomentSlices::F32 { m: m0, v: v0 },
+                    MomentSlices::F32 { m: m1, v: v1 },
+                )
+            }
+            MomentSlices::Q8 {
+                m,
+                m_absmax,
+                v,
+                v_absmax,
+            } => {
+                assert_eq!(mid % QUANT_BLOCK, 0, "8-bit moments split inside a block");
+                let b = mid / QUANT_BLOCK;
+                let ((m0, m1), (v0, v1)) = (m.split_at_mut(mid), v.split_at_mut(mid));
+                let ((ma0, ma1), (va0, va1)) = (m_absmax.split_at_mut(b), v_absmax.split_at_mut(b));
+                (
+                    MomentSlices::Q8 {
+                        m: m0,
+                        m_absmax: ma0,
+                        v: v0,
+                        v_absmax: va0,
+                    },
+                    MomentSlices::Q8 {
+                        m: m1,
+                        m_absmax: ma1,
+                        v: v1,
+                        v_absmax: va1,
+                    },
+                )
+            }
+        }
+    }
+}
+
+/// The state a group's update works on: parameters, two moments (SGD uses
+/// the first as its momentum buffer) and the gradient; and, in bf16 compute
+/// mode, the bf16 copy of the parameters to write as they change.
 pub struct UpdateSlices<'a> {
     /// The parameters, updated in place.
     pub params: &'a mut [f32],
-    /// First moment (SGD: the momentum buffer).
-    pub m: &'a mut [f32],
-    /// Second moment (unused by SGD).
-    pub v: &'a mut [f32],
+    /// The moments.
+    pub moments: MomentSlices<'a>,
     /// The gradient, scaled by the update's `grad_scale` as it is read.
     pub grads: GradSlice<'a>,
     /// The bf16 copy of the parameters, rewritten as they change.
@@ -81,8 +157,7 @@ impl<'a> UpdateSlices<'a> {
     /// The first `mid` elements and the rest, as two updates' slices.
     pub fn split_at(self, mid: usize) -> (Self, Self) {
         let (p0, p1) = self.params.split_at_mut(mid);
-        let (m0, m1) = self.m.split_at_mut(mid);
-        let (v0, v1) = self.v.split_at_mut(mid);
+        let (m0, m1) = self.moments.split_at(mid);
         let (g0, g1) = self.grads.split_at(mid);
         let (b0, b1) = match self.bf16 {
             Some(b) => {
@@ -91,14 +166,13 @@ impl<'a> UpdateSlices<'a> {
             }
             None => (None, None),
         };
-        let slices = |params, m, v, grads, bf16| UpdateSlices {
+        let slices = |params, moments, grads, bf16| UpdateSlices {
             params,
-            m,
-            v,
+            moments,
             grads,
             bf16,
         };
-        (slices(p0, m0, v0, g0, b0), slices(p1, m1, v1, g1, b1))
+        (slices(p0, m0, g0, b0), slices(p1, m1, g1, b1))
     }
 }
 
@@ -145,29 +219,87 @@ where
         }
     };
     let grads = s.grads;
-    let pieces = s
-        .params
-        .par_chunks_mut(piece)
-        .zip(s.m.par_chunks_mut(piece))
-        .zip(s.v.par_chunks_mut(piece))
-        .enumerate();
     // A piece's gradient, widened from bf16 only for the pieces updated.
     let grad = |r: usize, len: usize| grads.f32_range(r * piece..r * piece + len);
+    // With 8-bit moments each piece is dequantised into f32, updated by the
+    // same math, and quantised again with its blocks' new scales.
+    let update_piece = |r: usize, p: &mut [f32], moments: PieceMoments<'_>| {
+        throttle::wait_for_copies();
+        match moments {
+            PieceMoments::F32(m, v) => update(p, m, v, &grad(r, p.len())),
+            PieceMoments::Q8(m, ma, v, va) => {
+                let (mut mf, mut vf) = (vec![0.0; p.len()], vec![0.0; p.len()]);
+                dequantize(&SIGNED, m, ma, &mut mf);
+                dequantize(&UNSIGNED, v, va, &mut vf);
+                update(p, &mut mf, &mut vf, &grad(r, p.len()));
+                quantize(&SIGNED, &mf, m, ma);
+                quantize(&UNSIGNED, &vf, v, va);
+            }
+        }
+    };
+    let pieces: Vec<PieceMoments<'_>> = match s.moments {
+        MomentSlices::F32 { m, v } => m
+            .chunks_mut(piece)
+            .zip(v.chunks_mut(piece))
+            .map(|(m, v)| PieceMoments::F32(m, v))
+            .collect(),
+        MomentSlices::Q8 {
+            m,
+            m_absmax,
+            v,
+            v_absmax,
+        } => {
+            assert_eq!(piece % QUANT_BLOCK, 0, "8-bit moments update whole blocks");
+            let blocks = piece / QUANT_BLOCK;
+            m.chunks_mut(piece)
+                .zip(m_absmax.chunks_mut(blocks))
+                .zip(v.chunks_mut(piece).zip(v_absmax.chunks_mut(blocks)))
+                .map(|((m, ma), (v, va))| PieceMoments::Q8(m, ma, v, va))
+                .collect()
+        }
+    };
+    let pieces = s.params.par_chunks_mut(piece).zip(pieces).enumerate();
     match s.bf16 {
         Some(out) => pieces
             .zip(out.par_chunks_mut(piece))
-            .for_each(|((r, ((p, m), v)), o)| {
+            .for_each(|((r, (p, moments)), o)| {
                 if selected(r) {
-                    throttle::wait_for_copies();
-                    update(p, m, v, &grad(r, p.len()));
+                    update_piece(r, p, moments);
                     round_into(o, p);
                 }
             }),
-        None => pieces.for_each(|(r, ((p, m), v))| {
+        None => pieces.for_each(|(r, (p, moments))| {
             if selected(r) {
-                throttle::wait_for_copies();
-                update(p, m, v, &grad(r, p.len()));
+                update_piece(r, p, moments);
             }
         }),
+    }
+}
+
+/// One piece's moments.
+enum PieceMoments<'a> {
+    F32(&'a mut [f32], &'a mut [f32]),
+    Q8(&'a mut [u8], &'a mut [f32], &'a mut [u8], &'a mut [f32]),
+}
+
+/// `codes` (whole blocks but perhaps the last, scales `absmax`) into `out`.
+fn dequantize(map: &DynamicMap, codes: &[u8], absmax: &[f32], out: &mut [f32]) {
+    for ((c, o), &scale) in codes
+        .chunks(QUANT_BLOCK)
+        .zip(out.chunks_mut(QUANT_BLOCK))
+        .zip(absmax)
+    {
+        dequantize_block(map, c, scale, o);
+    }
+}
+
+/// `values` into `codes` and their blocks' scales `absmax`.
+fn quantize(map: &DynamicMap, values: &[f32], codes: &mut [u8], absmax: &mut [f32]) {
+    for ((v, c), scale) in values
+        .chunks(QUANT_BLOCK)
+        .zip(codes.chunks_mut(QUANT_BLOCK))
+        .zip(absmax.iter_mut())
+    {
+        *scale = quantize_block(map, v, c);
     }
 }

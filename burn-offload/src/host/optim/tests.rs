@@ -59,8 +59,10 @@ fn sgd_with_momentum_matches_the_textbook_recurrence() {
             1.0,
             UpdateSlices {
                 params: &mut p,
-                m: &mut m,
-                v: &mut v,
+                moments: MomentSlices::F32 {
+                    m: &mut m,
+                    v: &mut v,
+                },
                 grads: GradSlice::F32(&g),
                 bf16: None,
             },
@@ -95,8 +97,10 @@ fn rows_updated_in_two_selections_equal_one_update() {
                 for &rows in selections {
                     let slices = UpdateSlices {
                         params: &mut p,
-                        m: &mut m,
-                        v: &mut v,
+                        moments: MomentSlices::F32 {
+                            m: &mut m,
+                            v: &mut v,
+                        },
                         grads: GradSlice::F32(&grads),
                         bf16: Some(&mut copy),
                     };
@@ -138,8 +142,10 @@ fn the_bf16_copy_is_the_rounded_update() {
         let (mut p, mut m, mut v) = (start.clone(), vec![0.0; n], vec![0.0; n]);
         let slices = UpdateSlices {
             params: &mut p,
-            m: &mut m,
-            v: &mut v,
+            moments: MomentSlices::F32 {
+                m: &mut m,
+                v: &mut v,
+            },
             grads: GradSlice::F32(&grads),
             bf16: copy,
         };
@@ -184,8 +190,10 @@ fn bf16_gradients_update_as_their_f32_values() {
                 let grads = grads.split_at(len).0;
                 let slices = UpdateSlices {
                     params: &mut p,
-                    m: &mut m,
-                    v: &mut v,
+                    moments: MomentSlices::F32 {
+                        m: &mut m,
+                        v: &mut v,
+                    },
                     grads,
                     bf16: None,
                 };
@@ -206,3 +214,119 @@ fn bf16_gradients_update_as_their_f32_values() {
         }
     }
 }
+
+/// 8-bit moments: from zero state the first update's parameters equal the
+/// f32 update's bit for bit (the moments it reads are exact zeros), and the
+/// moments it keeps are the f32 ones quantised; updating a table's rows in
+/// two selections of whole blocks gives the bits of one update.
+#[test]
+fn eight_bit_moments_quantise_the_f32_update() {
+    use super::quant::{dequantize_block, QUANT_BLOCK, SIGNED, UNSIGNED};
+    let n = 2 * CHUNK + 5 * QUANT_BLOCK;
+    let grads: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin() * 1e-2).collect();
+    let start: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos()).collect();
+    let optimizer = OptimizerConfig::AdamW(AdamWConfig::default());
+    let q8 = |p: &mut Vec<f32>, m: &mut Q8Pair, rows: Rows<'_>, step: u64| {
+        let slices = UpdateSlices {
+            params: p,
+            moments: MomentSlices::Q8 {
+                m: &mut m.0,
+                m_absmax: &mut m.1,
+                v: &mut m.2,
+                v_absmax: &mut m.3,
+            },
+            grads: GradSlice::F32(&grads),
+            bf16: None,
+        };
+        optimizer.update_rows(step, 1e-2, 1.0, slices, rows);
+    };
+    let blocks = n.div_ceil(QUANT_BLOCK);
+    let zero = || -> Q8Pair { (vec![0; n], vec![0.0; blocks], vec![0; n], vec![0.0; blocks]) };
+
+    let (mut p8, mut s8) = (start.clone(), zero());
+    q8(&mut p8, &mut s8, Rows::All, 1);
+    let (mut p32, mut m32, mut v32) = (start.clone(), vec![0.0; n], vec![0.0; n]);
+    optimizer.update(
+        1,
+        1e-2,
+        1.0,
+        UpdateSlices {
+            params: &mut p32,
+            moments: MomentSlices::F32 {
+                m: &mut m32,
+                v: &mut v32,
+            },
+            grads: GradSlice::F32(&grads),
+            bf16: None,
+        },
+    );
+    assert!(p8 == p32, "first update's parameters");
+    let dequantized = |codes: &[u8], absmax: &[f32], signed: bool| {
+        let map = if signed { &*SIGNED } else { &*UNSIGNED };
+        let mut out = vec![0.0; n];
+        for ((c, o), &a) in codes
+            .chunks(QUANT_BLOCK)
+            .zip(out.chunks_mut(QUANT_BLOCK))
+            .zip(absmax)
+        {
+            dequantize_block(map, c, a, o);
+        }
+        out
+    };
+    for (got, want, scales) in [
+        (dequantized(&s8.0, &s8.1, true), &m32, &s8.1),
+        (dequantized(&s8.2, &s8.3, false), &v32, &s8.3),
+    ] {
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            // The widest gap of either map is 0.9/64 of the block's scale.
+            let bound = 0.5 * (0.9 / 64.0) * scales[i / QUANT_BLOCK] * 1.0001;
+            assert!((g - w).abs() <= bound, "moment {i}: {g} vs {w}");
+        }
+    }
+
+    // Rows of 512 (two blocks): the picked rows, then the others.
+    let width = 2 * QUANT_BLOCK;
+    let picked: Vec<bool> = (0..n / width).map(|r| r % 3 == 1).collect();
+    let len = width * picked.len();
+    let (mut whole_p, mut whole_s) = (p8.clone(), s8.clone());
+    let (mut two_p, mut two_s) = (p8.clone(), s8.clone());
+    q8(&mut whole_p, &mut whole_s, Rows::All, 2);
+    for pick in [true, false] {
+        let rows = Rows::Picked {
+            width,
+            picked: &picked,
+            pick,
+        };
+        let mut p = two_p[..len].to_vec();
+        let mut s: Q8Pair = (
+            two_s.0[..len].to_vec(),
+            two_s.1[..len / QUANT_BLOCK].to_vec(),
+            two_s.2[..len].to_vec(),
+            two_s.3[..len / QUANT_BLOCK].to_vec(),
+        );
+        let slices = UpdateSlices {
+            params: &mut p,
+            moments: MomentSlices::Q8 {
+                m: &mut s.0,
+                m_absmax: &mut s.1,
+                v: &mut s.2,
+                v_absmax: &mut s.3,
+            },
+            grads: GradSlice::F32(&grads[..len]),
+            bf16: None,
+        };
+        optimizer.update_rows(2, 1e-2, 1.0, slices, rows);
+        two_p[..len].copy_from_slice(&p);
+        two_s.0[..len].copy_from_slice(&s.0);
+        two_s.1[..len / QUANT_BLOCK].copy_from_slice(&s.1);
+        two_s.2[..len].copy_from_slice(&s.2);
+        two_s.3[..len / QUANT_BLOCK].copy_from_slice(&s.3);
+    }
+    assert!(
+        whole_p[..len] == two_p[..len] && whole_s.0[..len] == two_s.0[..len],
+        "two selections of rows differ from one update"
+    );
+    assert!(whole_s.1[..len / QUANT_BLOCK] == two_s.1[..len / QUANT_BLOCK]);
+}
+
+type Q8Pair = (Vec<u8>, Vec<f32>, Vec<u8>, Vec<f32>);
