@@ -227,14 +227,20 @@ where
         throttle::wait_for_copies();
         match moments {
             PieceMoments::F32(m, v) => update(p, m, v, &grad(r, p.len())),
-            PieceMoments::Q8(m, ma, v, va) => {
-                let (mut mf, mut vf) = (vec![0.0; p.len()], vec![0.0; p.len()]);
-                dequantize(&SIGNED, m, ma, &mut mf);
-                dequantize(&UNSIGNED, v, va, &mut vf);
-                update(p, &mut mf, &mut vf, &grad(r, p.len()));
-                quantize(&SIGNED, &mf, m, ma);
-                quantize(&UNSIGNED, &vf, v, va);
-            }
+            PieceMoments::Q8(m, ma, v, va) => SCRATCH.with(|scratch| {
+                // Per thread, kept: a piece's worth of f32 for each moment
+                // (fresh buffers of this size would be mapped and faulted in
+                // for every piece).
+                let mut scratch = scratch.borrow_mut();
+                let (mf, vf) = &mut *scratch;
+                mf.resize(p.len(), 0.0);
+                vf.resize(p.len(), 0.0);
+                dequantize(&SIGNED, m, ma, mf);
+                dequantize(&UNSIGNED, v, va, vf);
+                update(p, mf, vf, &grad(r, p.len()));
+                quantize(&SIGNED, mf, m, ma);
+                quantize(&UNSIGNED, vf, v, va);
+            }),
         }
     };
     let pieces: Vec<PieceMoments<'_>> = match s.moments {
@@ -274,6 +280,12 @@ where
             }
         }),
     }
+}
+
+thread_local! {
+    /// The f32 moments of the piece an 8-bit update is working on.
+    static SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<f32>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
 /// One piece's moments.
