@@ -9,6 +9,7 @@
 #   fused          --fused: clipping and the guard run the backward twice (14)
 #   fused-compact  --fused --host-layout compact (12)
 #   fused-noclip   --fused --no-guard --grad-clip 0: one backward, no clipping (the ceiling)
+# A mode ending in -8bit adds --optim-state 8bit (8-bit Adam moments, 6 B/param less).
 # Shapes: 7b (Llama-2-7B), w8-<layers> (Llama-3-8B width, GPT-2's vocabulary,
 # <layers> blocks). BIG_STEPS steps (6), BIG_LIMIT seconds a row (400).
 # HOST_GIB passes --host-mem-gib (the lent hosts grow RAM on demand).
@@ -29,6 +30,8 @@ for row in ${BIG_ROWS:-7b:64:compact 7b:64:fused}; do
     w8-*) tokenizer="--tokenizer gpt2"; layers=${shape#w8-}
       echo '{"arch":"llama","vocab_size":50257,"d_model":4096,"n_layer":'$layers',"n_head":32,"n_kv_head":8,"d_ff":14336,"max_seq_len":8192}' > $W/$shape.json ;;
   esac
+  state=
+  case $mode in *-8bit) state="--optim-state 8bit"; mode=${mode%-8bit} ;; esac
   case $mode in
     full) extra="--host-layout full" ;;
     compact) extra="--host-layout compact" ;;
@@ -37,8 +40,8 @@ for row in ${BIG_ROWS:-7b:64:compact 7b:64:fused}; do
     fused-noclip) extra="--fused --host-layout full --no-guard --grad-clip 0" ;;
     *) echo "unknown mode $mode"; exit 2 ;;
   esac
-  name=$shape-${tok}k-$mode
-  args="--model $W/$shape.json $tokenizer --steps ${BIG_STEPS:-6} --warmup 2 --lr 1e-4 --seq-len 1024 --batch $tok --compute bf16 $extra ${HOST_GIB:+--host-mem-gib $HOST_GIB} ${ARGS:-}"
+  name=$shape-${tok}k-$mode${state:+-8bit}
+  args="--model $W/$shape.json $tokenizer --steps ${BIG_STEPS:-6} --warmup 2 --lr 1e-4 --seq-len 1024 --batch $tok --compute bf16 $extra $state ${HOST_GIB:+--host-mem-gib $HOST_GIB} ${ARGS:-}"
   .device/bin/train --plan $args > $W/$name.plan 2>&1
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > $W/$name.gpu &
   smi=$!
