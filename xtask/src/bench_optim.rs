@@ -1,7 +1,8 @@
-//! `cargo xtask bench optim`: one AdamW step over N parameters, three ways, in
-//! one process: burn-offload's fused rayon loop over host slabs, the same math
-//! as a single-threaded scalar loop, and burn-optim's AdamW on burn-flex
-//! tensors. Reports the median of `--repeats` timed steps after a warm-up.
+//! `cargo xtask bench optim`: one AdamW step over N parameters, several ways,
+//! in one process: burn-offload's fused rayon loop over host slabs (also
+//! writing the bf16 copy, with 8-bit moments, reading bf16 gradients), the
+//! same math as a single-threaded scalar loop, and burn-optim's AdamW on
+//! burn-flex tensors. Reports the median of `--repeats` timed steps after a warm-up.
 
 use std::time::Instant;
 
@@ -121,6 +122,45 @@ pub fn run(args: Args) -> Result<()> {
         OptimizerConfig::AdamW(config).update(step, 1e-3, 1.0, slices);
     });
 
+    // 8-bit moments (--optim-state 8bit): dequantise, update, quantise.
+    let blocks = n.div_ceil(burn_offload::QUANT_BLOCK);
+    let (mut m8, mut v8) = (vec![0u8; n], vec![0u8; n]);
+    let (mut m8_absmax, mut v8_absmax) = (vec![0.0f32; blocks], vec![0.0f32; blocks]);
+    let ours_8bit = time(args.repeats, || {
+        step += 1;
+        let slices = UpdateSlices {
+            params: &mut p,
+            moments: MomentSlices::Q8 {
+                m: &mut m8,
+                m_absmax: &mut m8_absmax,
+                v: &mut v8,
+                v_absmax: &mut v8_absmax,
+            },
+            grads: GradSlice::F32(&grads),
+            bf16: None,
+        };
+        OptimizerConfig::AdamW(config).update(step, 1e-3, 1.0, slices);
+    });
+
+    // bf16 gradients (--host-layout compact): widened as they are read.
+    let grads_bf16: Vec<_> = grads
+        .iter()
+        .map(|&g| burn::tensor::bf16::from_f32(g))
+        .collect();
+    let ours_bf16_grads = time(args.repeats, || {
+        step += 1;
+        let slices = UpdateSlices {
+            params: &mut p,
+            moments: MomentSlices::F32 {
+                m: &mut m,
+                v: &mut v,
+            },
+            grads: GradSlice::Bf16(&grads_bf16),
+            bf16: None,
+        };
+        OptimizerConfig::AdamW(config).update(step, 1e-3, 1.0, slices);
+    });
+
     let mut step = 0i32;
     let scalar = time(args.repeats, || {
         step += 1;
@@ -154,6 +194,8 @@ pub fn run(args: Args) -> Result<()> {
         ("scalar loop (1 thread)", scalar),
         ("burn-optim AdamW on burn-flex", burn_optim),
         ("burn-offload loop writing the bf16 copy", ours_bf16),
+        ("burn-offload loop, 8-bit moments", ours_8bit),
+        ("burn-offload loop, bf16 gradients", ours_bf16_grads),
     ]
     .map(|(variant, secs)| Row {
         variant,
@@ -176,10 +218,12 @@ pub fn run(args: Args) -> Result<()> {
         );
     }
     md += &format!(
-        "\nours ÷ burn-optim: {:.1}×; ours ÷ scalar: {:.1}×; with the bf16 copy ÷ without: {:.2}×\n",
+        "\nours ÷ burn-optim: {:.1}×; ours ÷ scalar: {:.1}×; with the bf16 copy ÷ without: {:.2}×; 8-bit moments ÷ fp32: {:.2}×; bf16 gradients ÷ fp32: {:.2}×\n",
         rows[0].gparam_per_s / rows[2].gparam_per_s,
         rows[0].gparam_per_s / rows[1].gparam_per_s,
-        rows[3].gparam_per_s / rows[0].gparam_per_s
+        rows[3].gparam_per_s / rows[0].gparam_per_s,
+        rows[4].gparam_per_s / rows[0].gparam_per_s,
+        rows[5].gparam_per_s / rows[0].gparam_per_s
     );
     print!("{md}");
     std::fs::create_dir_all(&args.out)
