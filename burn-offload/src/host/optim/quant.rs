@@ -17,6 +17,9 @@ pub const QUANT_BLOCK: usize = 256;
 pub struct DynamicMap {
     /// The entries, ascending, within [-1, 1].
     pub values: [f32; 256],
+    /// The midpoints between consecutive entries (the last is +∞): a value
+    /// is coded as the entry whose interval between midpoints holds it.
+    mids: [f32; 256],
     /// Indexed by the top 16 bits of an f32: the entry nearest to the middle
     /// of the range of f32 sharing those bits.
     guess: Vec<u8>,
@@ -58,55 +61,46 @@ fn dynamic_values(signed: bool) -> [f32; 256] {
 impl DynamicMap {
     fn new(signed: bool) -> Self {
         let values = dynamic_values(signed);
+        let mut mids = [f32::INFINITY; 256];
+        for c in 0..255 {
+            mids[c] = (values[c] + values[c + 1]) / 2.0;
+        }
         let guess = (0..1u32 << 16)
             .map(|top| {
                 let mid = f32::from_bits((top << 16) | 0x8000);
                 if mid.is_finite() {
-                    nearest_by_search(&values, mid.clamp(-1.0, 1.0))
+                    nearest_by_search(&mids, mid.clamp(-1.0, 1.0))
                 } else {
                     0
                 }
             })
             .collect();
-        Self { values, guess }
+        Self {
+            values,
+            mids,
+            guess,
+        }
     }
 
-    /// The index of the entry nearest to `x` (in [-1, 1]; ties to the lower).
-    /// The guess from `x`'s top bits is the nearest entry or a neighbour of
-    /// it: entries are at least 1.4% apart, wider than the 0.8% that 16 bits
-    /// leave of an f32, so at most one midpoint between entries falls in a
-    /// guess's range.
+    /// The index of the entry nearest to `x` (in [-1, 1]; at a midpoint, the
+    /// lower), without a branch. The guess from `x`'s top bits is the
+    /// nearest entry or a neighbour of it: entries are at least 1.4% apart,
+    /// wider than the 0.8% that 16 bits leave of an f32, so at most one
+    /// midpoint falls in a guess's range. Of the guess and its neighbours,
+    /// the nearest is the lowest plus the midpoints between them below `x`.
     #[inline]
     pub fn nearest(&self, x: f32) -> u8 {
         let g = self.guess[(x.to_bits() >> 16) as usize] as usize;
-        let lo = g.saturating_sub(1);
-        let hi = (g + 1).min(255);
-        let mut best = lo;
-        for c in lo + 1..=hi {
-            if (self.values[c] - x).abs() < (self.values[best] - x).abs() {
-                best = c;
-            }
-        }
-        best as u8
+        let lo = g.saturating_sub(1).min(253);
+        lo as u8 + u8::from(x > self.mids[lo]) + u8::from(x > self.mids[lo + 1])
     }
 }
 
-/// The nearest entry by binary search (ties to the lower): the reference
-/// [`DynamicMap::nearest`] is built from and tested against.
-pub fn nearest_by_search(values: &[f32; 256], x: f32) -> u8 {
-    let above = values.partition_point(|&v| v < x);
-    if above == 0 {
-        return 0;
-    }
-    if above == 256 {
-        return 255;
-    }
-    let (lo, hi) = (above - 1, above);
-    if x - values[lo] <= values[hi] - x {
-        lo as u8
-    } else {
-        hi as u8
-    }
+/// The nearest entry by binary search over the midpoints `mids` (the number
+/// of midpoints below `x`): the reference [`DynamicMap::nearest`] is built
+/// from and tested against.
+pub fn nearest_by_search(mids: &[f32; 256], x: f32) -> u8 {
+    mids[..255].partition_point(|&m| m < x) as u8
 }
 
 /// The map of the first moment (signed).
@@ -165,7 +159,12 @@ mod tests {
             let mut x = lo;
             let mut n = 0;
             while x <= 1.0 {
-                assert_eq!(map.nearest(x), nearest_by_search(&map.values, x), "{x:e}");
+                let want = nearest_by_search(&map.mids, x);
+                assert_eq!(map.nearest(x), want, "{x:e}");
+                // It is the nearest entry (at a midpoint, the lower).
+                let dist = |c: u8| (map.values[c as usize] - x).abs();
+                let neighbours = [want.saturating_sub(1), want.saturating_add(1)];
+                assert!(neighbours.iter().all(|&c| dist(want) <= dist(c)), "{x:e}");
                 // Walk with steps finer than the map everywhere, through every decade.
                 x += (x.abs() * 1e-3).max(1e-9);
                 n += 1;
