@@ -217,42 +217,36 @@ fn views<'a>(
 /// same for `v8` (8-bit moments: quantisation blocks run across a group's
 /// parameters).
 fn moment_views(store: &HostStore) -> Vec<(String, SlabView<'_>)> {
-    let mut all = Vec::new();
-    for (g, group) in store.groups.iter().enumerate() {
-        match &group.moments {
-            Moments::F32 { .. } => {}
-            Moments::Q8 { m, v } => {
-                let name = group_name(g);
-                for (prefix, q) in [("m8", m), ("v8", v)] {
-                    all.push((
-                        format!("{prefix}.{name}"),
-                        SlabView {
-                            dtype: Dtype::U8,
-                            shape: vec![q.codes.len()],
-                            data: &q.codes,
-                        },
-                    ));
-                    all.push((
-                        format!("{prefix}.{name}.absmax"),
-                        SlabView::f32(&[q.absmax.len()], &q.absmax),
-                    ));
-                }
+    if !store.layout.eight_bit_moments {
+        let f32_moment = |g: usize, first: bool| {
+            let (m, v) = store.groups[g].moments.f32().expect("f32 moments");
+            if first {
+                m
+            } else {
+                v
             }
-        }
-    }
-    let f32_moments = |g: usize, first: bool| {
-        let (m, v) = store.groups[g].moments.f32().expect("f32 moments");
-        if first {
-            m
-        } else {
-            v
-        }
-    };
-    if store.layout.eight_bit_moments {
+        };
+        let mut all = views(store, "m.", |g| f32_moment(g, true));
+        all.extend(views(store, "v.", |g| f32_moment(g, false)));
         return all;
     }
-    all.extend(views(store, "m.", |g| f32_moments(g, true)));
-    all.extend(views(store, "v.", |g| f32_moments(g, false)));
+    let mut all = Vec::new();
+    for (g, group) in store.groups.iter().enumerate() {
+        let Moments::Q8 { m, v } = &group.moments else {
+            unreachable!("the layout's moments are 8-bit")
+        };
+        let name = group_name(g);
+        for (prefix, q) in [("m8", m), ("v8", v)] {
+            let codes = SlabView {
+                dtype: Dtype::U8,
+                shape: vec![q.codes.len()],
+                data: &q.codes,
+            };
+            let absmax = SlabView::f32(&[q.absmax.len()], &q.absmax);
+            all.push((format!("{prefix}.{name}"), codes));
+            all.push((format!("{prefix}.{name}.absmax"), absmax));
+        }
+    }
     all
 }
 
