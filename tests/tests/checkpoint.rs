@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
+use trainer::plan::OptimState;
 use trainer::train::{run, TrainOptions};
 
 fn opts(dir: &Path) -> TrainOptions {
@@ -25,6 +26,20 @@ fn newest(dir: &Path) -> PathBuf {
 
 #[test]
 fn ten_steps_equal_five_then_resume_five_bit_for_bit() {
+    resume_is_bit_exact(OptimState::Fp32);
+}
+
+/// The same with 8-bit optimizer state: its codes and scales resume as saved.
+#[test]
+fn eight_bit_state_resumes_bit_for_bit() {
+    resume_is_bit_exact(OptimState::EightBit);
+}
+
+fn resume_is_bit_exact(optim_state: OptimState) {
+    let opts = |dir: &Path| TrainOptions {
+        optim_state,
+        ..opts(dir)
+    };
     let (straight, split) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let all = run(&opts(straight.path())).unwrap();
     assert_eq!(all.losses.len(), 10);
@@ -202,4 +217,30 @@ fn too_little_host_memory_is_refused_before_anything_is_created() {
         !metrics.exists() && !dir.path().join("ckpt").exists(),
         "files created before the refusal"
     );
+}
+
+/// A checkpoint with 8-bit optimizer state resumes only as 8-bit (and fp32
+/// only as fp32): one line naming the state, the checkpoint unchanged.
+#[test]
+fn checkpoint_of_the_other_optimizer_state_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    run(&TrainOptions {
+        steps: 2,
+        optim_state: OptimState::EightBit,
+        ..opts(dir.path())
+    })
+    .unwrap();
+    let checkpoint = newest(dir.path());
+    let before = std::fs::read(checkpoint.join("optimizer.safetensors")).unwrap();
+    let err = run(&TrainOptions {
+        steps: 4,
+        resume: Some(dir.path().into()),
+        ..opts(dir.path())
+    })
+    .unwrap_err();
+    let msg = format!("{err:#}");
+    assert!(msg.contains("8-bit optimizer state"), "{msg}");
+    assert_eq!(msg.lines().count(), 1, "one-line error: {msg}");
+    let after = std::fs::read(checkpoint.join("optimizer.safetensors")).unwrap();
+    assert!(before == after, "a failed resume changed the checkpoint");
 }

@@ -155,8 +155,8 @@ fn bf16_loss_curve_tracks_fp32_for_50_steps() {
 
 /// The compact host layout in bf16 (the weights cast on the device instead
 /// of a bf16 copy on the host, the blocks' gradients kept in bf16 as they
-/// arrive) against the default layout, with clipping, with and without the
-/// host worker and kept graphs, over 4 steps.
+/// arrive) against the default layout, with clipping, over 20 steps:
+/// deferred (the host worker), inline with a kept graph, and fused.
 ///
 /// Gradients kept in bf16 change no bit: every loss and gradient norm, and
 /// the weights and moments after, are equal. The cast on the device gives
@@ -164,25 +164,30 @@ fn bf16_loss_curve_tracks_fp32_for_50_steps() {
 /// (`half`'s `bf16::from_f64`, which rounds 530 in 10⁷ random f32 the other
 /// way than `from_f32`; CUDA's cast and `from_f32` both round to nearest
 /// even). From the same weights (the first step) the loss and norm then
-/// agree within `TIE_TOL` (measured: 2e-6 and 1.2e-5); once updated, bf16
-/// training amplifies the difference (AdamW normalises each gradient: 1.7e-3
-/// to 4.8e-3 apart in norm by step 4), so later steps are held to the bf16
-/// loss tolerance `STEP_TOL` (measured: at most 4.1e-4).
+/// agree within `TIE_TOL`; once updated, bf16 training amplifies the
+/// difference (AdamW normalises each gradient), so later steps' losses are
+/// held to `STEP_TOL`. Measured over five CPU runs (random weights each):
+/// first-step loss or norm at most 2.3e-4 apart, later losses at most 6.5e-4.
 ///
 /// It saves 2 host bytes per block parameter.
 #[test]
 fn bf16_compact_host_layout_matches_the_default_layout() {
-    const TIE_TOL: f64 = 1e-4;
+    const TIE_TOL: f64 = 1e-3;
     const STEP_TOL: f64 = 3e-3;
     let device = Default::default();
     let model_config = LlamaConfig::tiny();
     let model = model_config.init::<AD>(&device).valid();
-    for (cast_on_device, compute_precision_gradients) in
-        [(false, true), (true, false), (true, true)]
-    {
-        for (overlap, kept_graphs) in [(true, 0), (false, 1)] {
+    let modes = [(true, false, 0), (false, false, 1), (true, true, 0)];
+    let layouts = [(false, true), (true, false), (true, true)];
+    let (mut worst_first, mut worst_curve) = (0.0f64, 0.0f64);
+    for (overlap, fused, kept_graphs) in modes {
+        for (cast_on_device, compute_precision_gradients) in layouts {
+            if fused && compute_precision_gradients {
+                continue; // fused mode keeps no gradient buffer
+            }
             let base = EngineConfig {
                 overlap,
+                fused,
                 kept_graphs,
                 ..config(Compute::Bf16)
             };
@@ -191,16 +196,19 @@ fn bf16_compact_host_layout_matches_the_default_layout() {
                 compute_precision_gradients,
                 ..base.clone()
             };
-            let case = format!("cast {cast_on_device}, bf16 gradients {compute_precision_gradients}, overlap {overlap}, {kept_graphs} kept");
+            let case = format!(
+                "cast {cast_on_device}, bf16 gradients {compute_precision_gradients}, overlap {overlap}, fused {fused}, {kept_graphs} kept"
+            );
             let mut want = Engine::new(model.clone(), base, &device).unwrap();
             let mut got = Engine::new(model.clone(), compact, &device).unwrap();
-            for step in 0..4 {
+            for step in 0..20 {
                 let data = [batch(2, 16, model_config.vocab_size, 400 + step)];
                 let (a, b) = (
-                    want.step(&data, 1e-2).unwrap(),
-                    got.step(&data, 1e-2).unwrap(),
+                    want.step(&data, 3e-3).unwrap(),
+                    got.step(&data, 3e-3).unwrap(),
                 );
-                assert!(a.clip_scale < 1.0, "{case}: clipping must act");
+                assert!(!a.skipped && !b.skipped, "{case}, step {step}: skipped");
+                assert!(a.clip_scale < 1.0 || step > 0, "{case}: clipping must act");
                 let (loss, norm) = (f64::from(b.loss), b.grad_norm);
                 let (want_loss, want_norm) = (f64::from(a.loss), a.grad_norm);
                 if !cast_on_device {
@@ -216,16 +224,19 @@ fn bf16_compact_host_layout_matches_the_default_layout() {
                     );
                     continue;
                 }
-                let tol = if step == 0 { TIE_TOL } else { STEP_TOL };
                 let rel = |x: f64, y: f64| (x - y).abs() / y.abs();
-                assert!(
-                    rel(loss, want_loss) <= tol,
-                    "{case}, step {step}: loss {loss} vs {want_loss}"
-                );
                 if step == 0 {
+                    let first = rel(loss, want_loss).max(rel(norm, want_norm));
+                    worst_first = worst_first.max(first);
                     assert!(
-                        rel(norm, want_norm) <= tol,
-                        "{case}: norm {norm} vs {want_norm}"
+                        first <= TIE_TOL,
+                        "{case}: loss {loss} vs {want_loss}, norm {norm} vs {want_norm}"
+                    );
+                } else {
+                    worst_curve = worst_curve.max(rel(loss, want_loss));
+                    assert!(
+                        rel(loss, want_loss) <= STEP_TOL,
+                        "{case}, step {step}: loss {loss} vs {want_loss}"
                     );
                 }
             }
@@ -248,6 +259,9 @@ fn bf16_compact_host_layout_matches_the_default_layout() {
             assert_eq!(saved, want_saved, "{case}: host bytes saved");
         }
     }
+    eprintln!(
+        "cast on the device: first step {worst_first:.1e} apart, later losses {worst_curve:.1e}"
+    );
 }
 
 /// The compact layout's settings are refused where they cannot apply, before
