@@ -185,12 +185,18 @@ fn a_sequence_longer_than_the_sliding_window_is_refused() {
 #[test]
 fn compact_host_layout_runs_and_is_refused_where_it_cannot_apply() {
     for (extra, mode) in [
-        (&[][..], "buffered, host layout compact, fp32 Adam state: 14 B/param"),
+        (
+            &[][..],
+            "buffered, host layout compact, fp32 Adam state: 14 B/param",
+        ),
         (
             &["--accum", "2"],
             "buffered, host layout compact, fp32 Adam state: 16 B/param",
         ),
-        (&["--fused"], "fused, host layout compact, fp32 Adam state: 12 B/param"),
+        (
+            &["--fused"],
+            "fused, host layout compact, fp32 Adam state: 12 B/param",
+        ),
     ] {
         let args = [
             &[

@@ -186,7 +186,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
                 width,
                 picked,
             };
-            let job = self.update_job(0, update, Part::Picked(read.clone()));
+            let job = self.update_job(update, Part::Picked(read.clone()));
             self.run_here(0, true, job);
             (update, read)
         });

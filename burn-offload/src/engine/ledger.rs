@@ -12,15 +12,15 @@ use burn::tensor::backend::Backend;
 use super::Engine;
 use super::StreamedModel;
 use crate::host::optim::{Rows, UpdateSlices};
-use crate::host::slab::Slab;
+use crate::host::slab::Bf16Slab;
 use crate::host::worker::{HostWorker, Job};
-use crate::store::{Bf16Weights, GroupSlabs};
+use crate::store::GroupSlabs;
 
 /// A group's slabs as lent to the host worker: its f32 state and, in bf16
 /// mode, its bf16 copy.
 pub(super) struct Lent {
     pub slabs: GroupSlabs,
-    pub bf16: Option<Slab>,
+    pub bf16: Option<Bf16Slab>,
 }
 
 /// One optimizer update of a group, as `OptimizerConfig::update` takes it.
@@ -174,14 +174,14 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
 
     /// Runs `update` over `part` of group `g` ([`Engine::run_on_settled`]).
     pub(super) fn run_update(&mut self, g: usize, update: Update, part: Part) {
-        let job = self.update_job(g, update, part);
+        let job = self.update_job(update, part);
         self.run_on_settled(g, true, job);
     }
 
-    /// The job that applies `update` to `part` of group `g` (its bf16 copy too).
-    pub(super) fn update_job(&self, g: usize, update: Update, part: Part) -> Job<Lent> {
+    /// The job that applies `update` to `part` of the group it is run on
+    /// (its bf16 copy too).
+    pub(super) fn update_job(&self, update: Update, part: Part) -> Job<Lent> {
         let optimizer = self.config.optimizer;
-        let len = self.store.groups[g].numel();
         Box::new(move |lent| {
             let slabs = &mut lent.slabs;
             let slices = UpdateSlices {
@@ -192,10 +192,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
                     .as_ref()
                     .expect("gradient buffer in non-fused mode")
                     .values(),
-                bf16: lent
-                    .bf16
-                    .as_mut()
-                    .map(|slab| Bf16Weights::values_in(slab, len)),
+                bf16: lent.bf16.as_mut().map(Bf16Slab::as_mut_slice),
             };
             let Update { step, lr, scale } = update;
             let (rows, pick) = match &part {

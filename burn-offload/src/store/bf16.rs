@@ -1,20 +1,19 @@
 //! The compute-precision (bf16) copies of the parameters.
 
 use burn::tensor::bf16;
-use rayon::prelude::*;
 
 use super::HostStore;
-use crate::host::bf16::round_into;
-use crate::host::slab::Slab;
+use crate::host::bf16::round_into_par;
+use crate::host::slab::Bf16Slab;
 
 /// bf16 copies of every group's parameters: what the pager uploads in bf16
-/// mode (half the bytes of f32, and no cast kernel on the device, which
-/// could not be ordered after the copy stream). A copy is refreshed right
-/// after its group's update; anything else that writes parameters (loaders,
-/// surgery) marks every copy stale, and a stale copy is refreshed before its
-/// group is bound. Page-aligned like the store's slabs, so they can be pinned.
+/// mode with the full host layout (half the bytes of f32, and no cast on the
+/// device). A copy is refreshed right after its group's update; anything
+/// else that writes parameters (loaders, surgery) marks every copy stale,
+/// and a stale copy is refreshed before its group is bound. Page-aligned
+/// like the store's slabs, so they can be pinned.
 pub struct Bf16Weights {
-    slabs: Vec<Slab>,
+    slabs: Vec<Bf16Slab>,
     lens: Vec<usize>,
     stale: Vec<bool>,
 }
@@ -24,8 +23,7 @@ impl Bf16Weights {
     pub fn new(store: &HostStore) -> Self {
         let lens: Vec<usize> = store.groups.iter().map(|g| g.numel()).collect();
         Self {
-            // A slab of f32 holds two bf16 per element.
-            slabs: lens.iter().map(|&n| Slab::zeros(n.div_ceil(2))).collect(),
+            slabs: lens.iter().map(|&n| Bf16Slab::zeros(n)).collect(),
             stale: vec![true; lens.len()],
             lens,
         }
@@ -33,7 +31,7 @@ impl Bf16Weights {
 
     /// Group `g`'s bf16 values (refreshed or not).
     pub fn values(&self, g: usize) -> &[bf16] {
-        &bytemuck::cast_slice(self.slabs[g].as_slice())[..self.lens[g]]
+        self.slabs[g].as_slice()
     }
 
     /// The bytes of every copy, for pinning.
@@ -57,24 +55,19 @@ impl Bf16Weights {
     /// (it counts as fresh from then on).
     pub fn updated(&mut self, g: usize) -> &mut [bf16] {
         self.stale[g] = false;
-        Self::values_in(&mut self.slabs[g], self.lens[g])
+        self.slabs[g].as_mut_slice()
     }
 
     /// Takes group `g`'s copy out for the optimizer to write (it counts as
     /// fresh from then on), leaving an empty slab until [`Bf16Weights::put`].
-    pub(crate) fn take(&mut self, g: usize) -> Slab {
+    pub(crate) fn take(&mut self, g: usize) -> Bf16Slab {
         self.stale[g] = false;
-        std::mem::replace(&mut self.slabs[g], Slab::zeros(0))
+        std::mem::replace(&mut self.slabs[g], Bf16Slab::zeros(0))
     }
 
     /// Puts back what [`Bf16Weights::take`] took.
-    pub(crate) fn put(&mut self, g: usize, slab: Slab) {
+    pub(crate) fn put(&mut self, g: usize, slab: Bf16Slab) {
         self.slabs[g] = slab;
-    }
-
-    /// Group `g`'s `len` bf16 values inside `slab` (a slab taken out).
-    pub(crate) fn values_in(slab: &mut Slab, len: usize) -> &mut [bf16] {
-        &mut bytemuck::cast_slice_mut(slab.as_mut_slice())[..len]
     }
 
     /// Rounds group `g`'s f32 `params` to bf16 (to nearest even) into its copy.
@@ -84,10 +77,7 @@ impl Bf16Weights {
             self.lens[g],
             "group {g}: parameters and copy differ in length"
         );
-        self.updated(g)
-            .par_chunks_mut(1 << 16)
-            .zip(params.par_chunks(1 << 16))
-            .for_each(|(o, p)| round_into(o, p));
+        round_into_par(self.updated(g), params);
     }
 
     /// Host bytes of the copies.
