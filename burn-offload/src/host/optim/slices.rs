@@ -6,7 +6,7 @@ use std::borrow::Cow;
 use burn::tensor::bf16;
 use rayon::prelude::*;
 
-use super::quant::{dequantize_block, quantize_block, DynamicMap, QUANT_BLOCK, SIGNED, UNSIGNED};
+use super::quant::{dequantize_block, quantize_block, QUANT_BLOCK, SIGNED, UNSIGNED};
 use crate::host::bf16::round_into;
 use crate::host::throttle;
 
@@ -227,20 +227,25 @@ where
         throttle::wait_for_copies();
         match moments {
             PieceMoments::F32(m, v) => update(p, m, v, &grad(r, p.len())),
-            PieceMoments::Q8(m, ma, v, va) => SCRATCH.with(|scratch| {
-                // Per thread, kept: a piece's worth of f32 for each moment
-                // (fresh buffers of this size would be mapped and faulted in
-                // for every piece).
-                let mut scratch = scratch.borrow_mut();
-                let (mf, vf) = &mut *scratch;
-                mf.resize(p.len(), 0.0);
-                vf.resize(p.len(), 0.0);
-                dequantize(&SIGNED, m, ma, mf);
-                dequantize(&UNSIGNED, v, va, vf);
-                update(p, mf, vf, &grad(r, p.len()));
-                quantize(&SIGNED, mf, m, ma);
-                quantize(&UNSIGNED, vf, v, va);
-            }),
+            PieceMoments::Q8(m, ma, v, va) => {
+                // Block by block, so the f32 moments stay in the core's
+                // first-level cache between the three passes.
+                let grads = grad(r, p.len());
+                let (mut mf, mut vf) = ([0.0f32; QUANT_BLOCK], [0.0f32; QUANT_BLOCK]);
+                let blocks = p
+                    .chunks_mut(QUANT_BLOCK)
+                    .zip(m.chunks_mut(QUANT_BLOCK).zip(v.chunks_mut(QUANT_BLOCK)))
+                    .zip(grads.chunks(QUANT_BLOCK))
+                    .zip(ma.iter_mut().zip(va.iter_mut()));
+                for (((p, (m, v)), g), (m_scale, v_scale)) in blocks {
+                    let (mf, vf) = (&mut mf[..p.len()], &mut vf[..p.len()]);
+                    dequantize_block(&SIGNED, m, *m_scale, mf);
+                    dequantize_block(&UNSIGNED, v, *v_scale, vf);
+                    update(p, mf, vf, g);
+                    *m_scale = quantize_block(&SIGNED, mf, m);
+                    *v_scale = quantize_block(&UNSIGNED, vf, v);
+                }
+            }
         }
     };
     let pieces: Vec<PieceMoments<'_>> = match s.moments {
@@ -282,36 +287,8 @@ where
     }
 }
 
-thread_local! {
-    /// The f32 moments of the piece an 8-bit update is working on.
-    static SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<f32>)> =
-        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
-}
-
 /// One piece's moments.
 enum PieceMoments<'a> {
     F32(&'a mut [f32], &'a mut [f32]),
     Q8(&'a mut [u8], &'a mut [f32], &'a mut [u8], &'a mut [f32]),
-}
-
-/// `codes` (whole blocks but perhaps the last, scales `absmax`) into `out`.
-fn dequantize(map: &DynamicMap, codes: &[u8], absmax: &[f32], out: &mut [f32]) {
-    for ((c, o), &scale) in codes
-        .chunks(QUANT_BLOCK)
-        .zip(out.chunks_mut(QUANT_BLOCK))
-        .zip(absmax)
-    {
-        dequantize_block(map, c, scale, o);
-    }
-}
-
-/// `values` into `codes` and their blocks' scales `absmax`.
-fn quantize(map: &DynamicMap, values: &[f32], codes: &mut [u8], absmax: &mut [f32]) {
-    for ((v, c), scale) in values
-        .chunks(QUANT_BLOCK)
-        .zip(codes.chunks_mut(QUANT_BLOCK))
-        .zip(absmax.iter_mut())
-    {
-        *scale = quantize_block(map, v, c);
-    }
 }
