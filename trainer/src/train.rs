@@ -428,6 +428,11 @@ fn validate(opts: &TrainOptions) -> Result<()> {
 /// Runs a training job on the default backend.
 pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
     validate(opts)?;
+    // Before the first CUDA tensor: pages of the pools sized to the budget.
+    #[cfg(feature = "cuda")]
+    if let Some(gib) = opts.gpu_mem_gib {
+        burn_offload::cuda_backend::limit_memory_pages((gib * GIB) as u64);
+    }
     let tokenizer = Tokenizer::for_run(opts.tokenizer.as_deref(), opts.init_from.as_deref())?;
     let config = resolve_config(opts, &tokenizer)?;
     let format = match (&opts.data, opts.data_format) {

@@ -194,3 +194,12 @@ pub(crate) fn sync_backend<X: Backend>(device: &X::Device) {
         }
     }
 }
+
+/// Holds cubecl's memory pools on CUDA to pages of at most an eighth of
+/// `budget_bytes` (of a quarter of the GPU by default; at least 512 MiB), for
+/// the clients made from now on: call it before the first CUDA tensor. Pools
+/// keep whole pages reserved, so with quarter-of-the-GPU pages a process
+/// held to a budget reserved several times what it used.
+pub fn limit_memory_pages(budget_bytes: u64) {
+    burn_cubecl::cubecl::cuda::set_max_page_size((budget_bytes / 8).max(512 << 20));
+}

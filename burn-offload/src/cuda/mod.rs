@@ -13,7 +13,7 @@ mod transfer;
 mod types;
 mod upload;
 
-pub use device::{free_device_bytes, pool_bytes, CudaError};
+pub use device::{free_device_bytes, limit_memory_pages, pool_bytes, CudaError};
 pub use matmul::{
     cublas_matmul, matmul_stats, matmul_strategies, MatmulStats, CUBLAS, CUBLAS_TF32, FAST,
 };

@@ -34,6 +34,20 @@ use cubecl_runtime::{
 use cudarc::driver::sys::{CUDA_VERSION, cuDeviceTotalMem_v2};
 use std::{mem::MaybeUninit, sync::Arc};
 
+/// The largest page cubecl's memory pools may reserve on a device, in bytes
+/// (0: a quarter of the device's memory). Read when a device's client is
+/// made. The pools keep whole pages reserved, and a buffer larger than a
+/// pool's slices takes a page of the next size: with quarter-of-the-GPU
+/// pages a few buffers of a gigabyte reserved tens of gigabytes. A process
+/// held to a memory budget sets this below it first.
+static MAX_PAGE_SIZE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Sets the largest page (bytes) of the memory pools of devices whose
+/// client is made from now on.
+pub fn set_max_page_size(bytes: u64) {
+    MAX_PAGE_SIZE.store(bytes, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Options configuring the CUDA runtime.
 #[derive(Default)]
 pub struct RuntimeOptions {
@@ -99,8 +113,13 @@ impl DeviceService for CudaServer {
             cuDeviceTotalMem_v2(bytes.as_mut_ptr(), device_ptr);
             bytes.assume_init() as u64
         };
+        let limit = MAX_PAGE_SIZE.load(std::sync::atomic::Ordering::Relaxed);
         let mem_properties = MemoryDeviceProperties {
-            max_page_size: max_memory / 4,
+            max_page_size: if limit > 0 {
+                limit.min(max_memory / 4)
+            } else {
+                max_memory / 4
+            },
             alignment: mem_alignment as u64,
         };
 
