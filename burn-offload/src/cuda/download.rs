@@ -160,40 +160,40 @@ impl PendingRead {
         (self.len * self.dtype.size()) as u64
     }
 
-    /// Waits for the copy and writes (or, with `accumulate`, adds) the values
-    /// into `out` (same length, f32).
-    pub(crate) fn finish(self, out: &mut [f32], accumulate: bool) {
-        assert_eq!(out.len(), self.len, "gradient length");
+    /// Waits for the copy of `len` values; its dtype and the bytes as they
+    /// landed in cubecl's page-locked staging.
+    fn landed(self, len: usize) -> (DType, burn_cubecl::cubecl::bytes::Bytes) {
+        assert_eq!(len, self.len, "gradient length");
         bind_context(&self.device);
         let bytes = burn_cubecl::cubecl::future::block_on(self.future)
             .unwrap_or_else(|e| panic!("CUDA device-to-host copy failed: {e:?}"));
-        let raw = &bytes[..self.len * self.dtype.size()];
-        if self.dtype == DType::BF16 {
+        (self.dtype, bytes)
+    }
+
+    /// Waits for the copy and writes (or, with `accumulate`, adds) the values
+    /// into `out` (same length, f32).
+    pub(crate) fn finish(self, out: &mut [f32], accumulate: bool) {
+        let (dtype, bytes) = self.landed(out.len());
+        let raw = &bytes[..out.len() * dtype.size()];
+        if dtype == DType::BF16 {
             widen_into(out, &aligned::<bf16>(raw), accumulate);
         } else {
             write_into(out, &aligned::<f32>(raw), accumulate);
         }
     }
-}
 
-impl PendingRead {
     /// Waits for the copy and writes its values over `out` as bf16: a bf16
     /// tensor's bytes straight from the staging buffer, an f32 one's rounded.
     pub(crate) fn finish_bf16(self, out: &mut [bf16]) {
-        assert_eq!(out.len(), self.len, "gradient length");
-        bind_context(&self.device);
-        let bytes = burn_cubecl::cubecl::future::block_on(self.future)
-            .unwrap_or_else(|e| panic!("CUDA device-to-host copy failed: {e:?}"));
-        let raw = &bytes[..self.len * self.dtype.size()];
-        if self.dtype == DType::BF16 {
+        let (dtype, bytes) = self.landed(out.len());
+        let raw = &bytes[..out.len() * dtype.size()];
+        if dtype == DType::BF16 {
             copy_bytes(bytemuck::cast_slice_mut(out), raw);
         } else {
             crate::host::bf16::round_into_par(out, &aligned::<f32>(raw));
         }
     }
-}
 
-impl PendingRead {
     /// Waits for the copy and hands `f` the values as f32: in cubecl's
     /// page-locked staging for an f32 tensor, else widened into `scratch`.
     pub(crate) fn finish_with<R>(
@@ -202,12 +202,9 @@ impl PendingRead {
         len: usize,
         f: impl FnOnce(&[f32]) -> R,
     ) -> R {
-        assert_eq!(len, self.len, "gradient length");
-        bind_context(&self.device);
-        let bytes = burn_cubecl::cubecl::future::block_on(self.future)
-            .unwrap_or_else(|e| panic!("CUDA device-to-host copy failed: {e:?}"));
-        let raw = &bytes[..self.len * self.dtype.size()];
-        if self.dtype == DType::BF16 {
+        let (dtype, bytes) = self.landed(len);
+        let raw = &bytes[..len * dtype.size()];
+        if dtype == DType::BF16 {
             scratch.resize(len, 0.0);
             widen_into(scratch, &aligned::<bf16>(raw), false);
             f(scratch)
