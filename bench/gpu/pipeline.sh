@@ -129,10 +129,15 @@ PY
 bench_rows() {
   local shape=$1 tokens=$2 systems=$3 cfg
   echo '{"arch":"llama","vocab_size":32000,"d_model":3072,"n_layer":28,"n_head":24,"n_kv_head":8,"d_ff":8192,"max_seq_len":2048}' > /tmp/llama-3b.json
+  echo '{"arch":"llama","vocab_size":32000,"d_model":4096,"n_layer":32,"n_head":32,"n_kv_head":32,"d_ff":11008,"max_seq_len":4096}' > /tmp/llama-7b.json
+  local host=
   case $shape in
   085b) cfg=/tmp/llama-0.85b.json ;;
   3b) cfg=/tmp/llama-3b.json ;;
-  *) echo "unknown shape $shape (085b, 3b)"; exit 2 ;;
+  # Llama-2-7B: the lent hosts grow RAM on demand, so HOST_GIB (their
+  # documented RAM) goes to the planner as --host-mem-gib.
+  7b) cfg=/tmp/llama-7b.json; host=${HOST_GIB:+--host-mem-gib $HOST_GIB} ;;
+  *) echo "unknown shape $shape (085b, 3b, 7b)"; exit 2 ;;
   esac
   for b in $tokens; do for sys in $systems; do
     name=bench-$shape-${b}k-$sys
@@ -146,7 +151,7 @@ bench_rows() {
     fi
     S="--model $cfg --steps ${BENCH_STEPS:-7} --warmup 1 --lr 3e-4 --seq-len 1024 --batch $b"
     base=${sys%-bf16}; dtype=fp32; [ "$base" != "$sys" ] && dtype=bf16
-    S="$S --compute $dtype"
+    S="$S --compute $dtype $host"
     case $base in
     resident)
       # Resident burn keeps every block's activations: above RESIDENT_BATCH
@@ -160,6 +165,12 @@ bench_rows() {
       LIMIT=${LIMIT_ROW:-120} run $name $rargs --resident ;;
     pipelined) LIMIT=${LIMIT_ROW:-150} run $name $S ;;
     serial) LIMIT=${LIMIT_ROW:-150} run $name $S --serial-copies ;;
+    # Issue 36, for models that fill the host: exact clipping with one
+    # backward in the compact host layout (14 B/param in bf16), with 8-bit
+    # Adam state (8), and the fused mode's two backwards (14 in bf16).
+    compact) LIMIT=${LIMIT_ROW:-250} run $name $S --host-layout compact ;;
+    compact8) LIMIT=${LIMIT_ROW:-250} run $name $S --host-layout compact --optim-state 8bit ;;
+    fused) LIMIT=${LIMIT_ROW:-250} run $name $S --fused --host-layout full ;;
     torch-*)
       mode=${base#torch-}; mode=${mode/ckpt/resident-ckpt}; mode=${mode/fsdp2/fsdp2-offload}
       echo "== $name"
@@ -269,7 +280,7 @@ for shape in ${SHAPES:-085b}; do
   bench_rows $shape "${BENCH_TOKENS:-4 16}" "${SYSTEMS:-resident pipelined serial torch-resident torch-ckpt torch-fsdp2}"
 done
 ;;
-bench-085b|bench-085b-peers|bench-3b|bench-3b-peers|bench-64k|bench-bf16|bench-bf16-peers|bench-3b-bf16)
+bench-085b|bench-085b-peers|bench-3b|bench-3b-peers|bench-64k|bench-bf16|bench-bf16-peers|bench-3b-bf16|bench-7b)
 # The matrix the committed results ran, split into parts because a device
 # call runs at most 10 minutes; each part is one call on the same machine kind.
 # SYSTEMS="pipelined-bf16" runs only those rows, BENCH_TOKENS="64" only that size.
@@ -282,9 +293,10 @@ bench-64k) shape=085b; tokens="64"; systems="resident pipelined serial torch-ckp
 bench-bf16) shape=085b; tokens="16 64"; systems="resident-bf16 pipelined-bf16 serial-bf16" ;;
 bench-bf16-peers) shape=085b; tokens="16 64"; systems="torch-resident-bf16 torch-ckpt-bf16 torch-fsdp2-bf16" ;;
 bench-3b-bf16) shape=3b; tokens="16"; systems="pipelined-bf16 serial-bf16 torch-ckpt-bf16 torch-fsdp2-bf16" ;;
+bench-7b) shape=7b; tokens="64"; systems="compact-bf16 fused-bf16" ;;
 esac
 bench_rows $shape "${BENCH_TOKENS:-$tokens}" "${SYSTEMS:-$systems}"
 ;;
-*) echo "unknown part $part (parity, pipeline, depth, 7b, largest, headmem, peers, bench, bench-085b, bench-085b-peers, bench-3b, bench-3b-peers, bench-64k, bench-bf16, bench-bf16-peers, bench-3b-bf16)"; exit 2 ;;
+*) echo "unknown part $part (parity, pipeline, depth, 7b, largest, headmem, peers, bench, bench-085b, bench-085b-peers, bench-3b, bench-3b-peers, bench-64k, bench-bf16, bench-bf16-peers, bench-3b-bf16, bench-7b)"; exit 2 ;;
 esac; done
 pack

@@ -77,6 +77,7 @@ pub fn run(command: Command) -> Result<()> {
                  bash bench/gpu/pipeline.sh parity bench-085b\n  \
                  bash bench/gpu/pipeline.sh bench-085b-peers bench-3b\n  \
                  bash bench/gpu/pipeline.sh bench-bf16    (then bench-bf16-peers, bench-3b-bf16)\n  \
+                 HOST_GIB=125 bash bench/gpu/pipeline.sh bench-7b    (7B at 64k: compact vs fused)\n  \
                  or any selection: SHAPES=\"085b 3b\" BENCH_TOKENS=\"4 16\" SYSTEMS=\"pipelined serial\" bash bench/gpu/pipeline.sh bench\n\
                  then: cargo xtask bench cuda report --results <unpacked results.tgz> --out bench/results/<run>"
             );
@@ -285,14 +286,17 @@ fn read_rows(results: &Path) -> Result<Vec<Row>> {
     Ok(rows)
 }
 
-/// Display order of the systems.
-const SYSTEMS: [&str; 6] = [
+/// Display order of the systems; the first six are the default selection.
+const SYSTEMS: [&str; 9] = [
     "resident",
     "pipelined",
     "serial",
     "torch-resident",
     "torch-ckpt",
     "torch-fsdp2",
+    "compact",
+    "compact8",
+    "fused",
 ];
 
 /// `<base>[-bf16][-old]` → (base, bf16, earlier build).
@@ -341,6 +345,9 @@ fn label(system: &str) -> String {
         "torch-resident" => "PyTorch resident",
         "torch-ckpt" => "PyTorch resident + checkpointing",
         "torch-fsdp2" => "PyTorch FSDP2 CPU offload",
+        "compact" => "burn-offload compact host layout",
+        "compact8" => "burn-offload compact, 8-bit Adam state",
+        "fused" => "burn-offload fused (two backwards with clipping)",
         other => other,
     };
     let kernel = match split_kernel(system).1 {
@@ -361,7 +368,7 @@ struct Ratio {
 }
 
 fn ratios(rows: &[Row]) -> Vec<Ratio> {
-    const PAIRS: [(&str, &str, &str, Option<f64>); 12] = [
+    const PAIRS: [(&str, &str, &str, Option<f64>); 14] = [
         (
             "pipelined",
             "resident",
@@ -428,6 +435,20 @@ fn ratios(rows: &[Row]) -> Vec<Ratio> {
             "resident-bf16",
             "resident",
             "bf16 ÷ fp32 (resident burn)",
+            None,
+        ),
+        // Issue 36: exact clipping with one backward against the fused
+        // mode's two, and the cost of 8-bit Adam state.
+        (
+            "compact-bf16",
+            "fused-bf16",
+            "compact (one backward) ÷ fused (two)",
+            Some(1.6),
+        ),
+        (
+            "compact8-bf16",
+            "compact-bf16",
+            "8-bit ÷ fp32 Adam state (compact)",
             None,
         ),
     ];

@@ -21,11 +21,15 @@ pub const TRAIN_PACKAGE: &str = "trainer";
 
 /// The shapes `pipeline.sh`'s `bench_rows` knows, as named in row files, with
 /// the spellings accepted for each.
-const SHAPES: [(&str, &[&str]); 2] = [("085b", &["085b", "0.85b"]), ("3b", &["3b"])];
+const SHAPES: [(&str, &[&str]); 3] = [
+    ("085b", &["085b", "0.85b"]),
+    ("3b", &["3b"]),
+    ("7b", &["7b"]),
+];
 
 /// pipeline.sh's knobs that `run` passes through from the environment; they
 /// change the rows, so the report's command line quotes them.
-const PIPELINE_KNOBS: [&str; 10] = [
+const PIPELINE_KNOBS: [&str; 11] = [
     "LIMIT_ROW",
     "BENCH_STEPS",
     "RESIDENT_BATCH",
@@ -36,12 +40,14 @@ const PIPELINE_KNOBS: [&str; 10] = [
     "SAMPLE",
     "CUBLAS_DIR",
     "BENCH_OLD",
+    "HOST_GIB",
 ];
 
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
-    /// Model shapes: 085b (0.85B Llama, also spelled 0.85b), 3b. Repeat or
-    /// comma-separate.
+    /// Model shapes: 085b (0.85B Llama, also spelled 0.85b), 3b, 7b
+    /// (Llama-2-7B; HOST_GIB passes the host's RAM to the planner). Repeat
+    /// or comma-separate.
     #[arg(long = "shape", alias = "shapes", value_delimiter = ',', default_values = ["085b"])]
     shapes: Vec<String>,
     /// Thousands of tokens per optimizer step (1024-token sequences), e.g.
@@ -49,7 +55,8 @@ pub struct RunArgs {
     #[arg(long, value_delimiter = ',', default_values = ["4", "16"])]
     tokens: Vec<String>,
     /// Systems: resident, pipelined, serial, torch-resident, torch-ckpt,
-    /// torch-fsdp2; `torch` names the three PyTorch peers.
+    /// torch-fsdp2; `torch` names the three PyTorch peers; for models that
+    /// fill the host, compact, compact8 (8-bit Adam state) and fused.
     #[arg(
         long,
         alias = "system",
@@ -499,7 +506,7 @@ mod tests {
         let s = parse(&[]).unwrap();
         assert_eq!(s.shapes, ["085b"]);
         assert_eq!(s.tokens, [4, 16]);
-        assert_eq!(s.systems, SYSTEMS);
+        assert_eq!(s.systems, SYSTEMS[..6]);
         assert_eq!(s.bf16, [false]);
         assert_eq!(s.rows().len(), 12);
     }
@@ -556,8 +563,8 @@ mod tests {
     #[test]
     fn bad_values_are_refused_by_name() {
         assert_eq!(
-            error(&["--shape", "7b"]),
-            "unknown shape `7b` (known: 085b, 3b)"
+            error(&["--shape", "13b"]),
+            "unknown shape `13b` (known: 085b, 3b, 7b)"
         );
         let e = error(&["--systems", "pipelined,fsdp"]);
         assert!(
@@ -574,7 +581,7 @@ mod tests {
             assert!(e.starts_with(&format!("bad --tokens value `{bad}`")), "{e}");
         }
         for e in [
-            error(&["--shape", "7b"]),
+            error(&["--shape", "13b"]),
             error(&["--systems", "x"]),
             error(&["--tokens", "x"]),
         ] {
