@@ -223,11 +223,16 @@ where
     let grad = |r: usize, len: usize| grads.f32_range(r * piece..r * piece + len);
     // With 8-bit moments each piece is dequantised into f32, updated by the
     // same math, and quantised again with its blocks' new scales.
-    let update_piece = |r: usize, p: &mut [f32], moments: PieceMoments<'_>| {
+    let update_piece = |r: usize, p: &mut [f32], moments: MomentSlices<'_>| {
         throttle::wait_for_copies();
         match moments {
-            PieceMoments::F32(m, v) => update(p, m, v, &grad(r, p.len())),
-            PieceMoments::Q8(m, ma, v, va) => {
+            MomentSlices::F32 { m, v } => update(p, m, v, &grad(r, p.len())),
+            MomentSlices::Q8 {
+                m,
+                m_absmax: ma,
+                v,
+                v_absmax: va,
+            } => {
                 // Block by block, so the f32 moments stay in the core's
                 // first-level cache between the three passes.
                 let grads = grad(r, p.len());
@@ -248,11 +253,11 @@ where
             }
         }
     };
-    let pieces: Vec<PieceMoments<'_>> = match s.moments {
+    let pieces: Vec<MomentSlices<'_>> = match s.moments {
         MomentSlices::F32 { m, v } => m
             .chunks_mut(piece)
             .zip(v.chunks_mut(piece))
-            .map(|(m, v)| PieceMoments::F32(m, v))
+            .map(|(m, v)| MomentSlices::F32 { m, v })
             .collect(),
         MomentSlices::Q8 {
             m,
@@ -265,7 +270,12 @@ where
             m.chunks_mut(piece)
                 .zip(m_absmax.chunks_mut(blocks))
                 .zip(v.chunks_mut(piece).zip(v_absmax.chunks_mut(blocks)))
-                .map(|((m, ma), (v, va))| PieceMoments::Q8(m, ma, v, va))
+                .map(|((m, m_absmax), (v, v_absmax))| MomentSlices::Q8 {
+                    m,
+                    m_absmax,
+                    v,
+                    v_absmax,
+                })
                 .collect()
         }
     };
@@ -285,10 +295,4 @@ where
             }
         }),
     }
-}
-
-/// One piece's moments.
-enum PieceMoments<'a> {
-    F32(&'a mut [f32], &'a mut [f32]),
-    Q8(&'a mut [u8], &'a mut [f32], &'a mut [u8], &'a mut [f32]),
 }
