@@ -590,7 +590,8 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
         corpus,
         block_inputs: placed.block_inputs,
         kept_graphs: placed.kept_graphs.count(),
-        compact: (placed.compact(), placed.compact_gradients()),
+        cast_on_device: placed.compact(),
+        compute_precision_gradients: placed.compact_gradients(),
         building: Instant::now(),
     };
     // `--host-params`: the same loop over `Offload<B>` with the host AdamW.
@@ -938,9 +939,12 @@ struct Job<'a> {
     block_inputs: BlockInputs,
     /// Blocks whose forward graph the engine keeps (decided by the memory plan).
     kept_graphs: usize,
-    /// The compact host layout, and with it gradients in the compute
+    /// The compact host layout: weights cast on the device (decided by the
+    /// memory plan).
+    cast_on_device: bool,
+    /// With it and one micro-batch, the blocks' gradients kept in the compute
     /// precision (decided by the memory plan).
-    compact: (bool, bool),
+    compute_precision_gradients: bool,
     /// When the model began to be built (initialisation time is reported).
     building: Instant,
 }
@@ -996,8 +1000,8 @@ impl Job<'_> {
             overlap: !opts.serial_copies,
             host_checkpoints: self.block_inputs == BlockInputs::Host,
             compute: opts.compute,
-            cast_on_device: self.compact.0,
-            compute_precision_gradients: self.compact.1,
+            cast_on_device: self.cast_on_device,
+            compute_precision_gradients: self.compute_precision_gradients,
             eight_bit_moments: opts.optim_state == OptimState::EightBit,
             kept_graphs: self.kept_graphs,
             blocking_sync: !opts.spin_waits,
