@@ -6,10 +6,11 @@
 //! recompute and gradients follow; the loss is taken in f32 (as autocast
 //! does), and burn's norms already reduce in f32.
 
+use std::collections::HashSet;
 use std::fmt;
 use std::str::FromStr;
 
-use burn::module::{Module, ModuleMapper, Param};
+use burn::module::{Module, ModuleMapper, Param, ParamId};
 use burn::tensor::backend::{Backend, DTypeUsage, DTypeUsageSet};
 use burn::tensor::{DType, FloatDType, Tensor};
 
@@ -145,14 +146,24 @@ pub fn cast_params<B: Backend, M: Module<B>>(module: M, dtype: DType) -> M {
     module.map(&mut CastParams(dtype))
 }
 
-/// `module` with every float parameter replaced by a new leaf: its value
-/// cast to `dtype`, requiring a gradient where the parameter did (ids kept).
-/// Nothing is recorded: the gradients land on the cast leaves, in `dtype`
-/// (what binding the weights in `dtype` gives, from f32 weights on the device).
-pub fn cast_leaves<B: Backend, M: Module<B>>(module: M, dtype: DType) -> M {
-    struct CastLeaves(DType);
-    impl<B: Backend> ModuleMapper<B> for CastLeaves {
+/// `module` with every float parameter but those in `skip` replaced by a new
+/// leaf: its value cast to `dtype`, requiring a gradient where the parameter
+/// did (ids kept). Nothing is recorded: the gradients land on the cast
+/// leaves, in `dtype` (what binding the weights in `dtype` gives, from f32
+/// weights on the device). Parameters that were not bound (the blocks'
+/// placeholders in a bound stem) go in `skip`: casting a placeholder would
+/// write out its whole shape.
+pub fn cast_leaves<B: Backend, M: Module<B>>(
+    module: M,
+    dtype: DType,
+    skip: &HashSet<ParamId>,
+) -> M {
+    struct CastLeaves<'a>(DType, &'a HashSet<ParamId>);
+    impl<B: Backend> ModuleMapper<B> for CastLeaves<'_> {
         fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+            if self.1.contains(&param.id) {
+                return param;
+            }
             let id = param.id;
             let value = param.into_value();
             let require_grad = value.is_require_grad();
@@ -162,7 +173,7 @@ pub fn cast_leaves<B: Backend, M: Module<B>>(module: M, dtype: DType) -> M {
             Param::initialized(id, cast)
         }
     }
-    module.map(&mut CastLeaves(dtype))
+    module.map(&mut CastLeaves(dtype, skip))
 }
 
 #[cfg(test)]
@@ -182,6 +193,32 @@ mod tests {
         assert!(Compute::Bf16
             .check::<burn::backend::Flex>(&Default::default())
             .is_ok());
+    }
+
+    /// Skipped parameters (a bound stem's block placeholders) stay as they
+    /// are; the others become leaves in the compute precision.
+    #[test]
+    fn cast_leaves_skips_what_was_not_bound() {
+        use burn::nn::{Linear, LinearConfig};
+        type F = burn::backend::Flex;
+        #[derive(burn::module::Module, Debug)]
+        struct Two<B: Backend> {
+            bound: Linear<B>,
+            placeholder: Linear<B>,
+        }
+        let device = Default::default();
+        let two = Two::<F> {
+            bound: LinearConfig::new(4, 3).init(&device),
+            placeholder: LinearConfig::new(4, 3).with_bias(false).init(&device),
+        };
+        let skip: HashSet<ParamId> = [two.placeholder.weight.id].into_iter().collect();
+        let cast = cast_leaves(two, DType::BF16, &skip);
+        assert_eq!(cast.bound.weight.val().dtype(), DType::BF16);
+        assert_eq!(
+            cast.bound.bias.as_ref().expect("bias").val().dtype(),
+            DType::BF16
+        );
+        assert_eq!(cast.placeholder.weight.val().dtype(), DType::F32);
     }
 
     #[test]

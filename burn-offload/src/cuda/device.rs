@@ -119,6 +119,17 @@ pub enum CudaError {
 /// Free memory on CUDA device `index`, in bytes (before this process
 /// allocates anything: the planner's budget).
 pub fn free_device_bytes(index: usize) -> Result<u64, CudaError> {
+    Ok(memory_info(index)?.0)
+}
+
+/// Bytes in use on GPU `index` by the driver's count (`nvidia-smi`'s figure).
+pub(crate) fn device_used_bytes(index: usize) -> Result<u64, CudaError> {
+    let (free, total) = memory_info(index)?;
+    Ok(total.saturating_sub(free))
+}
+
+/// `(free, total)` bytes of GPU `index` (`cuMemGetInfo` in its primary context).
+fn memory_info(index: usize) -> Result<(u64, u64), CudaError> {
     let context = CudaContext::new(index).map_err(|source| CudaError::Open { index, source })?;
     context
         .bind_to_thread()
@@ -126,12 +137,12 @@ pub fn free_device_bytes(index: usize) -> Result<u64, CudaError> {
             call: "cuCtxSetCurrent",
             source,
         })?;
-    let (free, _total) =
+    let (free, total) =
         cudarc::driver::result::mem_get_info().map_err(|source| CudaError::Driver {
             call: "cuMemGetInfo",
             source,
         })?;
-    Ok(free as u64)
+    Ok((free as u64, total as u64))
 }
 
 /// `(bytes in use, bytes reserved)` by cubecl's memory pools on `device`:

@@ -8,7 +8,8 @@ use burn::tensor::{DType, Tensor};
 use burn_cubecl::cubecl::cuda::CudaDevice;
 
 use super::device::{
-    blocking_sync, flush_backend, pin, pool_bytes, release_free_memory, sync_backend, Pinned,
+    blocking_sync, device_used_bytes, flush_backend, pin, pool_bytes, release_free_memory,
+    sync_backend, Pinned,
 };
 use super::download::{try_read_bytes, try_read_into, try_start_read, PendingRead};
 use super::types::is_cuda;
@@ -16,7 +17,9 @@ use super::upload::{
     after_uploads, try_upload, try_upload_ordered, wait_uploads, CopyInFlight, UploadBatch,
 };
 use crate::store::ReadBack;
-use crate::transfer::{Download, HostTransfer, Landed, QueuedRead, Transfer, UploadWait};
+use crate::transfer::{
+    DeviceMemory, Download, HostTransfer, Landed, QueuedRead, Transfer, UploadWait,
+};
 
 /// Copies for burn's CUDA backend (and `Gemm`, `Offload`, `Autodiff` over
 /// it) through page-locked memory and streams of their own.
@@ -126,11 +129,16 @@ impl Transfer for CudaTransfer {
         release_free_memory::<X>(device)
     }
 
-    fn device_memory<X: Backend>(device: &X::Device) -> Option<(u64, u64)> {
+    fn device_memory<X: Backend>(device: &X::Device) -> Option<DeviceMemory> {
         if !is_cuda::<X>() {
             return None;
         }
         let device = (device as &dyn Any).downcast_ref::<CudaDevice>()?;
-        Some(pool_bytes(device))
+        let (in_use, reserved) = pool_bytes(device);
+        Some(DeviceMemory {
+            in_use,
+            reserved,
+            device_used: device_used_bytes(device.index).unwrap_or(0),
+        })
     }
 }

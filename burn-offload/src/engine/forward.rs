@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 
-use burn::module::{AutodiffModule, HasAutodiffModule, Module};
+use burn::module::{AutodiffModule, HasAutodiffModule, Module, ParamId};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Int, Tensor};
 
@@ -175,8 +175,18 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
     /// its f32 weights are cast on the device now, as new leaves (so its
     /// gradients come back in the compute precision, as from a bf16 bind).
     pub(super) fn landed<X: Backend, T: Module<X>>(&self, module: T) -> T {
+        self.cast_landed(module, &HashSet::new())
+    }
+
+    /// [`Self::landed`] for a bound stem: the blocks in the whole template
+    /// are placeholders and stay as they are.
+    pub(super) fn landed_stem<X: Backend, T: Module<X>>(&self, stem: T) -> T {
+        self.cast_landed(stem, &self.block_ids)
+    }
+
+    fn cast_landed<X: Backend, T: Module<X>>(&self, module: T, skip: &HashSet<ParamId>) -> T {
         if self.config.cast_on_device {
-            cast_leaves(module, self.config.compute.dtype())
+            cast_leaves(module, self.config.compute.dtype(), skip)
         } else {
             module
         }
@@ -258,7 +268,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         let (x, _) = self.stream_forward(&blocks, inputs, false)?;
         let stem = self.bind_stem::<B, M>(self.template.clone(), false, false);
         self.pager.ready::<B>(&self.device);
-        let stem = self.landed(stem);
+        let stem = self.landed_stem(stem);
         let logits = stem.head(x.narrow(1, seq - 1, 1));
         drop(stem);
         self.pager.evict(0);

@@ -51,7 +51,8 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
             false,
         );
         self.pager.ready::<B>(&self.device);
-        let stem_ad = self.landed(stem_ad);
+        let stem_ad = self.landed_stem(stem_ad);
+        self.mark("head: stem bound");
         // The last recomputed block's weights are copied during the head
         // (kept blocks are still bound from the forward).
         let next = (first_kept == num_blocks && num_blocks > 0)
@@ -83,6 +84,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
                 &grads,
                 &mut head_grads,
             );
+            self.mark(format_args!("head: positions {start}.. done"));
         }
         drop(stem_ad);
         // With the host worker folding them, the head's gradients (the LM

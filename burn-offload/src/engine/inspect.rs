@@ -141,10 +141,11 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
             return;
         }
         match self.pager.device_memory::<B>(&self.device) {
-            Some((used, reserved)) => trace::mark(format_args!(
-                "{what} (device pools: {:.2} GiB in use, {:.2} GiB reserved)",
-                used as f64 / (1u64 << 30) as f64,
-                reserved as f64 / (1u64 << 30) as f64
+            Some(memory) => trace::mark(format_args!(
+                "{what} (device pools: {:.2} GiB in use, {:.2} GiB reserved; device: {:.2} GiB used)",
+                memory.in_use as f64 / (1u64 << 30) as f64,
+                memory.reserved as f64 / (1u64 << 30) as f64,
+                memory.device_used as f64 / (1u64 << 30) as f64,
             )),
             None => trace::mark(what),
         }

@@ -72,6 +72,18 @@ pub trait QueuedRead: Send {
     }
 }
 
+/// A device's memory at one moment, for traces.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DeviceMemory {
+    /// Bytes of live buffers in the allocator's pools.
+    pub in_use: u64,
+    /// Bytes the pools hold from the driver.
+    pub reserved: u64,
+    /// Bytes in use on the whole device by the driver's count (what
+    /// `nvidia-smi` shows: the pools, the context, libraries' workspaces).
+    pub device_used: u64,
+}
+
 /// The copy machinery of one kind of device, chosen once by type (the engine
 /// picks it for the build), never probed per call.
 pub trait Transfer: ReadBack + 'static {
@@ -140,8 +152,8 @@ pub trait Transfer: ReadBack + 'static {
     fn blocking_sync<X: Backend>(device: &X::Device) -> bool;
     /// Gives the device allocator's unused memory back.
     fn release_free_memory<X: Backend>(device: &X::Device);
-    /// `(bytes in use, bytes reserved)` by the device allocator's pools.
-    fn device_memory<X: Backend>(device: &X::Device) -> Option<(u64, u64)>;
+    /// The device's memory as its allocator and its driver see it.
+    fn device_memory<X: Backend>(device: &X::Device) -> Option<DeviceMemory>;
 }
 
 /// Copies through burn's `from_data`/`into_data`: every backend, no
@@ -233,7 +245,7 @@ impl Transfer for HostTransfer {
 
     fn release_free_memory<X: Backend>(_: &X::Device) {}
 
-    fn device_memory<X: Backend>(_: &X::Device) -> Option<(u64, u64)> {
+    fn device_memory<X: Backend>(_: &X::Device) -> Option<DeviceMemory> {
         None
     }
 }

@@ -6,8 +6,8 @@ mod base;
 mod grads;
 mod pager;
 
+pub use base::{DeviceMemory, HostTransfer, QueuedRead, Transfer};
 #[cfg(feature = "cuda")]
 pub use base::{Download, Landed, UploadWait};
-pub use base::{HostTransfer, QueuedRead, Transfer};
 pub use grads::{add_to, DeviceGrads, PendingGradients};
 pub use pager::{Pager, PagerStats, Stash};

@@ -15,7 +15,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{bf16, DType, Tensor, TensorData};
 
 use super::grads::{start_read, GradsKeep, GradsOut, GradsStart};
-use super::{DeviceGrads, PendingGradients, Transfer};
+use super::{DeviceGrads, DeviceMemory, PendingGradients, Transfer};
 use crate::host::slab::Slab;
 use crate::store::ParamGroup;
 
@@ -251,9 +251,8 @@ impl<T: Transfer> Pager<T> {
         T::sync::<B>(device);
     }
 
-    /// `(bytes in use, bytes reserved)` by the device allocator's pools, on
-    /// CUDA; `None` elsewhere.
-    pub fn device_memory<B: Backend>(&self, device: &B::Device) -> Option<(u64, u64)> {
+    /// The device's memory on CUDA; `None` elsewhere.
+    pub fn device_memory<B: Backend>(&self, device: &B::Device) -> Option<DeviceMemory> {
         T::device_memory::<B>(device)
     }
 
