@@ -66,6 +66,7 @@ fn engine_config(fused: bool) -> EngineConfig {
         kept_graphs: 0,
         blocking_sync: true,
         hold_updates_for_copies: true,
+        gradient_blocks_in_flight: 1,
     }
 }
 

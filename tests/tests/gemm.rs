@@ -40,6 +40,7 @@ fn engine_config() -> EngineConfig {
         kept_graphs: 0,
         blocking_sync: true,
         hold_updates_for_copies: true,
+        gradient_blocks_in_flight: 4,
     }
 }
 

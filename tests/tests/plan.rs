@@ -27,6 +27,7 @@ fn job(config: ModelConfig, fused: bool) -> Job {
         kept_graphs: KeptGraphs::Count(0),
         host_layout: HostLayout::Full,
         optim_state: OptimState::Fp32,
+        gradient_blocks_in_flight: trainer::plan::GRADIENT_BLOCKS_IN_FLIGHT,
     }
 }
 
@@ -222,7 +223,7 @@ fn too_little_gpu_memory_suggests_a_batch_that_fits() {
     let big = Job {
         batch: 32,
         seq_len: 64,
-        ..job(config, false)
+        ..job(config, true)
     };
     let small_need = Plan::new(&Job {
         batch: 4,
@@ -285,6 +286,76 @@ fn a_job_that_does_not_fit_the_gpu_is_refused_before_anything_is_created() {
         !metrics.exists() && !dir.path().join("ckpt").exists(),
         "files created before the refusal"
     );
+}
+
+/// Blocks whose gradients wait on the device for the host worker are
+/// counted, and as many as fit (at most the job's, at least one) are kept:
+/// under a tight GPU budget the backward waits for the worker instead.
+#[test]
+fn gradient_blocks_waiting_on_the_device_are_counted_and_fitted() {
+    // Llama-2-7B's shape: a block's gradients weigh against the pools' floor.
+    let seven_b = LlamaConfig {
+        d_model: 4096,
+        n_layer: 32,
+        n_head: 32,
+        n_kv_head: 32,
+        d_ff: 11008,
+        vocab_size: 32000,
+        ..medium_llama()
+    };
+    let base = Job {
+        batch: 4,
+        seq_len: 1024,
+        gpu: true,
+        compute: Compute::Bf16,
+        block_inputs: BlockInputs::Host,
+        ..job(ModelConfig::Llama(seven_b), false)
+    };
+    let with = |n: usize| Job {
+        gradient_blocks_in_flight: n,
+        ..base.clone()
+    };
+    let (one, four) = (Plan::new(&with(1)), Plan::new(&with(4)));
+    let waiting = |plan: &Plan| {
+        plan.device
+            .iter()
+            .find(|i| i.what == "block gradients on their way to the host")
+            .map(|i| i.bytes)
+            .expect("counted")
+    };
+    // Two blocks' with one waiting, five with four.
+    assert_eq!(waiting(&four) * 2, waiting(&one) * 5);
+    assert!(four.device_total() > one.device_total());
+
+    let roomy = machine(1 << 40, Some(80 << 30));
+    assert_eq!(
+        with(4)
+            .place_gradient_blocks(&roomy)
+            .gradient_blocks_in_flight,
+        4
+    );
+    // A GPU between the plans with one and four: fewer fit, and they do.
+    let tight = machine(
+        1 << 40,
+        Some((one.device_total() + four.device_total()) / 2),
+    );
+    let placed = with(4).place_gradient_blocks(&tight);
+    assert!((1..4).contains(&placed.gradient_blocks_in_flight));
+    assert!(Plan::new(&placed).check(&placed, &tight).is_ok());
+    // Not even one fits: one block, and the check refuses the job.
+    let tiny = machine(1 << 40, Some(one.device_total() / 2));
+    let placed = with(4).place_gradient_blocks(&tiny);
+    assert_eq!(placed.gradient_blocks_in_flight, 1);
+    assert!(Plan::new(&placed).check(&placed, &tiny).is_err());
+    // Fused mode sends each block's gradients to the optimizer directly.
+    let fused = Job {
+        fused: true,
+        ..with(4)
+    };
+    assert!(Plan::new(&fused)
+        .device
+        .iter()
+        .all(|i| i.what != "block gradients on their way to the host"));
 }
 
 /// `auto` keeps block inputs on the GPU when the plan fits it with them

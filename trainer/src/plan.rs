@@ -50,7 +50,15 @@ pub struct Job {
     pub host_layout: HostLayout,
     /// The optimizer's moments: fp32 or 8-bit.
     pub optim_state: OptimState,
+    /// Blocks whose gradients may wait on the device for the host worker
+    /// (`EngineConfig::gradient_blocks_in_flight`).
+    pub gradient_blocks_in_flight: usize,
 }
+
+/// The most blocks whose gradients may wait on the device for the host
+/// worker: slack for a worker that falls behind for a moment.
+/// [`Job::place_gradient_blocks`] lowers it to what the GPU has room for.
+pub const GRADIENT_BLOCKS_IN_FLIGHT: usize = 4;
 
 /// How the engine keeps the optimizer's moments in host memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -318,8 +326,23 @@ impl Job {
         self
     }
 
+    /// The job with as many blocks' gradients waiting on the device (at most
+    /// the job's, at least one) as fit `machine`'s GPU (call it after
+    /// [`Job::place_block_inputs`]). Under a tight budget one block's: the
+    /// backward then waits for the host worker instead of holding more.
+    pub fn place_gradient_blocks(mut self, machine: &Machine) -> Self {
+        if !self.gpu || self.resident {
+            return self;
+        }
+        while self.gradient_blocks_in_flight > 1 && !Plan::new(&self).fits_device(machine) {
+            self.gradient_blocks_in_flight -= 1;
+        }
+        self.gradient_blocks_in_flight = self.gradient_blocks_in_flight.max(1);
+        self
+    }
+
     /// The job with [`KeptGraphs::Auto`] decided for `machine` (call it after
-    /// [`Job::place_block_inputs`]): on a GPU, as many blocks as fit in 90% of
+    /// [`Job::place_gradient_blocks`]): on a GPU, as many blocks as fit in 90% of
     /// the free memory the rest of the plan leaves (the free memory measured
     /// at start; the margin is for the allocator's fragmentation). Resident
     /// jobs and CPU backends keep none.
@@ -604,6 +627,14 @@ impl Plan {
                 ));
             } else {
                 device.push(Item::held("block-input checkpoints", checkpoints));
+            }
+            if !job.fused {
+                // The block being handed on, and those the worker is still
+                // taking, hold their gradients on the device.
+                device.push(Item::held(
+                    "block gradients on their way to the host",
+                    width * (job.gradient_blocks_in_flight as u64 + 1) * s.block_params,
+                ));
             }
             let kept = (job.kept_graphs.count() as u64).min(s.layers);
             if kept > 0 {
@@ -902,12 +933,15 @@ fn pool_floor(gpu: u64) -> u64 {
 }
 
 impl Plan {
+    /// Whether the device part fits `machine` (always, on CPU backends).
+    fn fits_device(&self, machine: &Machine) -> bool {
+        match (self.needs(machine).1, machine.device_bytes) {
+            (Some(need), Some(have)) => need <= have,
+            _ => true,
+        }
+    }
+
     fn check_quiet(&self, machine: &Machine) -> bool {
-        let (host, device) = self.needs(machine);
-        host <= machine.host_bytes
-            && match (device, machine.device_bytes) {
-                (Some(need), Some(have)) => need <= have,
-                _ => true,
-            }
+        self.needs(machine).0 <= machine.host_bytes && self.fits_device(machine)
     }
 }

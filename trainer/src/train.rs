@@ -29,7 +29,10 @@ use serde::{Deserialize, Serialize};
 use crate::data::{default_corpus, Batcher};
 use crate::instruct::{self, DataFormat};
 use crate::outputs::{check_writable_folder, MetricsFile, ResumeMarker};
-use crate::plan::{BlockInputs, HostLayout, Job as PlanJob, KeptGraphs, Machine, OptimState, Plan};
+use crate::plan::{
+    BlockInputs, HostLayout, Job as PlanJob, KeptGraphs, Machine, OptimState, Plan,
+    GRADIENT_BLOCKS_IN_FLIGHT,
+};
 use crate::schedule::WarmupCosine;
 use crate::signals;
 use crate::token_cache;
@@ -590,6 +593,7 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
         corpus,
         block_inputs: placed.block_inputs,
         kept_graphs: placed.kept_graphs.count(),
+        gradient_blocks_in_flight: placed.gradient_blocks_in_flight,
         cast_on_device: placed.compact(),
         compute_precision_gradients: placed.compact_gradients(),
         building: Instant::now(),
@@ -894,9 +898,11 @@ pub fn plan(opts: &TrainOptions, machine: &Machine) -> Result<(Plan, PlanJob)> {
         kept_graphs: opts.kept_graphs,
         host_layout: opts.host_layout,
         optim_state: opts.optim_state,
+        gradient_blocks_in_flight: GRADIENT_BLOCKS_IN_FLIGHT,
     }
     .place_host_layout(machine)
     .place_block_inputs(machine)
+    .place_gradient_blocks(machine)
     .place_kept_graphs(machine);
     Ok((Plan::new(&job), job))
 }
@@ -939,6 +945,8 @@ struct Job<'a> {
     block_inputs: BlockInputs,
     /// Blocks whose forward graph the engine keeps (decided by the memory plan).
     kept_graphs: usize,
+    /// Blocks whose gradients may wait on the device (counted by the memory plan).
+    gradient_blocks_in_flight: usize,
     /// The compact host layout: weights cast on the device (decided by the
     /// memory plan).
     cast_on_device: bool,
@@ -1006,6 +1014,7 @@ impl Job<'_> {
             kept_graphs: self.kept_graphs,
             blocking_sync: !opts.spin_waits,
             hold_updates_for_copies: !opts.updates_during_copies,
+            gradient_blocks_in_flight: self.gradient_blocks_in_flight,
         };
         let mut engine = Engine::new(model, config, device)?;
         drop(rng);

@@ -88,6 +88,12 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
             }
             if let Some((g, pending)) = queued.take() {
                 self.take_block_grads(g, pending, &mut block_grads, sink);
+                // The worker takes groups in the order they are handed: once
+                // the one `bound` groups back is done, so are those before it.
+                let bound = self.config.gradient_blocks_in_flight;
+                if bound > 0 && g + bound < num_blocks + 1 {
+                    self.take_back(g + bound);
+                }
             }
             let pending = self.pager.start_gradients::<AD<B>, _>(
                 &block,

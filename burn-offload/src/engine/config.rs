@@ -62,6 +62,13 @@ pub struct EngineConfig {
     /// does not slow the copy (see `host::throttle`). `false` lets them share
     /// host memory bandwidth.
     pub hold_updates_for_copies: bool,
+    /// In overlap mode, the most blocks whose gradients the host worker may
+    /// still be taking while the backward goes on (0: no bound). Each holds
+    /// its gradients on the device until the worker has copied them, so when
+    /// the worker falls behind (short sequences, where a block's backward
+    /// takes less time than its gradients' trip to the host) the bound keeps
+    /// device memory flat instead of growing with depth.
+    pub gradient_blocks_in_flight: usize,
 }
 
 impl Default for EngineConfig {
@@ -81,6 +88,7 @@ impl Default for EngineConfig {
             kept_graphs: 0,
             blocking_sync: true,
             hold_updates_for_copies: true,
+            gradient_blocks_in_flight: 4,
         }
     }
 }
