@@ -293,7 +293,7 @@ bench-64k) shape=085b; tokens="64"; systems="resident pipelined serial torch-ckp
 bench-bf16) shape=085b; tokens="16 64"; systems="resident-bf16 pipelined-bf16 serial-bf16" ;;
 bench-bf16-peers) shape=085b; tokens="16 64"; systems="torch-resident-bf16 torch-ckpt-bf16 torch-fsdp2-bf16" ;;
 bench-3b-bf16) shape=3b; tokens="16"; systems="pipelined-bf16 serial-bf16 torch-ckpt-bf16 torch-fsdp2-bf16" ;;
-bench-7b) shape=7b; tokens="64"; systems="compact-bf16 fused-bf16" ;;
+bench-7b) shape=7b; tokens="64"; systems="compact-bf16 compact8-bf16 fused-bf16 torch-fsdp2-bf16" ;;
 esac
 bench_rows $shape "${BENCH_TOKENS:-$tokens}" "${SYSTEMS:-$systems}"
 ;;
