@@ -77,7 +77,8 @@ pub fn run(command: Command) -> Result<()> {
                  bash bench/gpu/pipeline.sh parity bench-085b\n  \
                  bash bench/gpu/pipeline.sh bench-085b-peers bench-3b\n  \
                  bash bench/gpu/pipeline.sh bench-bf16    (then bench-bf16-peers, bench-3b-bf16)\n  \
-                 HOST_GIB=125 bash bench/gpu/pipeline.sh bench-7b    (7B at 64k: compact vs fused)\n  \
+                 HOST_GIB=125 bash bench/gpu/pipeline.sh bench-7b    (7B at 64k: compact, 8-bit state, fused, PyTorch FSDP2 offload)\n  \
+                 HOST_GIB=125 bash bench/gpu/pipeline.sh largest    (the largest Llama-3-8B-wide model; LARGEST_STATE=8bit for 8-bit Adam)\n  \
                  or any selection: SHAPES=\"085b 3b\" BENCH_TOKENS=\"4 16\" SYSTEMS=\"pipelined serial\" bash bench/gpu/pipeline.sh bench\n\
                  then: cargo xtask bench cuda report --results <unpacked results.tgz> --out bench/results/<run>"
             );
@@ -368,7 +369,7 @@ struct Ratio {
 }
 
 fn ratios(rows: &[Row]) -> Vec<Ratio> {
-    const PAIRS: [(&str, &str, &str, Option<f64>); 14] = [
+    const PAIRS: [(&str, &str, &str, Option<f64>); 15] = [
         (
             "pipelined",
             "resident",
@@ -449,6 +450,12 @@ fn ratios(rows: &[Row]) -> Vec<Ratio> {
             "compact8-bf16",
             "compact-bf16",
             "8-bit ÷ fp32 Adam state (compact)",
+            None,
+        ),
+        (
+            "compact-bf16",
+            "torch-fsdp2-bf16",
+            "compact ÷ PyTorch FSDP2 offload bf16",
             None,
         ),
     ];
