@@ -53,6 +53,32 @@ pub struct Job {
     /// Blocks whose gradients may wait on the device for the host worker
     /// (`EngineConfig::gradient_blocks_in_flight`).
     pub gradient_blocks_in_flight: usize,
+    /// With `host_params`: the device copies of parameters kept cached.
+    pub param_cache: ParamCache,
+}
+
+/// How many bytes of device copies of host-resident parameters the type
+/// parameter's page cache keeps (`burn_offload::residency`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParamCache {
+    /// Every parameter's when the plan fits the GPU with them (the backward
+    /// then reads the copies the forward paged in), else the default.
+    Auto,
+    /// This many bytes.
+    Bytes(u64),
+}
+
+impl ParamCache {
+    /// The cache's budget when nothing else decides it (1 GiB).
+    pub const DEFAULT: u64 = 1 << 30;
+
+    /// The cache's budget in bytes ([`ParamCache::DEFAULT`] for `Auto`).
+    pub fn bytes(self) -> u64 {
+        match self {
+            ParamCache::Auto => Self::DEFAULT,
+            ParamCache::Bytes(bytes) => bytes,
+        }
+    }
 }
 
 /// The most blocks whose gradients may wait on the device for the host
@@ -326,6 +352,27 @@ impl Job {
         self
     }
 
+    /// The job with [`ParamCache::Auto`] decided for `machine`: with
+    /// `--host-params` on a GPU, every parameter's device copy (f32) when the
+    /// plan fits the GPU with them, else [`ParamCache::DEFAULT`].
+    pub fn place_param_cache(mut self, machine: &Machine) -> Self {
+        if self.param_cache != ParamCache::Auto {
+            return self;
+        }
+        self.param_cache = ParamCache::Bytes(ParamCache::DEFAULT);
+        if self.gpu && self.resident && self.host_params {
+            let all = Job {
+                param_cache: ParamCache::Bytes(F32 * self.config.num_params() as u64),
+                ..self.clone()
+            };
+            if all.param_cache.bytes() > ParamCache::DEFAULT && Plan::new(&all).fits_device(machine)
+            {
+                return all;
+            }
+        }
+        self
+    }
+
     /// The job with as many blocks' gradients waiting on the device (at most
     /// the job's, at least one) as fit `machine`'s GPU (call it after
     /// [`Job::place_block_inputs`]). Under a tight budget one block's: the
@@ -528,9 +575,12 @@ impl Plan {
                 "gradients (every parameter's, until the step)",
                 F32 * params,
             ));
+            // The H100 runs of the 0.85B grew by about twice the cache's
+            // bytes when it grew: the next step's page-ins arrive while the
+            // updated parameters' old copies are still cached.
             device.push(Item::held(
-                "parameter cache (weights paged in)",
-                burn_offload::residency::stats().budget_bytes,
+                "parameter cache (weights paged in, and the next step's)",
+                2 * job.param_cache.bytes(),
             ));
         } else if job.resident {
             device.push(Item::held(

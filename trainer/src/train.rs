@@ -30,7 +30,7 @@ use crate::data::{default_corpus, Batcher};
 use crate::instruct::{self, DataFormat};
 use crate::outputs::{check_writable_folder, MetricsFile, ResumeMarker};
 use crate::plan::{
-    BlockInputs, HostLayout, Job as PlanJob, KeptGraphs, Machine, OptimState, Plan,
+    BlockInputs, HostLayout, Job as PlanJob, KeptGraphs, Machine, OptimState, ParamCache, Plan,
     GRADIENT_BLOCKS_IN_FLIGHT,
 };
 use crate::schedule::WarmupCosine;
@@ -67,6 +67,9 @@ pub struct TrainOptions {
     /// paged in as operations read them) with the host AdamW (its state in
     /// host memory too): the type parameter's path.
     pub host_params: bool,
+    /// With `host_params`: bytes (GiB) of device copies of the parameters the
+    /// cache keeps; `None`: decided by the memory plan.
+    pub param_cache_gib: Option<f64>,
     /// Engine: update each block as its gradient arrives (no gradient buffer).
     pub fused: bool,
     /// Engine: no overlap (the bench's serialised baseline): every weight copy
@@ -162,6 +165,7 @@ impl Default for TrainOptions {
             progress: false,
             resident: false,
             host_params: false,
+            param_cache_gib: None,
             fused: false,
             serial_copies: false,
             spin_waits: false,
@@ -400,6 +404,14 @@ fn validate(opts: &TrainOptions) -> Result<()> {
     if opts.host_params && !opts.resident {
         bail!("--host-params is an option of plain burn training; add --resident");
     }
+    if let Some(gib) = opts.param_cache_gib {
+        if !opts.host_params {
+            bail!("--param-cache-gib sizes the cache of --host-params (the type parameter's path); add --resident --host-params");
+        }
+        if !(gib > 0.0 && gib.is_finite()) {
+            bail!("--param-cache-gib must be a positive number of GiB, not {gib}");
+        }
+    }
     if opts.resident && (opts.checkpoint_dir.is_some() || opts.resume.is_some()) {
         bail!("checkpoints are written from the offload engine's host store; drop --resident");
     }
@@ -452,6 +464,16 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
     let placed = check_memory(opts)?;
     if opts.progress && !opts.resident {
         eprintln!("memory plan: {}", placed.store_mode());
+    }
+    if opts.host_params {
+        let bytes = placed.param_cache.bytes();
+        burn_offload::residency::set_param_cache_bytes(bytes);
+        if opts.progress {
+            eprintln!(
+                "parameter cache: {:.2} GiB of device copies",
+                bytes as f64 / GIB
+            );
+        }
     }
     let (batcher, corpus) = match (&opts.data, format) {
         (Some(path), DataFormat::Alpaca | DataFormat::Sharegpt | DataFormat::Chat) => {
@@ -899,7 +921,12 @@ pub fn plan(opts: &TrainOptions, machine: &Machine) -> Result<(Plan, PlanJob)> {
         host_layout: opts.host_layout,
         optim_state: opts.optim_state,
         gradient_blocks_in_flight: GRADIENT_BLOCKS_IN_FLIGHT,
+        param_cache: match opts.param_cache_gib {
+            Some(gib) => ParamCache::Bytes((gib * GIB) as u64),
+            None => ParamCache::Auto,
+        },
     }
+    .place_param_cache(machine)
     .place_host_layout(machine)
     .place_block_inputs(machine)
     .place_gradient_blocks(machine)

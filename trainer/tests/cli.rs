@@ -235,3 +235,25 @@ fn eight_bit_optimizer_state_runs_and_is_refused_with_resident() {
     assert_fails_with(&["--optim-state", "8bit", "--resident"], "--resident");
     assert_fails_with(&["--optim-state", "4bit"], "expected fp32 or 8bit");
 }
+
+/// `--param-cache-gib` sizes the type parameter's page cache: it runs with
+/// `--resident --host-params` and is refused elsewhere and when not positive.
+#[test]
+fn param_cache_runs_with_host_params_and_is_refused_elsewhere() {
+    let (ok, stderr) = train(&[
+        "--steps",
+        "2",
+        "--resident",
+        "--host-params",
+        "--param-cache-gib",
+        "0.5",
+    ]);
+    assert!(ok, "{stderr}");
+    assert!(stderr.contains("parameter cache: 0.50 GiB"), "{stderr}");
+    assert_fails_with(&["--param-cache-gib", "1"], "--host-params");
+    assert_fails_with(&["--param-cache-gib", "1", "--resident"], "--host-params");
+    assert_fails_with(
+        &["--resident", "--host-params", "--param-cache-gib", "0"],
+        "positive",
+    );
+}

@@ -95,6 +95,12 @@ struct Cli {
     /// read them) and the host AdamW (optimizer state in host memory).
     #[arg(long)]
     host_params: bool,
+    /// With --host-params: GPU memory for device copies of the host-resident
+    /// parameters, in GiB, kept between the forward and the backward of a
+    /// step (and the page-ins ahead of use). Default: every parameter's,
+    /// when the plan fits the GPU with them, else 1 GiB.
+    #[arg(long)]
+    param_cache_gib: Option<f64>,
     /// Engine: apply each block's AdamW update as soon as its gradient arrives
     /// (12 host bytes/param instead of 16; no --accum). The gradient norm is
     /// needed before the first update (non-finite guard, clipping), so the
@@ -306,6 +312,7 @@ fn main() -> ExitCode {
         progress: true,
         resident: cli.resident,
         host_params: cli.host_params,
+        param_cache_gib: cli.param_cache_gib,
         fused: cli.fused,
         serial_copies: cli.serial_copies,
         spin_waits: cli.spin_waits,
