@@ -4,6 +4,7 @@
 # Each row is shape:thousands-of-tokens:mode, mode one of
 #   resident  plain burn, Autodiff<Gemm<Cuda>> + burn-optim AdamW (--resident)
 #   host      Autodiff<Offload<Gemm<Cuda>>> + the host AdamW (--resident --host-params)
+#   host1g    the same with the parameter cache held to 1 GiB (--param-cache-gib 1)
 #   engine    the block-streamed engine
 #   fused     the engine with --fused (12 B/param on the host: what fits a 7B in fp32)
 # Shapes: 085b (the 0.85B Llama) and 7b (Llama-2-7B). fp32 compute, sequences
@@ -21,6 +22,7 @@ nvidia-smi --query-gpu=name --format=csv,noheader | tee -a $OUT/typeparam.txt
 for row in ${TP_ROWS:-085b:4:resident 085b:4:host 085b:16:resident 085b:16:host}; do
   IFS=: read -r shape tok mode <<< "$row"
   extra=--resident; [ $mode = host ] && extra="--resident --host-params"; [ $mode = engine ] && extra=
+  [ $mode = host1g ] && extra="--resident --host-params --param-cache-gib 1"
   [ $mode = fused ] && extra=--fused
   name=$shape-${tok}k-$mode
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > $W/$name.gpu &
