@@ -651,7 +651,7 @@ fn host_params_plan_matches_the_h100_runs() {
 }
 
 /// `--host-params` with the cache the plan sizes: every parameter's device
-/// copy on the H100 (run33 call 10 measured 24.6 and 54.0 GiB peaks at 4k
+/// copy on the H100 (which measured 24.6 and 54.0 GiB peaks at 4k
 /// and 16k tokens with it), the default where the GPU has no room for them,
 /// and an explicit size kept.
 #[test]
