@@ -69,8 +69,8 @@ pub enum ParamCache {
 }
 
 impl ParamCache {
-    /// The cache's budget when nothing else decides it (1 GiB).
-    pub const DEFAULT: u64 = 1 << 30;
+    /// The cache's budget when nothing else decides it.
+    pub const DEFAULT: u64 = burn_offload::residency::DEFAULT_PARAM_CACHE_BYTES;
 
     /// The cache's budget in bytes ([`ParamCache::DEFAULT`] for `Auto`).
     pub fn bytes(self) -> u64 {

@@ -32,16 +32,16 @@ struct State {
     budget: u64,
 }
 
-/// Default budget: enough for a few transformer blocks of a billion-parameter
-/// model in f32; tune with [`set_param_cache_bytes`].
-const DEFAULT_BUDGET: u64 = 1 << 30;
+/// The cache's budget until [`set_param_cache_bytes`] changes it: enough for
+/// a few transformer blocks of a billion-parameter model in f32.
+pub const DEFAULT_PARAM_CACHE_BYTES: u64 = 1 << 30;
 
 static STATE: Mutex<State> = Mutex::new(State {
     entries: VecDeque::new(),
     resident: 0,
     peak: 0,
     to_device: 0,
-    budget: DEFAULT_BUDGET,
+    budget: DEFAULT_PARAM_CACHE_BYTES,
 });
 
 fn state() -> std::sync::MutexGuard<'static, State> {

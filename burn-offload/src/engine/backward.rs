@@ -91,7 +91,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
                 // The worker takes groups in the order they are handed: once
                 // the one `bound` groups back is done, so are those before it.
                 let bound = self.config.gradient_blocks_in_flight;
-                if bound > 0 && g + bound < num_blocks + 1 {
+                if bound > 0 && g + bound <= num_blocks {
                     self.take_back(g + bound);
                 }
             }
