@@ -14,7 +14,6 @@ steps, GPU peak (allocator), host peak RSS, losses.
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 
@@ -22,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_llama import Llama, host_peak_gib  # noqa: E402
+from torch_llama import Llama, summary  # noqa: E402
 
 
 def main():
@@ -80,19 +79,7 @@ def main():
             times.append(time.perf_counter() - t0)
             print(f"step {step}: {times[-1]:.2f} s, loss {losses[-1]:.4f}", file=sys.stderr, flush=True)
             del logits, loss
-        steady = times[a.warmup_steps:] or times
-        step_s = statistics.median(steady)
-        tokens = a.batch * a.seq_len
-        result.update({
-            "ok": True,
-            "tok_s_median": tokens / step_s,
-            "step_s_median": step_s,
-            "model_tflops": 6 * n * tokens / step_s / 1e12,
-            "gpu_peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
-            "gpu_peak_reserved_gib": torch.cuda.max_memory_reserved() / 2**30,
-            "host_peak_gib": host_peak_gib(),
-            "losses": [round(x, 4) for x in losses],
-        })
+        result.update(summary(times, losses, a.warmup_steps, n, a.batch * a.seq_len))
     except torch.OutOfMemoryError as e:
         result.update({"ok": False, "error": "CUDA out of memory: " + str(e).split("\n")[0][:200]})
     print(json.dumps(result), flush=True)

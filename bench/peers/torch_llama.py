@@ -110,6 +110,22 @@ def host_peak_gib():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
+def summary(times, losses, warmup_steps, params, tokens):
+    """The result fields of a finished run: the median step after the warm-up,
+    its tokens/s and model TFLOPS (6 * params * tokens), the memory peaks."""
+    step_s = statistics.median(times[warmup_steps:] or times)
+    return {
+        "ok": True,
+        "tok_s_median": tokens / step_s,
+        "step_s_median": step_s,
+        "model_tflops": 6 * params * tokens / step_s / 1e12,
+        "gpu_peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
+        "gpu_peak_reserved_gib": torch.cuda.max_memory_reserved() / 2**30,
+        "host_peak_gib": host_peak_gib(),
+        "losses": [round(x, 4) for x in losses],
+    }
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--config", required=True)
@@ -174,19 +190,7 @@ def main():
             torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
             del logits, loss
-        steady = times[a.warmup_steps:] or times
-        step_s = statistics.median(steady)
-        tokens = a.batch * a.seq_len
-        result.update({
-            "ok": True,
-            "tok_s_median": tokens / step_s,
-            "step_s_median": step_s,
-            "model_tflops": 6 * n * tokens / step_s / 1e12,
-            "gpu_peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
-            "gpu_peak_reserved_gib": torch.cuda.max_memory_reserved() / 2**30,
-            "host_peak_gib": host_peak_gib(),
-            "losses": [round(x, 4) for x in losses],
-        })
+        result.update(summary(times, losses, a.warmup_steps, n, a.batch * a.seq_len))
     except torch.OutOfMemoryError as e:
         result.update({"ok": False, "error": "CUDA out of memory: " + str(e).split("\n")[0][:200]})
     print(json.dumps(result), flush=True)
