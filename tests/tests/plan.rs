@@ -614,16 +614,9 @@ fn bf16_compute_adds_two_host_bytes_per_param_and_shrinks_the_device_plan() {
 /// 75.6 GiB predicted, 57.1 measured), which only refuses runs near the edge.
 #[test]
 fn host_params_plan_matches_the_h100_runs() {
-    let (gpu, llama_085b) = (h100(), llama_085b());
+    let gpu = h100();
     for (batch, measured_gib, resident_gib) in [(4, 20.0, 26.5), (16, 48.2, 57.1)] {
-        let job = Job {
-            batch,
-            seq_len: 1024,
-            gpu: true,
-            resident: true,
-            host_params: true,
-            ..job(llama_085b.clone(), false)
-        };
+        let job = host_params_085b(batch);
         let plan = Plan::new(&job);
         let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
         let predicted = gib(plan.device_peak(&gpu));
@@ -650,6 +643,18 @@ fn host_params_plan_matches_the_h100_runs() {
     }
 }
 
+/// `--resident --host-params` on the 0.85B Llama, sequences of 1024, on a GPU.
+fn host_params_085b(batch: usize) -> Job {
+    Job {
+        batch,
+        seq_len: 1024,
+        gpu: true,
+        resident: true,
+        host_params: true,
+        ..job(llama_085b(), false)
+    }
+}
+
 /// `--host-params` with the cache the plan sizes: every parameter's device
 /// copy on the H100 (which measured 24.6 and 54.0 GiB peaks at 4k
 /// and 16k tokens with it), the default where the GPU has no room for them,
@@ -657,18 +662,10 @@ fn host_params_plan_matches_the_h100_runs() {
 #[test]
 fn host_params_cache_holds_every_parameter_where_it_fits() {
     use trainer::plan::ParamCache;
-    let (gpu, llama_085b) = (h100(), llama_085b());
-    let params = llama_085b.num_params() as u64;
+    let gpu = h100();
+    let params = llama_085b().num_params() as u64;
     for (batch, measured_gib) in [(4, 24.6), (16, 54.0)] {
-        let job = Job {
-            batch,
-            seq_len: 1024,
-            gpu: true,
-            resident: true,
-            host_params: true,
-            ..job(llama_085b.clone(), false)
-        }
-        .place_param_cache(&gpu);
+        let job = host_params_085b(batch).place_param_cache(&gpu);
         assert_eq!(job.param_cache, ParamCache::Bytes(4 * params));
         let predicted = Plan::new(&job).device_peak(&gpu) as f64 / (1u64 << 30) as f64;
         assert!(
