@@ -15,6 +15,28 @@ pub type TestBackend = burn::backend::Flex;
 pub type TestBackend = burn::backend::Cuda;
 pub type TestAutodiff = burn::backend::Autodiff<TestBackend>;
 
+/// `n` devices for a data-parallel engine. On the CPU, `n` logical devices
+/// (the one CPU device, one lane each). On CUDA, spread over the first
+/// `BURN_OFFLOAD_TEST_GPUS` GPUs (default 1: lanes then share a GPU and sum
+/// their gradients with burn's ops; with 2 or more, through NCCL).
+pub fn lane_devices(n: usize) -> Vec<burn::tensor::Device<TestBackend>> {
+    #[cfg(feature = "cuda")]
+    {
+        let gpus: usize = std::env::var("BURN_OFFLOAD_TEST_GPUS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1)
+            .max(1);
+        (0..n)
+            .map(|i| burn::backend::cuda::CudaDevice::new(i % gpus))
+            .collect()
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        vec![Default::default(); n]
+    }
+}
+
 /// Random token ids `[batch, seq]` in `0..vocab`, from a seeded generator.
 pub fn random_tokens<B: Backend>(
     batch: usize,

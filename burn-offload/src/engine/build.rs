@@ -18,12 +18,39 @@ use crate::store::{
 };
 use crate::transfer::Pager;
 
+use super::lanes::Lane;
+
+/// The engine's one check of its settings, against every device it trains on.
+fn check_devices<B: Backend>(
+    config: &EngineConfig,
+    devices: &[B::Device],
+) -> Result<(), EngineError> {
+    if devices.is_empty() {
+        return Err(ConfigError::NoDevices.into());
+    }
+    for device in devices {
+        config.validate::<B>(device)?;
+    }
+    Ok(())
+}
+
 impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
     /// Moves `model`'s parameters into a new host store; the engine keeps only
     /// a stateless template of the model.
     pub fn new(model: M, config: EngineConfig, device: &B::Device) -> Result<Self, EngineError> {
+        Self::on_devices(model, config, std::slice::from_ref(device))
+    }
+
+    /// [`Engine::new`] training on several devices, data parallel: each
+    /// step's micro-batches run in rounds of one per device (see the module
+    /// documentation).
+    pub fn on_devices(
+        model: M,
+        config: EngineConfig,
+        devices: &[B::Device],
+    ) -> Result<Self, EngineError> {
         // Before the weights move into the store.
-        config.validate::<B>(device)?;
+        check_devices::<B>(&config, devices)?;
         let layout = StoreLayout {
             gradient_buffer: !config.fused,
             bf16_block_gradients: config.compute_precision_gradients,
@@ -34,7 +61,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         // into the host store.
         let (template, store) =
             HostStore::take_from::<B, M, DeviceTransfer>(model, &block_ids, layout)?;
-        Self::with_store(template, store, config, device)
+        Self::with_store_on(template, store, config, devices)
     }
 
     /// Pairs a model (its values are ignored) with an existing store, checking
@@ -45,7 +72,18 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         config: EngineConfig,
         device: &B::Device,
     ) -> Result<Self, EngineError> {
-        config.validate::<B>(device)?;
+        Self::with_store_on(model, store, config, std::slice::from_ref(device))
+    }
+
+    /// [`Engine::with_store`] training on several devices, as
+    /// [`Engine::on_devices`] does.
+    pub fn with_store_on(
+        model: M,
+        store: HostStore,
+        config: EngineConfig,
+        devices: &[B::Device],
+    ) -> Result<Self, EngineError> {
+        check_devices::<B>(&config, devices)?;
         if store.layout.gradient_buffer == config.fused {
             return Err(ConfigError::StoreLayout {
                 store_has_buffer: store.layout.gradient_buffer,
@@ -99,13 +137,23 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
             .and_then(|table| slot_of.get(&table.id))
             .and_then(|&(g, k)| (g == 0 && store.groups[0].slots[k].shape.len() == 2).then_some(k));
         let template = model.map(&mut ToPlaceholders);
-        // Uploads read the parameter slabs; page-locked, they run at DMA speed.
-        let mut pager = Pager::new(!config.overlap, config.host_checkpoints);
+        let mut lanes: Vec<Lane<B>> = devices
+            .iter()
+            .map(|device| Lane {
+                device: device.clone(),
+                pager: Pager::new(!config.overlap, config.host_checkpoints),
+            })
+            .collect();
         // Host work runs on every core beside the device: waiting threads
         // must not spin (they kept the GPU busy only three quarters of a step).
         if config.blocking_sync {
-            pager.blocking_sync::<B>(device);
+            for lane in &lanes {
+                lane.pager.blocking_sync::<B>(&lane.device);
+            }
         }
+        // Uploads read the parameter slabs; page-locked, they run at DMA
+        // speed. Locked once, for every device (lane 0's pager keeps them).
+        let Lane { device, pager } = &mut lanes[0];
         let bf16 = (config.compute == Compute::Bf16 && !config.cast_on_device)
             .then(|| Bf16Weights::new(&store));
         // What is uploaded: the f32 slabs, or in bf16 mode the bf16 copies
@@ -132,11 +180,10 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
             block_ids,
             slot_of,
             embedding_slot,
-            pager,
+            lanes,
             store,
             bf16,
             config,
-            device: device.clone(),
             updates: 0,
             split: StepSplit::default(),
             grad_buffer: Vec::new(),

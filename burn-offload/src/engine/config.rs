@@ -175,22 +175,25 @@ pub enum ConfigError {
         /// Whether the engine is fused.
         fused: bool,
     },
-    /// More than one micro-batch in fused mode.
+    /// More micro-batches than devices in fused mode.
     #[error(
         "fused mode applies each block's update during the backward pass and cannot accumulate \
-         micro-batches; use one micro-batch or disable fused mode"
+         micro-batches; use one micro-batch per device or disable fused mode"
     )]
     FusedAccumulation,
+    /// An engine given no device to train on.
+    #[error("an engine needs at least one device")]
+    NoDevices,
     /// A gradient buffer asked of fused mode.
     #[error("fused mode keeps no gradient buffer")]
     FusedGradients,
     /// A setting that only applies below f32 compute, asked with f32.
     #[error("{0} applies only to a compute precision below fp32")]
     NeedsLowPrecision(&'static str),
-    /// More than one micro-batch with gradients kept in the compute precision.
+    /// More micro-batches than devices with gradients kept in the compute precision.
     #[error(
         "gradients kept in the compute precision cannot accumulate micro-batches; use one \
-         micro-batch or an f32 gradient buffer"
+         micro-batch per device or an f32 gradient buffer"
     )]
     CompactAccumulation,
     /// A store whose moments are not of the kind the engine keeps.
@@ -240,6 +243,17 @@ pub enum BatchError {
         shape: [usize; 2],
         /// The first one's.
         first: [usize; 2],
+    },
+    /// A count of micro-batches the devices cannot share evenly.
+    #[error(
+        "{micro_batches} micro-batches do not split evenly over {lanes} devices; give each \
+         device the same number"
+    )]
+    Lanes {
+        /// Micro-batches given.
+        micro_batches: usize,
+        /// Devices the engine trains on.
+        lanes: usize,
     },
     /// No tokens.
     #[error("micro-batch {index} is empty ({shape:?})")]

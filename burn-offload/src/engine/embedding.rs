@@ -114,30 +114,55 @@ pub(super) fn token_error(token: i64, rows: usize) -> EngineError {
 }
 
 impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
-    /// Phase 4: the embedding's backward from `dy` (`dx_0`), added to the
-    /// head's gradients (`None`: already folded into the store), to `sink`.
+    /// Phase 4: the embedding's backward from each lane's `dy` (`dx_0`, for
+    /// `inputs[d]`), added to the head's gradients (`None`: already folded
+    /// into the store), to `sink`.
     pub(super) fn embedding_backward(
         &mut self,
-        inputs: &Tensor<B, 2, Int>,
-        dy: Tensor<B, 3>,
+        inputs: &[Tensor<B, 2, Int>],
+        dy: Vec<Tensor<B, 3>>,
         head_grads: Option<PendingGradients<DeviceTransfer>>,
         sink: &mut Sink,
     ) -> Result<(), EngineError> {
+        let lanes = dy.len();
         let Some(head_grads) = head_grads else {
             let slot = self
                 .embedding_slot
                 .expect("folded early only with a lookup");
-            return self.add_embedding_grads_in_store(slot, inputs, dy, sink);
+            for (d, dy) in dy.into_iter().enumerate() {
+                // Only the last lane's rows complete the table's gradient.
+                let lane_sink = match *sink {
+                    Sink::Accumulate { first, last } => Sink::Accumulate {
+                        first,
+                        last: last && d + 1 == lanes,
+                    },
+                    _ => unreachable!("folded early only when accumulating"),
+                };
+                self.add_embedding_grads_in_store(slot, &inputs[d], dy, &lane_sink, d)?;
+            }
+            return Ok(());
         };
         let mut buffer = std::mem::take(&mut self.grad_buffer);
         let stem_grads = group_prefix(&mut buffer, self.store.groups[0].numel());
-        let filled = match self.embedding_slot {
-            Some(slot) => self.embedding_grads_on_host(slot, inputs, dy, head_grads, stem_grads),
-            None => {
-                self.embedding_grads_on_device(inputs, dy, head_grads, stem_grads);
-                Ok(())
+        // The head's gradients are written over the buffer with lane 0's
+        // embedding gradients; the other lanes' add to them.
+        let mut head_grads = Some(head_grads);
+        let mut filled = Ok(());
+        for (d, dy) in dy.into_iter().enumerate() {
+            let head = head_grads.take();
+            filled = match self.embedding_slot {
+                Some(slot) => {
+                    self.embedding_grads_on_host(slot, &inputs[d], dy, head, stem_grads, d)
+                }
+                None => {
+                    self.embedding_grads_on_device(&inputs[d], dy, head, stem_grads, d);
+                    Ok(())
+                }
+            };
+            if filled.is_err() {
+                break;
             }
-        };
+        }
         if filled.is_ok() {
             self.sink_group(0, stem_grads, sink);
         }
@@ -145,27 +170,32 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         filled
     }
 
-    /// The embedding of `inputs` where `embed` is a lookup in the table at
-    /// stem slot `slot`: the distinct rows it reads, gathered from the store
-    /// on the host and uploaded, then each position's picked on the device
-    /// (`host::lookup`; with a byte tokenizer a few hundred rows, where the
-    /// 64k positions' rows were 512 MB to gather and copy at the step
-    /// boundary). With the step's update deferred ([`Engine::deferred`]), the
-    /// rows read here are updated first, on this thread, then the host
-    /// worker gets the blocks' updates and the rest of the stem's, which the
-    /// head binds only after the forward.
+    /// The embedding of each lane's `inputs[d]` where `embed` is a lookup in
+    /// the table at stem slot `slot`: the distinct rows it reads, gathered
+    /// from the store on the host and uploaded, then each position's picked
+    /// on the device (`host::lookup`; with a byte tokenizer a few hundred
+    /// rows, where the 64k positions' rows were 512 MB to gather and copy at
+    /// the step boundary). With the step's update deferred
+    /// ([`Engine::deferred`]), the rows read here (by any lane) are updated
+    /// first, on this thread, then the host worker gets the blocks' updates
+    /// and the rest of the stem's, which the head binds only after the
+    /// forward.
     pub(super) fn embed_on_host(
         &mut self,
         slot: usize,
-        inputs: &Tensor<B, 2, Int>,
-    ) -> Result<Tensor<B, 3>, EngineError> {
-        let [batch, seq] = inputs.dims();
-        let tokens: Vec<i64> = inputs.to_data().iter::<i64>().collect();
+        inputs: &[Tensor<B, 2, Int>],
+    ) -> Result<Vec<Tensor<B, 3>>, EngineError> {
+        let tokens: Vec<Vec<i64>> = inputs
+            .iter()
+            .map(|x| x.to_data().iter::<i64>().collect())
+            .collect();
         self.take_back(0);
         let table = &self.store.groups[0].slots[slot];
         let (range, [rows, width]) = (table.range(), [table.shape[0], table.shape[1]]);
         // Before any update: a bad batch leaves the step's update deferred whole.
-        check_tokens(&tokens, rows).map_err(|bad| token_error(bad, rows))?;
+        for tokens in &tokens {
+            check_tokens(tokens, rows).map_err(|bad| token_error(bad, rows))?;
+        }
         // 8-bit moments are quantised in blocks from the stem's start: the
         // table's rows can be updated apart only where they are whole blocks.
         let rows_apart = !self.config.eight_bit_moments
@@ -178,7 +208,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         }
         let deferred = self.deferred.take().map(|update| {
             let mut picked = vec![false; rows];
-            for &t in &tokens {
+            for &t in tokens.iter().flatten() {
                 picked[t as usize] = true;
             }
             let read = TableRows {
@@ -191,32 +221,45 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
             (update, read)
         });
         let table = &self.store.groups[0].params.as_slice()[range];
-        let lookup = TokenRows::new(&tokens, rows);
-        let distinct = lookup.rows.len();
-        let picked = self
-            .pager
-            .upload_filled::<B, _>([1, distinct, width], &self.device, |out| {
-                gather_rows(table, width, &lookup.rows, out)
-            });
+        let mut picked = Vec::with_capacity(inputs.len());
+        for (d, tokens) in tokens.iter().enumerate() {
+            let lookup = TokenRows::new(tokens, rows);
+            let lane = &mut self.lanes[d];
+            let rows_read = lane.pager.upload_filled::<B, _>(
+                [1, lookup.rows.len(), width],
+                &lane.device,
+                |out| gather_rows(table, width, &lookup.rows, out),
+            );
+            let failed = rows_read.is_err();
+            picked.push((lookup, rows_read));
+            if failed {
+                break;
+            }
+        }
         // The rest of the update is handed out whatever the lookup returned:
         // a partial update must not be left behind.
         if let Some((update, read)) = deferred {
             self.hand_out(update, Part::Rest(read));
         }
-        let picked = picked.map_err(|bad| token_error(bad, rows))?;
-        // Landed before block 0's weights are copied, which wait for its
-        // update: one span of copy time each, no idle gap between them
-        // counted as copying.
-        self.pager.ready::<B>(&self.device);
-        let index = Tensor::<B, 1, Int>::from_data(
-            TensorData::new(lookup.index, [batch * seq]),
-            &self.device,
-        );
-        let picked = cast_to(
-            picked.reshape([distinct, width]),
-            self.config.compute.dtype(),
-        );
-        Ok(picked.select(0, index).reshape([batch, seq, width]))
+        let dtype = self.config.compute.dtype();
+        let mut embedded = Vec::with_capacity(inputs.len());
+        for (d, (lookup, rows_read)) in picked.into_iter().enumerate() {
+            let rows_read = rows_read.map_err(|bad| token_error(bad, rows))?;
+            // Landed before block 0's weights are copied, which wait for its
+            // update: one span of copy time each, no idle gap between them
+            // counted as copying.
+            let lane = &mut self.lanes[d];
+            lane.pager.ready::<B>(&lane.device);
+            let [batch, seq] = inputs[d].dims();
+            let distinct = lookup.rows.len();
+            let index = Tensor::<B, 1, Int>::from_data(
+                TensorData::new(lookup.index, [batch * seq]),
+                &lane.device,
+            );
+            let rows_read = cast_to(rows_read.reshape([distinct, width]), dtype);
+            embedded.push(rows_read.select(0, index).reshape([batch, seq, width]));
+        }
+        Ok(embedded)
     }
 
     /// Hands the head's gradients (the stem's, but for the table at stem slot
@@ -245,9 +288,10 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         slot: usize,
         inputs: &Tensor<B, 2, Int>,
         dy: Tensor<B, 3>,
-        sink: &mut Sink,
+        sink: &Sink,
+        lane: usize,
     ) -> Result<(), EngineError> {
-        let (tokens, dy) = self.embedding_rows(slot, inputs, dy);
+        let (tokens, dy) = self.embedding_rows(slot, inputs, dy, lane);
         self.mark("dy read");
         self.settle(0);
         let started = Instant::now();
@@ -280,6 +324,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         slot: usize,
         inputs: &Tensor<B, 2, Int>,
         dy: Tensor<B, 3>,
+        lane: usize,
     ) -> (Vec<i64>, LookupGrads) {
         let tokens: Vec<i64> = inputs.to_data().iter::<i64>().collect();
         let mut buffer = std::mem::take(&mut self.dy_buffer);
@@ -288,30 +333,33 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
             let rows = TokenRows::new(&tokens, table_rows);
             if let Some(sums) = segment_sums(&dy, &rows) {
                 buffer.resize(sums.shape().num_elements(), 0.0);
-                self.pager.read_into(sums, &mut buffer);
+                self.lanes[lane].pager.read_into(sums, &mut buffer);
                 return (tokens, LookupGrads::Sums(rows, buffer));
             }
         }
         buffer.resize(dy.shape().num_elements(), 0.0);
-        self.pager.read_into(dy, &mut buffer);
+        self.lanes[lane].pager.read_into(dy, &mut buffer);
         (tokens, LookupGrads::Positions(buffer))
     }
 
-    /// Phase 4 where `embed` is a lookup in the table at stem slot `slot`:
-    /// `out` gets the head's gradients, every slot written over, and the
-    /// table's gradient adds `dy`'s rows into the rows of their tokens, on
-    /// the host. The stem is not bound and no table-sized gradient crosses
-    /// the bus, only `dy`.
+    /// Phase 4 on `lane` where `embed` is a lookup in the table at stem
+    /// slot `slot`: `out` gets the head's gradients, when given, every slot
+    /// written over, and the table's gradient adds `dy`'s rows into the rows
+    /// of their tokens, on the host. The stem is not bound and no table-sized
+    /// gradient crosses the bus, only `dy`.
     pub(super) fn embedding_grads_on_host(
         &mut self,
         slot: usize,
         inputs: &Tensor<B, 2, Int>,
         dy: Tensor<B, 3>,
-        head_grads: PendingGradients<DeviceTransfer>,
+        head_grads: Option<PendingGradients<DeviceTransfer>>,
         out: &mut [f32],
+        lane: usize,
     ) -> Result<(), EngineError> {
-        let (tokens, dy) = self.embedding_rows(slot, inputs, dy);
-        head_grads.finish(out, false);
+        let (tokens, dy) = self.embedding_rows(slot, inputs, dy, lane);
+        if let Some(head_grads) = head_grads {
+            head_grads.finish(out, false);
+        }
         let table = &self.store.groups[0].slots[slot];
         let added = self.table_touch.scatter(
             &mut out[table.range()],
@@ -323,30 +371,35 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         added
     }
 
-    /// Phase 4 where burn differentiates `embed` (in f32, see `bind_stem`)
-    /// with the stem bound on the device: `out` gets the head's gradients,
-    /// every slot written over, plus the embedding's.
+    /// Phase 4 on `lane` where burn differentiates `embed` (in f32, see
+    /// `bind_stem`) with the stem bound on the device: `out` gets the head's
+    /// gradients, when given, every slot written over, plus the embedding's.
     pub(super) fn embedding_grads_on_device(
         &mut self,
         inputs: &Tensor<B, 2, Int>,
         dy: Tensor<B, 3>,
-        head_grads: PendingGradients<DeviceTransfer>,
+        head_grads: Option<PendingGradients<DeviceTransfer>>,
         out: &mut [f32],
+        lane: usize,
     ) {
         let stem_ad = self.bind_stem::<AD<B>, _>(
             M::TrainModule::from_inner(self.template.clone()),
             true,
             true,
+            lane,
         );
-        self.pager.ready::<B>(&self.device);
+        let bound = &mut self.lanes[lane];
+        bound.pager.ready::<B>(&bound.device);
         let tokens = Tensor::<AD<B>, 2, Int>::from_inner(inputs.clone());
         let embedded = cast_to(stem_ad.embed(tokens), self.config.compute.dtype());
         let grads = (embedded * Tensor::from_inner(dy)).backward();
         // While the device runs that, the head's gradients (copied long ago)
         // go into the buffer.
-        head_grads.finish(out, false);
-        self.stem_grads_to_host(&stem_ad, &grads, out);
+        if let Some(head_grads) = head_grads {
+            head_grads.finish(out, false);
+        }
+        self.stem_grads_to_host(&stem_ad, &grads, out, lane);
         drop(stem_ad);
-        self.pager.evict(0);
+        self.lanes[lane].pager.evict(0);
     }
 }

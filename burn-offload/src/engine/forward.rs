@@ -43,16 +43,18 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         num_blocks - self.config.kept_graphs.min(num_blocks)
     }
 
-    /// Binds block `i` for the forward: under `Autodiff` from `first_kept` on.
+    /// Binds block `i` on `lane` for the forward: under `Autodiff` from
+    /// `first_kept` on.
     pub(super) fn bind_forward(
         &mut self,
         blocks: &[M::Block],
         i: usize,
         first_kept: usize,
+        lane: usize,
     ) -> ForwardBlock<M::Block, BlockAd<B, M>> {
         // Trace marks for the first blocks, whose binds follow the step
         // boundary: the wait for the update, then the copies' issue.
-        let marked = i < 2 && trace::enabled();
+        let marked = i < 2 && lane == 0 && trace::enabled();
         // The block's own update first: it would wait for the copy's window.
         self.settle(i + 1);
         if marked {
@@ -63,12 +65,13 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         let copying = (self.worker.is_some() && self.config.hold_updates_for_copies)
             .then(throttle::copy_started);
         let bound = if i >= first_kept {
-            ForwardBlock::Graph(self.bind_block_ad(blocks, i))
+            ForwardBlock::Graph(self.bind_block_ad(blocks, i, lane))
         } else {
-            ForwardBlock::Plain(self.bind_block(blocks, i))
+            ForwardBlock::Plain(self.bind_block(blocks, i, lane))
         };
         if let Some(landed) = copying {
-            self.pager.after_uploads::<B>(&self.device, landed);
+            let lane = &self.lanes[lane];
+            lane.pager.after_uploads::<B>(&lane.device, landed);
         }
         if marked {
             self.mark(format_args!("block {i} copies issued"));
@@ -76,18 +79,22 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         bound
     }
 
-    /// Streams the blocks forward: the stem embeds `inputs`, then each block
-    /// runs while the next one's weights are copied. In training (`train`)
-    /// every recomputed block's input is stashed for the backward, and the
-    /// last [`EngineConfig::kept_graphs`] blocks run under `Autodiff` and keep
-    /// their graphs (and weights) until the backward; otherwise no graph.
+    /// Streams the blocks forward on the first `inputs.len()` lanes, lane
+    /// `d` on `inputs[d]` (on its device), in lockstep: the stem embeds,
+    /// then each block runs while the next one's weights are copied. In
+    /// training (`train`) every recomputed block's input is stashed for the
+    /// backward, and the last [`EngineConfig::kept_graphs`] blocks run under
+    /// `Autodiff` and keep their graphs (and weights) until the backward;
+    /// otherwise no graph. Returns each lane's last hidden states and state.
+    #[allow(clippy::type_complexity)]
     pub(super) fn stream_forward(
         &mut self,
         blocks: &[M::Block],
-        inputs: &Tensor<B, 2, Int>,
+        inputs: &[Tensor<B, 2, Int>],
         train: bool,
-    ) -> Result<(Tensor<B, 3>, ForwardState<B, M>), EngineError> {
+    ) -> Result<Vec<(Tensor<B, 3>, ForwardState<B, M>)>, EngineError> {
         let num_blocks = blocks.len();
+        let lanes = inputs.len();
         let first_kept = if train {
             self.first_kept(num_blocks)
         } else {
@@ -95,78 +102,97 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         };
         let embedded = match self.embedding_slot {
             Some(slot) => self.embed_on_host(slot, inputs)?,
-            None => {
-                let stem = self.bind_stem::<B, M>(self.template.clone(), false, true);
-                self.pager.ready::<B>(&self.device);
-                let embedded = stem.embed(inputs.clone());
-                drop(stem);
-                self.pager.evict(0);
-                embedded
-            }
+            None => (0..lanes)
+                .map(|d| {
+                    let stem = self.bind_stem::<B, M>(self.template.clone(), false, true, d);
+                    let lane = &mut self.lanes[d];
+                    lane.pager.ready::<B>(&lane.device);
+                    let embedded = stem.embed(inputs[d].clone());
+                    drop(stem);
+                    lane.pager.evict(0);
+                    embedded
+                })
+                .collect(),
         };
-        let mut x = cast_to(embedded, self.config.compute.dtype());
+        let dtype = self.config.compute.dtype();
+        let mut x: Vec<Tensor<B, 3>> = embedded.into_iter().map(|e| cast_to(e, dtype)).collect();
         self.mark("embedded");
-        let mut state = ForwardState {
-            checkpoints: Vec::with_capacity(first_kept),
-            graphs: Vec::with_capacity(num_blocks - first_kept),
-        };
-        let mut next = (num_blocks > 0).then(|| self.bind_forward(blocks, 0, first_kept));
+        let mut state: Vec<ForwardState<B, M>> = (0..lanes)
+            .map(|_| ForwardState {
+                checkpoints: Vec::with_capacity(first_kept),
+                graphs: Vec::with_capacity(num_blocks - first_kept),
+            })
+            .collect();
+        let mut next: Vec<Option<_>> = (0..lanes)
+            .map(|d| (num_blocks > 0).then(|| self.bind_forward(blocks, 0, first_kept, d)))
+            .collect();
         for i in 0..num_blocks {
-            let block = next.take().expect("block bound ahead");
-            // Block i's weights have landed.
-            self.pager.ready::<B>(&self.device);
-            let block = match block {
-                ForwardBlock::Plain(block) => ForwardBlock::Plain(self.landed(block)),
-                ForwardBlock::Graph(block) => ForwardBlock::Graph(self.landed(block)),
-            };
-            if i < 2 {
-                self.mark(format_args!("block {i} landed"));
-            }
             // Block i+1's copy runs behind block i's compute: bound before
             // block i's kernels are submitted, unless the host worker is still
             // updating it (after the step boundary), where waiting for it
             // would keep block i's kernels from a device with nothing to do.
             let bind_after = i + 1 < num_blocks && self.update_running(i + 2);
-            if i + 1 < num_blocks && !bind_after {
-                next = Some(self.bind_forward(blocks, i + 1, first_kept));
-            }
-            let want = x.dims();
-            match block {
-                ForwardBlock::Plain(block) => {
-                    if train {
-                        state.checkpoints.push(self.pager.stash(x.clone()));
+            for d in 0..lanes {
+                let block = next[d].take().expect("block bound ahead");
+                // Block i's weights have landed.
+                let lane = &mut self.lanes[d];
+                lane.pager.ready::<B>(&lane.device);
+                let block = match block {
+                    ForwardBlock::Plain(block) => ForwardBlock::Plain(self.landed(block)),
+                    ForwardBlock::Graph(block) => ForwardBlock::Graph(self.landed(block)),
+                };
+                if i < 2 && d == 0 {
+                    self.mark(format_args!("block {i} landed"));
+                }
+                if i + 1 < num_blocks && !bind_after {
+                    next[d] = Some(self.bind_forward(blocks, i + 1, first_kept, d));
+                }
+                let input = x[d].clone();
+                let want = input.dims();
+                let output = match block {
+                    ForwardBlock::Plain(block) => {
+                        if train {
+                            let stash = self.lanes[d].pager.stash(input.clone());
+                            state[d].checkpoints.push(stash);
+                        }
+                        let output = block.forward(input);
+                        drop(block);
+                        self.lanes[d].pager.evict(i + 1);
+                        output
                     }
-                    x = block.forward(x);
-                    drop(block);
-                    self.pager.evict(i + 1);
+                    ForwardBlock::Graph(block) => {
+                        // Bound until its backward, which reads this graph.
+                        let input = Tensor::<AD<B>, 3>::from_inner(input).require_grad();
+                        let output = block.forward(input.clone());
+                        let inner = output.clone().inner();
+                        state[d].graphs.push((block, input, output));
+                        inner
+                    }
+                };
+                if bind_after {
+                    let lane = &self.lanes[d];
+                    lane.pager.flush::<B>(&lane.device);
+                    next[d] = Some(self.bind_forward(blocks, i + 1, first_kept, d));
                 }
-                ForwardBlock::Graph(block) => {
-                    // Bound until its backward, which reads this graph.
-                    let input = Tensor::<AD<B>, 3>::from_inner(x).require_grad();
-                    let output = block.forward(input.clone());
-                    x = output.clone().inner();
-                    state.graphs.push((block, input, output));
+                if output.dims() != want {
+                    // Later blocks and the recompute would read a mis-shaped checkpoint.
+                    drop(next);
+                    drop(state);
+                    for lane in &mut self.lanes {
+                        for g in 1..=num_blocks {
+                            lane.pager.evict(g);
+                        }
+                    }
+                    return Err(EngineError::Checkpoint {
+                        block: i,
+                        got: output.dims().to_vec(),
+                        want: want.to_vec(),
+                    });
                 }
-            }
-            if bind_after {
-                self.pager.flush::<B>(&self.device);
-                next = Some(self.bind_forward(blocks, i + 1, first_kept));
-            }
-            if x.dims() != want {
-                // Later blocks and the recompute would read a mis-shaped checkpoint.
-                drop(next);
-                drop(state);
-                for g in 1..=num_blocks {
-                    self.pager.evict(g);
-                }
-                return Err(EngineError::Checkpoint {
-                    block: i,
-                    got: x.dims().to_vec(),
-                    want: want.to_vec(),
-                });
+                x[d] = output;
             }
         }
-        Ok((x, state))
+        Ok(x.into_iter().zip(state).collect())
     }
 
     /// A module bound in the compute precision, once its copies have landed
@@ -192,42 +218,49 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         }
     }
 
-    /// Binds block `i` (its weights paged in) for graph-free forward.
-    pub(super) fn bind_block(&mut self, blocks: &[M::Block], i: usize) -> M::Block {
-        self.bind_group::<B, _>(blocks[i].clone(), i + 1, false, false)
+    /// Binds block `i` on `lane` (its weights paged in) for graph-free forward.
+    pub(super) fn bind_block(&mut self, blocks: &[M::Block], i: usize, lane: usize) -> M::Block {
+        self.bind_group::<B, _>(blocks[i].clone(), i + 1, false, false, lane)
     }
 
-    /// Binds block `i` under `Autodiff`, its parameters requiring gradients.
-    pub(super) fn bind_block_ad(&mut self, blocks: &[M::Block], i: usize) -> BlockAd<B, M> {
+    /// Binds block `i` on `lane` under `Autodiff`, its parameters requiring gradients.
+    pub(super) fn bind_block_ad(
+        &mut self,
+        blocks: &[M::Block],
+        i: usize,
+        lane: usize,
+    ) -> BlockAd<B, M> {
         let template = BlockAd::<B, M>::from_inner(blocks[i].clone());
-        self.bind_group::<AD<B>, _>(template, i + 1, true, false)
+        self.bind_group::<AD<B>, _>(template, i + 1, true, false, lane)
     }
 
-    /// Binds the stem (embeddings, final norm, head) into the whole template,
-    /// in the compute precision or, with `f32`, from the f32 master weights.
-    /// The embedding phases bind it in f32: a bf16 embedding gradient would
-    /// sum every occurrence of a token in bf16 (autocast keeps embeddings f32
-    /// too); its output is cast to the compute precision.
+    /// Binds the stem (embeddings, final norm, head) into the whole template
+    /// on `lane`, in the compute precision or, with `f32`, from the f32
+    /// master weights. The embedding phases bind it in f32: a bf16 embedding
+    /// gradient would sum every occurrence of a token in bf16 (autocast keeps
+    /// embeddings f32 too); its output is cast to the compute precision.
     pub(super) fn bind_stem<X: Backend, T: Module<X>>(
         &mut self,
         template: T,
         require_grad: bool,
         f32: bool,
+        lane: usize,
     ) -> T
     where
         X::Device: From<B::Device>,
     {
-        self.bind_group(template, 0, require_grad, f32)
+        self.bind_group(template, 0, require_grad, f32, lane)
     }
 
-    /// Binds group `g` into `template` once its deferred update is applied,
-    /// from its bf16 copy in bf16 mode unless `f32`.
+    /// Binds group `g` into `template` on `lane` once its deferred update is
+    /// applied, from its bf16 copy in bf16 mode unless `f32`.
     pub(super) fn bind_group<X: Backend, T: Module<X>>(
         &mut self,
         template: T,
         g: usize,
         require_grad: bool,
         f32: bool,
+        lane: usize,
     ) -> T
     where
         X::Device: From<B::Device>,
@@ -240,8 +273,9 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         // The stem is bound into the whole model, whose blocks it skips.
         let no_skip = HashSet::new();
         let skip = if g == 0 { &self.block_ids } else { &no_skip };
-        let device = X::Device::from(self.device.clone());
-        self.pager.bind(
+        let lane = &mut self.lanes[lane];
+        let device = X::Device::from(lane.device.clone());
+        lane.pager.bind(
             template,
             g,
             &self.store.groups[g],
@@ -253,8 +287,8 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
     }
 
     /// Logits at the last position of each sequence, `[batch, vocab]`, with
-    /// the blocks streamed as in training's forward (no graph): sampling never
-    /// needs the whole model on the device.
+    /// the blocks streamed as in training's forward (no graph), on the first
+    /// device: sampling never needs the whole model on the device.
     pub fn last_logits(&mut self, inputs: &Tensor<B, 2, Int>) -> Result<Tensor<B, 2>, EngineError> {
         let [batch, seq] = inputs.dims();
         if batch == 0 || seq == 0 {
@@ -265,13 +299,18 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
             .into());
         }
         let blocks = self.template.blocks().to_vec();
-        let (x, _) = self.stream_forward(&blocks, inputs, false)?;
-        let stem = self.bind_stem::<B, M>(self.template.clone(), false, false);
-        self.pager.ready::<B>(&self.device);
+        let inputs = [inputs.clone().to_device(&self.lanes[0].device)];
+        let (x, _) = self
+            .stream_forward(&blocks, &inputs, false)?
+            .pop()
+            .expect("one lane");
+        let stem = self.bind_stem::<B, M>(self.template.clone(), false, false, 0);
+        let lane = &mut self.lanes[0];
+        lane.pager.ready::<B>(&lane.device);
         let stem = self.landed_stem(stem);
         let logits = stem.head(x.narrow(1, seq - 1, 1));
         drop(stem);
-        self.pager.evict(0);
+        self.lanes[0].pager.evict(0);
         let vocab = logits.dims()[2];
         Ok(cast_to(logits, DType::F32).reshape([batch, vocab]))
     }

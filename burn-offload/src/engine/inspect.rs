@@ -77,14 +77,25 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         self.store
     }
 
-    /// The pager's traffic and residency counters.
+    /// The traffic and residency counters, summed over the devices.
     pub fn pager_stats(&self) -> PagerStats {
-        self.pager.stats()
+        let mut stats = PagerStats::default();
+        for lane in &self.lanes {
+            stats.add(&lane.pager.stats());
+        }
+        stats
     }
 
-    /// Forgets the pager's traffic counters and peak.
+    /// Forgets the traffic counters and peaks.
     pub fn reset_pager_counters(&mut self) {
-        self.pager.reset_counters();
+        for lane in &mut self.lanes {
+            lane.pager.reset_counters();
+        }
+    }
+
+    /// The devices the engine trains on (one lane each).
+    pub fn devices(&self) -> Vec<B::Device> {
+        self.lanes.iter().map(|lane| lane.device.clone()).collect()
     }
 
     /// How the engine trains.
@@ -124,23 +135,24 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
     }
 
     /// A complete, ordinary module with the store's current values (for
-    /// evaluation, sampling or saving).
+    /// evaluation, sampling or saving), on the first device.
     pub fn model(&mut self) -> M {
         self.settle_all();
         let mut export = Export {
             store: &self.store,
             slot_of: &self.slot_of,
-            device: &self.device,
+            device: &self.lanes[0].device,
         };
         self.template.clone().map(&mut export)
     }
 
-    /// A trace line (`BURN_OFFLOAD_TRACE=1`), with the device pools' figures.
+    /// A trace line (`BURN_OFFLOAD_TRACE=1`), with the first device's pool figures.
     pub(super) fn mark(&self, what: impl std::fmt::Display) {
         if !trace::enabled() {
             return;
         }
-        match self.pager.device_memory::<B>(&self.device) {
+        let lane = &self.lanes[0];
+        match lane.pager.device_memory::<B>(&lane.device) {
             Some(memory) => trace::mark(format_args!(
                 "{what} (device pools: {:.2} GiB in use, {:.2} GiB reserved; device: {:.2} GiB used)",
                 memory.in_use as f64 / (1u64 << 30) as f64,

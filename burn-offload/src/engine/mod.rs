@@ -47,11 +47,21 @@
 //! first pass only measures the norm, the second applies the clipped updates.
 //! Fused mode cannot accumulate micro-batches (there is nowhere to accumulate).
 //!
+//! **Several devices** (data parallel, [`Engine::on_devices`]): each device
+//! is a *lane* that runs the same phases on its own micro-batch, in lockstep
+//! from the one thread that drives them all (burn's autodiff must not
+//! differentiate on two threads at once). Every lane binds each block from
+//! the one host store; a block's gradients are summed across the lanes on
+//! the devices ([`crate::transfer::Transfer::reduce`]: NCCL on CUDA), and one
+//! lane, taking turns by block, sends the sum to the host, which folds and
+//! updates it once. N lanes on N micro-batches compute what one device does
+//! on them as one batch.
+//!
 //! The files follow the step: `build` (an engine from a model or a store),
-//! `forward` (phase 1), `head` (2), `backward` (3), `embedding` (the
-//! forward's lookup and phase 4), `sink` (where gradients land), `ledger`
-//! (groups lent to the worker, deferred updates), `inspect` (the store, the
-//! model, checkpoints), `config` and `report`.
+//! `lanes` (the devices), `forward` (phase 1), `head` (2), `backward` (3),
+//! `embedding` (the forward's lookup and phase 4), `sink` (where gradients
+//! land), `ledger` (groups lent to the worker, deferred updates), `inspect`
+//! (the store, the model, checkpoints), `config` and `report`.
 
 mod backward;
 mod build;
@@ -60,6 +70,7 @@ mod embedding;
 mod forward;
 mod head;
 mod inspect;
+mod lanes;
 mod ledger;
 mod report;
 mod sink;
@@ -80,9 +91,10 @@ use crate::host::optim::check_lr;
 use crate::host::worker::HostWorker;
 use crate::ops::cross_entropy::kept_targets;
 use crate::store::{Bf16Weights, HostStore};
-use crate::transfer::{Pager, PagerStats};
+use crate::transfer::PagerStats;
 use crate::{BlockModel, DecoderBlock};
 use embedding::TableTouch;
+use lanes::Lane;
 use ledger::{Lent, Update};
 use sink::Sink;
 
@@ -114,18 +126,26 @@ type BlockAd<B, M> = <<M as BlockModel<B>>::Block as HasAutodiffModule<AD<B>>>::
 /// ([`crate::ops::cross_entropy::IGNORE_INDEX`]) takes no part in the loss.
 pub type MicroBatch<B> = (Tensor<B, 2, Int>, Tensor<B, 2, Int>);
 
-/// The weight of each trained token in a step: one over the number of
-/// targets, not ignored, of all its micro-batches (at least one), so the
-/// step's loss is the mean over the tokens it trains on. On the device: no
-/// host round trip.
-fn token_weight<B: Backend>(micro_batches: &[MicroBatch<B>]) -> Tensor<B, 1> {
-    micro_batches
+/// The weight of each trained token in a step, on each of `devices`: one
+/// over the number of targets, not ignored, of all its micro-batches (at
+/// least one), so the step's loss is the mean over the tokens it trains on.
+/// On the devices: no host round trip.
+fn token_weights<B: Backend>(
+    micro_batches: &[MicroBatch<B>],
+    devices: &[B::Device],
+) -> Vec<Tensor<B, 1>> {
+    let first = &devices[0];
+    let weight = micro_batches
         .iter()
-        .map(|(_, targets)| kept_targets(targets))
+        .map(|(_, targets)| kept_targets(targets).to_device(first))
         .reduce(|a, b| a + b)
         .expect("checked: at least one micro-batch")
         .clamp_min(1.0)
-        .recip()
+        .recip();
+    devices
+        .iter()
+        .map(|device| weight.clone().to_device(device))
+        .collect()
 }
 
 /// Trains a [`BlockModel`] whose parameters live in a [`HostStore`].
@@ -140,13 +160,14 @@ pub struct Engine<B: Backend, M: BlockModel<B>> {
     /// is a plain lookup in it ([`BlockModel::embedding_table`]): its gradient
     /// is then formed on the host.
     embedding_slot: Option<usize>,
-    /// Declared before `store`: it unlocks page-locked slabs before they are freed.
-    pager: Pager<DeviceTransfer>,
+    /// The devices, each with its copy books; lane 0's pager holds the
+    /// page-locked slabs. Declared before `store`: the pager unlocks them
+    /// before they are freed.
+    lanes: Vec<Lane<B>>,
     store: HostStore,
     /// bf16 copies of the parameters, the weights uploaded in bf16 mode.
     bf16: Option<Bf16Weights>,
     config: EngineConfig,
-    device: B::Device,
     /// Optimizer updates applied so far.
     updates: u64,
     /// The current step's time split.
@@ -194,7 +215,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
     ) -> Result<StepReport, EngineError> {
         check_lr(lr)?;
         self.check_batches(micro_batches)?;
-        if self.config.fused && micro_batches.len() > 1 {
+        if self.config.fused && micro_batches.len() > self.lanes.len() {
             return Err(ConfigError::FusedAccumulation.into());
         }
         self.split = StepSplit::default();
@@ -204,8 +225,9 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
             .sum();
         let step = self.updates + 1;
         let fused = self.config.fused;
-        // Fused mode's one micro-batch and its token weight, for each pass.
-        let fused_batch = fused.then(|| (&micro_batches[0], token_weight(micro_batches)));
+        // Fused mode's one round of micro-batches (one per lane) and its
+        // token weights, for each pass.
+        let fused_round = fused.then(|| (micro_batches, self.token_weights(micro_batches)));
         if fused && self.config.grad_clip.is_none() && !self.config.skip_non_finite {
             // Nothing needs the norm first: one pass applies each block's
             // update as its gradient arrives.
@@ -214,7 +236,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
                 lr,
                 scale: 1.0,
             };
-            let loss = self.fused_pass(fused_batch.as_ref(), &mut update)?;
+            let loss = self.fused_pass(fused_round.as_ref(), &mut update)?;
             self.updates = step;
             return Ok(self.report(loss, f64::NAN, 1.0, tokens, false));
         }
@@ -222,7 +244,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         // buffer, or (fused, no buffer) from a pass that only measures.
         let (loss, sum) = if fused {
             let mut norm = Sink::Norm(0.0);
-            let loss = self.fused_pass(fused_batch.as_ref(), &mut norm)?;
+            let loss = self.fused_pass(fused_round.as_ref(), &mut norm)?;
             let Sink::Norm(sum) = norm else {
                 unreachable!("the sink stays a norm sink")
             };
@@ -241,7 +263,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
                 lr,
                 scale: scale as f32,
             };
-            self.fused_pass(fused_batch.as_ref(), &mut update)?;
+            self.fused_pass(fused_round.as_ref(), &mut update)?;
         } else {
             self.update_all(step, lr, scale as f32);
             self.mark("updates handed out");
@@ -250,15 +272,21 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         Ok(self.report(loss, norm, scale, tokens, false))
     }
 
-    /// Phases 1–4 of fused mode's one micro-batch (with its token weight)
-    /// into `sink`.
+    /// Phases 1–4 of fused mode's one round of micro-batches (with their
+    /// token weights) into `sink`.
     fn fused_pass(
         &mut self,
-        batch: Option<&(&MicroBatch<B>, Tensor<B, 1>)>,
+        round: Option<&(&[MicroBatch<B>], Vec<Tensor<B, 1>>)>,
         sink: &mut Sink,
     ) -> Result<f32, EngineError> {
-        let ((inputs, targets), weight) = batch.expect("fused mode");
-        self.forward_backward(inputs, targets, weight, sink)
+        let (batches, weights) = round.expect("fused mode");
+        self.forward_backward(batches, weights, sink)
+    }
+
+    /// The step's token weights, one per lane.
+    fn token_weights(&self, micro_batches: &[MicroBatch<B>]) -> Vec<Tensor<B, 1>> {
+        let devices: Vec<B::Device> = self.lanes.iter().map(|l| l.device.clone()).collect();
+        token_weights(micro_batches, &devices)
     }
 
     /// The step's report, with its time split.
@@ -293,27 +321,28 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
     }
 
     /// [`Engine::accumulate_gradients`], also returning the squared norm of
-    /// the accumulated gradient: the last micro-batch measures each group as
-    /// it lands, while the device computes the next block, rather than in a
-    /// pass over the whole buffer after the backward.
+    /// the accumulated gradient: the last round measures each group as it
+    /// lands, while the device computes the next block, rather than in a
+    /// pass over the whole buffer after the backward. The micro-batches run
+    /// in rounds of one per lane.
     pub(super) fn accumulate(
         &mut self,
         micro_batches: &[MicroBatch<B>],
     ) -> Result<(f32, f64), EngineError> {
         self.check_batches(micro_batches)?;
-        let k = micro_batches.len();
-        if self.config.compute_precision_gradients && k > 1 {
+        let rounds = micro_batches.len() / self.lanes.len();
+        if self.config.compute_precision_gradients && rounds > 1 {
             return Err(ConfigError::CompactAccumulation.into());
         }
-        let weight = token_weight(micro_batches);
+        let weights = self.token_weights(micro_batches);
         let mut loss = 0.0;
         self.group_sum_sq = vec![0.0; self.store.groups.len()];
-        for (i, (inputs, targets)) in micro_batches.iter().enumerate() {
+        for (r, round) in micro_batches.chunks(self.lanes.len()).enumerate() {
             let mut sink = Sink::Accumulate {
-                first: i == 0,
-                last: i + 1 == k,
+                first: r == 0,
+                last: r + 1 == rounds,
             };
-            loss += self.forward_backward(inputs, targets, &weight, &mut sink)?;
+            loss += self.forward_backward(round, &weights, &mut sink)?;
         }
         self.mark("loss read");
         // The worker's share of the norm comes back with its groups.
@@ -325,6 +354,14 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
     pub(super) fn check_batches(&self, micro_batches: &[MicroBatch<B>]) -> Result<(), EngineError> {
         if micro_batches.is_empty() {
             return Err(BatchError::NoMicroBatches.into());
+        }
+        let lanes = self.lanes.len();
+        if micro_batches.len() % lanes != 0 {
+            return Err(BatchError::Lanes {
+                micro_batches: micro_batches.len(),
+                lanes,
+            }
+            .into());
         }
         let first = micro_batches[0].0.dims();
         for (index, (x, y)) in micro_batches.iter().enumerate() {
@@ -356,28 +393,39 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         Ok(())
     }
 
-    /// Phases 1–4 for one micro-batch; parameter gradients of `weight ×` the
-    /// sum of its tokens' losses go to `sink`. Returns that weighted sum:
-    /// with [`token_weight`], the micro-batch's share of the step's mean.
+    /// Phases 1–4 for one round of micro-batches, one per lane, in
+    /// lockstep; parameter gradients of `weight ×` the sum of their tokens'
+    /// losses go to `sink`, summed over the lanes. Returns that weighted sum:
+    /// with [`token_weights`], the round's share of the step's mean.
     ///
     /// The next block is always bound before the current one runs (prefetch;
     /// on a GPU its copy overlaps the current block's compute), so at most two
-    /// blocks are resident. The stem is resident only while it is used.
+    /// blocks are resident on a device. The stem is resident only while it is used.
     fn forward_backward(
         &mut self,
-        inputs: &Tensor<B, 2, Int>,
-        targets: &Tensor<B, 2, Int>,
-        weight: &Tensor<B, 1>,
+        round: &[MicroBatch<B>],
+        weights: &[Tensor<B, 1>],
         sink: &mut Sink,
     ) -> Result<f32, EngineError> {
         // Placeholder templates: cloning them copies no weights.
         let blocks = self.template.blocks().to_vec();
-        let copies = self.pager.stats();
+        let copies = self.pager_stats();
+        // Each lane's tokens on its device.
+        let (inputs, targets): (Vec<_>, Vec<_>) = round
+            .iter()
+            .zip(&self.lanes)
+            .map(|((x, y), lane)| {
+                (
+                    x.clone().to_device(&lane.device),
+                    y.clone().to_device(&lane.device),
+                )
+            })
+            .unzip();
 
         // 1. Forward: keep the block inputs, no graph (but the kept blocks').
         let phase = Instant::now();
-        let (x, state) = self.stream_forward(&blocks, inputs, true)?;
-        let first_kept = blocks.len() - state.graphs.len();
+        let forward = self.stream_forward(&blocks, &inputs, true)?;
+        let first_kept = blocks.len() - forward[0].1.graphs.len();
         self.split.forward_s += phase.elapsed().as_secs_f64();
         let copies = self.split_copies(copies, true);
         self.mark("forward done");
@@ -388,32 +436,36 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
 
         // 2. Head and loss in chunks of positions.
         let phase = Instant::now();
-        let head = self.head(&blocks, first_kept, x, targets, weight, sink);
+        let (x, states): (Vec<_>, Vec<_>) = forward.into_iter().unzip();
+        let head = self.head(&blocks, first_kept, x, &targets, weights, sink);
         self.split.head_s += phase.elapsed().as_secs_f64();
         self.mark("head and loss done");
 
         // 3. Backward, one block at a time, recomputed from its checkpoint.
         let phase = Instant::now();
-        let dx_0 = self.backward(&blocks, state, head.next, head.dy, head.beside, sink);
+        let dx_0 = self.backward(&blocks, states, head.next, head.dy, head.beside, sink);
         self.split.backward_s += phase.elapsed().as_secs_f64();
 
         // 4. Embedding backward from dx_0, added to the head's gradients.
         let phase = Instant::now();
-        self.embedding_backward(inputs, dx_0, head.grads, sink)?;
+        self.embedding_backward(&inputs, dx_0, head.grads, sink)?;
         self.split.head_s += phase.elapsed().as_secs_f64();
         self.split_copies(copies, false);
         self.mark("embedding backward done");
 
-        let loss = head.loss_sum.map_or(0.0, |sum| {
-            (sum * weight.clone()).into_scalar().elem::<f64>()
-        });
+        let mut loss = 0.0;
+        for (sum, weight) in head.loss_sums.into_iter().zip(weights) {
+            if let Some(sum) = sum {
+                loss += (sum * weight.clone()).into_scalar().elem::<f64>();
+            }
+        }
         Ok(loss as f32)
     }
 
     /// Adds the copies timed since `since` to the step's split (as the
     /// forward's with `forward`); returns the counters now.
     fn split_copies(&mut self, since: PagerStats, forward: bool) -> PagerStats {
-        let now = self.pager.stats();
+        let now = self.pager_stats();
         self.split.add_copies(&since, &now, forward);
         now
     }

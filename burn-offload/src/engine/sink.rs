@@ -124,10 +124,17 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         stem_ad: &M::TrainModule,
         grads: &<AD<B> as AutodiffBackend>::Gradients,
         out: &mut [f32],
+        lane: usize,
     ) {
         let group = &self.store.groups[0];
-        self.pager
-            .gradients_to_host::<AD<B>, _>(stem_ad, group, &self.block_ids, grads, out, true);
+        self.lanes[lane].pager.gradients_to_host::<AD<B>, _>(
+            stem_ad,
+            group,
+            &self.block_ids,
+            grads,
+            out,
+            true,
+        );
     }
 }
 

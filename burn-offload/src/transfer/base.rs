@@ -154,6 +154,16 @@ pub trait Transfer: ReadBack + 'static {
     fn release_free_memory<X: Backend>(device: &X::Device);
     /// The device's memory as its allocator and its driver see it.
     fn device_memory<X: Backend>(device: &X::Device) -> Option<DeviceMemory>;
+    /// Sums, for each of `slots`, its tensors across devices (`slots[k][d]`
+    /// on lane `d`'s device; one shape and dtype per slot) onto lane
+    /// `root`'s device, without waiting: a collective reduction (NCCL on
+    /// CUDA), queued behind the kernels that produce the parts and ahead of
+    /// the work submitted after. `Err(slots)` where this machinery has none.
+    #[allow(clippy::type_complexity)]
+    fn reduce<X: Backend>(
+        slots: Vec<Vec<Tensor<X, 1>>>,
+        root: usize,
+    ) -> Result<Vec<Tensor<X, 1>>, Vec<Vec<Tensor<X, 1>>>>;
 }
 
 /// Copies through burn's `from_data`/`into_data`: every backend, no
@@ -244,6 +254,13 @@ impl Transfer for HostTransfer {
     }
 
     fn release_free_memory<X: Backend>(_: &X::Device) {}
+
+    fn reduce<X: Backend>(
+        slots: Vec<Vec<Tensor<X, 1>>>,
+        _: usize,
+    ) -> Result<Vec<Tensor<X, 1>>, Vec<Vec<Tensor<X, 1>>>> {
+        Err(slots)
+    }
 
     fn device_memory<X: Backend>(_: &X::Device) -> Option<DeviceMemory> {
         None

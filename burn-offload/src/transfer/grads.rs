@@ -109,6 +109,52 @@ impl<B: Backend> DeviceGrads<B> {
     }
 }
 
+/// Sums each lane's gradients of one group (`lanes[d]` on lane `d`'s
+/// device) onto lane `root`'s device: through `T`'s collective where it has
+/// one, else with burn's own ops (each part moved to the root device, then
+/// added in lane order), the in-process sum that stands in for it.
+pub fn sum_lanes<T: Transfer, B: Backend>(
+    lanes: Vec<DeviceGrads<B>>,
+    root: usize,
+) -> DeviceGrads<B> {
+    let num_slots = lanes[0].sums.len();
+    let mut present = vec![true; num_slots];
+    let mut slots: Vec<Vec<Tensor<B, 1>>> = (0..num_slots).map(|_| Vec::new()).collect();
+    for lane in lanes {
+        for (k, sum) in lane.sums.into_iter().enumerate() {
+            match sum {
+                Some(sum) => slots[k].push(sum),
+                None => present[k] = false,
+            }
+        }
+    }
+    // Every lane runs the same block, so a parameter has a gradient on all
+    // of them or on none.
+    let (summed, kept): (Vec<usize>, Vec<Vec<Tensor<B, 1>>>) = slots
+        .into_iter()
+        .enumerate()
+        .filter(|(k, parts)| present[*k] && !parts.is_empty())
+        .unzip();
+    let reduced = T::reduce(kept, root).unwrap_or_else(|slots| {
+        slots
+            .into_iter()
+            .map(|parts| {
+                let device = parts[root].device();
+                parts
+                    .into_iter()
+                    .map(|part| part.to_device(&device))
+                    .reduce(|a, b| a + b)
+                    .expect("one part per lane")
+            })
+            .collect()
+    });
+    let mut sums = vec![None; num_slots];
+    for (k, sum) in summed.into_iter().zip(reduced) {
+        sums[k] = Some(sum);
+    }
+    DeviceGrads { sums }
+}
+
 /// Adds `value` to a running sum on the device (`None`: nothing summed yet).
 pub fn add_to<B: Backend, const D: usize>(sum: &mut Option<Tensor<B, D>>, value: Tensor<B, D>) {
     *sum = Some(match sum.take() {
@@ -137,6 +183,25 @@ impl<B: AutodiffBackend, T: Transfer> ModuleVisitor<B> for GradsStart<'_, B, T> 
             .grad(self.grads)
             .map(|grad| start_read::<T, _, D>(grad, self.beside, self.stats));
         self.slots.push((range, grad));
+    }
+}
+
+/// Takes each parameter's gradient, flat, in its dtype ([`super::Pager::flat_gradients`]).
+pub(super) struct GradsFlat<'a, B: AutodiffBackend> {
+    pub group: &'a ParamGroup,
+    pub next: usize,
+    pub grads: &'a B::Gradients,
+    pub flat: DeviceGrads<B::InnerBackend>,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for GradsFlat<'_, B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let slot = &self.group.slots[self.next];
+        self.flat.sums[self.next] = param
+            .val()
+            .grad(self.grads)
+            .map(|grad| grad.reshape([slot.len]));
+        self.next += 1;
     }
 }
 

@@ -9,5 +9,5 @@ mod pager;
 pub use base::{DeviceMemory, HostTransfer, QueuedRead, Transfer};
 #[cfg(feature = "cuda")]
 pub use base::{Download, Landed, UploadWait};
-pub use grads::{add_to, DeviceGrads, PendingGradients};
+pub use grads::{add_to, sum_lanes, DeviceGrads, PendingGradients};
 pub use pager::{Pager, PagerStats, Stash};

@@ -14,7 +14,7 @@ use burn::module::{Module, ModuleMapper, Param, ParamId};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{bf16, DType, Tensor, TensorData};
 
-use super::grads::{start_read, GradsKeep, GradsOut, GradsStart};
+use super::grads::{start_read, GradsFlat, GradsKeep, GradsOut, GradsStart};
 use super::{DeviceGrads, DeviceMemory, PendingGradients, Transfer};
 use crate::host::slab::Slab;
 use crate::store::ParamGroup;
@@ -45,6 +45,19 @@ pub struct PagerStats {
 }
 
 impl PagerStats {
+    /// Adds `other`'s counters (another device's) to these.
+    pub fn add(&mut self, other: &PagerStats) {
+        self.bytes_to_device += other.bytes_to_device;
+        self.bytes_to_host += other.bytes_to_host;
+        self.resident_bytes += other.resident_bytes;
+        self.peak_resident_bytes += other.peak_resident_bytes;
+        self.upload_wait_ns += other.upload_wait_ns;
+        self.upload_timed_bytes += other.upload_timed_bytes;
+        self.upload_copy_ns += other.upload_copy_ns;
+        self.download_timed_bytes += other.download_timed_bytes;
+        self.download_copy_ns += other.download_copy_ns;
+    }
+
     /// A device→host copy of `bytes` that took `copy_time` on its stream.
     pub(super) fn timed_download(&mut self, bytes: u64, copy_time: std::time::Duration) {
         self.bytes_to_host += bytes;
@@ -392,6 +405,25 @@ impl<T: Transfer> Pager<T> {
         };
         module.visit(&mut visit);
         PendingGradients { slots: visit.slots }
+    }
+
+    /// The gradients of a bound block's parameters (those of `group`, in
+    /// visit order), flat and in their dtype, on the device: for a sum
+    /// across devices ([`super::sum_lanes`]) before their copy to the host.
+    pub fn flat_gradients<B: AutodiffBackend, M: Module<B>>(
+        &self,
+        module: &M,
+        group: &ParamGroup,
+        grads: &B::Gradients,
+    ) -> DeviceGrads<B::InnerBackend> {
+        let mut visit = GradsFlat {
+            group,
+            next: 0,
+            grads,
+            flat: DeviceGrads::new(group),
+        };
+        module.visit(&mut visit);
+        visit.flat
     }
 
     /// Adds the gradients of a bound module's parameters (those of `group`,
