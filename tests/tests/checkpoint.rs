@@ -26,18 +26,44 @@ fn newest(dir: &Path) -> PathBuf {
 
 #[test]
 fn ten_steps_equal_five_then_resume_five_bit_for_bit() {
-    resume_is_bit_exact(OptimState::Fp32);
+    resume_is_bit_exact(OptimState::Fp32, 1);
 }
 
 /// The same with 8-bit optimizer state: its codes and scales resume as saved.
 #[test]
 fn eight_bit_state_resumes_bit_for_bit() {
-    resume_is_bit_exact(OptimState::EightBit);
+    resume_is_bit_exact(OptimState::EightBit, 1);
 }
 
-fn resume_is_bit_exact(optim_state: OptimState) {
+/// The same on two devices (logical ones on the CPU), data parallel.
+#[test]
+fn a_run_on_two_devices_resumes_bit_for_bit() {
+    resume_is_bit_exact(OptimState::Fp32, 2);
+}
+
+#[test]
+fn a_checkpoint_resumes_only_on_as_many_devices() {
+    let dir = tempfile::tempdir().unwrap();
+    run(&TrainOptions {
+        steps: 2,
+        gpus: 2,
+        ..opts(dir.path())
+    })
+    .unwrap();
+    let err = run(&TrainOptions {
+        steps: 4,
+        resume: Some(dir.path().into()),
+        ..opts(dir.path())
+    })
+    .unwrap_err();
+    let msg = format!("{err:#}");
+    assert!(msg.contains("--batch/--seq-len/--accum/--gpus"), "{msg}");
+}
+
+fn resume_is_bit_exact(optim_state: OptimState, gpus: usize) {
     let opts = |dir: &Path| TrainOptions {
         optim_state,
+        gpus,
         ..opts(dir)
     };
     let (straight, split) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());

@@ -97,7 +97,9 @@ fn check_gradients<M: Trained>(model: M, vocab: usize, lanes: usize, rounds: usi
     let n = lanes * rounds;
     let whole = batch(2 * n, 12, vocab, 3);
     let mut one = Engine::new(model.clone(), config(false, None), &device).unwrap();
-    let loss_one = one.accumulate_gradients(&[whole.clone()]).unwrap();
+    let loss_one = one
+        .accumulate_gradients(std::slice::from_ref(&whole))
+        .unwrap();
     let mut spread = Engine::on_devices(model.clone(), config(false, None), &devices).unwrap();
     // A first accumulation on other data: the next one must replace it.
     let other: Vec<Batch> = (0..lanes)

@@ -16,6 +16,7 @@ fn job(config: ModelConfig, fused: bool) -> Job {
         batch: 2,
         seq_len: 16,
         accum: 1,
+        gpus: 1,
         fused,
         resident: false,
         host_params: false,
@@ -727,5 +728,42 @@ fn eight_bit_state_is_predicted() {
         job.store_mode().contains("8bit Adam state: 6 B/param"),
         "{}",
         job.store_mode()
+    );
+}
+
+/// `--gpus 2`: the device figures stay per GPU (plus one block's summed
+/// gradients), the store is counted once and each GPU's block inputs in
+/// host memory.
+#[test]
+fn two_gpus_share_one_store_and_keep_their_own_block_inputs() {
+    let one = Job {
+        batch: 8,
+        seq_len: 256,
+        gpu: true,
+        ..job(ModelConfig::Llama(medium_llama()), false)
+    };
+    let two = Job {
+        gpus: 2,
+        ..one.clone()
+    };
+    let (p1, p2) = (Plan::new(&one), Plan::new(&two));
+    let bytes = |items: &[trainer::plan::Item], what: &str| {
+        items
+            .iter()
+            .find(|i| i.what == what)
+            .map(|i| i.bytes)
+            .unwrap_or(0)
+    };
+    for what in ["parameters (fp32 master weights)", "gradient buffer (fp32)"] {
+        assert_eq!(bytes(&p1.host, what), bytes(&p2.host, what), "{what}");
+    }
+    let inputs = "block-input checkpoints";
+    assert_eq!(bytes(&p2.host, inputs), 2 * bytes(&p1.host, inputs));
+    let summed = "a block's gradients summed across the GPUs";
+    assert_eq!(bytes(&p1.device, summed), 0);
+    assert!(bytes(&p2.device, summed) > 0);
+    assert_eq!(
+        p2.device_total(),
+        p1.device_total() + bytes(&p2.device, summed)
     );
 }

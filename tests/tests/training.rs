@@ -110,6 +110,48 @@ fn resident_accumulation_matches_one_large_batch() {
     assert!(whole[5] < whole[0] - 0.1, "{whole:?}");
 }
 
+/// `train --gpus 2` over batches of 4 takes the same steps as one device on
+/// batches of 8 (the batcher draws the same sequences, one micro-batch per
+/// device); `--gpus` with `--resident` is refused.
+#[test]
+fn two_devices_train_like_one_on_their_batches_together() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = Some(repetitive_corpus(dir.path()));
+    let opts = |batch, gpus| TrainOptions {
+        model: "llama-tiny".into(),
+        steps: 6,
+        batch,
+        gpus,
+        seq_len: 32,
+        lr: 1e-2,
+        warmup: 2,
+        data: data.clone(),
+        sample_tokens: 0,
+        ..TrainOptions::default()
+    };
+    let (whole, split) = (
+        run(&opts(8, 1)).unwrap().losses,
+        run(&opts(4, 2)).unwrap().losses,
+    );
+    assert_eq!(whole.len(), 6);
+    for (step, (a, b)) in whole.iter().zip(&split).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-4 * a.abs().max(1.0),
+            "step {step}: batch 8 loss {a}, 2 devices x 4 {b} ({whole:?} vs {split:?})"
+        );
+    }
+    assert!(whole[5] < whole[0] - 0.1, "{whole:?}");
+    let err = run(&TrainOptions {
+        resident: true,
+        ..opts(4, 2)
+    })
+    .unwrap_err();
+    assert!(
+        format!("{err:#}").contains("--gpus is an option of the offload engine"),
+        "{err:#}"
+    );
+}
+
 /// The type parameter's path in the trainer (`--resident --host-params`):
 /// the model on `Offload<B>` (drawn by its host generator, so from other
 /// weights than plain burn's) with the host AdamW learns the corpus as

@@ -28,8 +28,12 @@ pub struct Job {
     pub config: ModelConfig,
     pub batch: usize,
     pub seq_len: usize,
-    /// Micro-batches per step (activations are those of one).
+    /// Micro-batches per step on each device (activations are those of one).
     pub accum: usize,
+    /// Devices trained on, data parallel: each holds the device items below
+    /// (the plan's device figures are per device), the host the store once
+    /// and each device's block inputs.
+    pub gpus: usize,
     pub fused: bool,
     pub resident: bool,
     /// With `resident`: the model on `Offload<B>` with the host optimizer
@@ -669,14 +673,26 @@ impl Plan {
             ));
             let checkpoints = width * (s.layers + 1) * tokens * s.d;
             if job.gpu && job.block_inputs == BlockInputs::Host {
-                // In host memory the device stays flat in depth.
-                host.push(Item::held("block-input checkpoints", checkpoints));
+                // In host memory the device stays flat in depth; every
+                // device keeps its own micro-batch's.
+                host.push(Item::held(
+                    "block-input checkpoints",
+                    job.gpus as u64 * checkpoints,
+                ));
                 device.push(Item::held(
                     "block input and output in flight",
                     2 * width * tokens * s.d,
                 ));
             } else {
                 device.push(Item::held("block-input checkpoints", checkpoints));
+            }
+            if job.gpus > 1 {
+                // A block's gradients summed across the devices, beside the
+                // device's own, on the device that sends them to the host.
+                device.push(Item::held(
+                    "a block's gradients summed across the GPUs",
+                    width * s.block_params,
+                ));
             }
             if !job.fused {
                 // The block being handed on, and those the worker is still

@@ -86,8 +86,13 @@ pub struct TrainOptions {
     /// Engine: update without first checking the gradients for non-finite
     /// values (fused mode then runs the backward once instead of twice).
     pub no_guard: bool,
-    /// Micro-batches of `batch` sequences accumulated per optimizer step.
+    /// Micro-batches of `batch` sequences accumulated per optimizer step (on
+    /// each device).
     pub accum: usize,
+    /// Engine: devices trained on, data parallel (each its own micro-batches
+    /// of `batch` sequences, `accum` of them per step): GPUs 0..n on CUDA, n
+    /// logical devices elsewhere.
+    pub gpus: usize,
     /// Precision of the device's compute (host state stays f32).
     pub compute: Compute,
     /// The matmul kernel of the CUDA backend: `auto` (burn's) or one of
@@ -172,6 +177,7 @@ impl Default for TrainOptions {
             updates_during_copies: false,
             no_guard: false,
             accum: 1,
+            gpus: 1,
             compute: Compute::Fp32,
             matmul: burn_offload::DEFAULT_MATMUL.into(),
             loss_chunk_tokens: 4096,
@@ -266,6 +272,9 @@ pub struct TrainerState {
     pub batch: usize,
     pub seq_len: usize,
     pub accum: usize,
+    /// Devices the run trained on (checkpoints before `--gpus` had one).
+    #[serde(default = "one")]
+    pub gpus: usize,
     /// Training steps completed (skipped ones included).
     pub steps_done: usize,
     pub skipped_total: usize,
@@ -274,6 +283,10 @@ pub struct TrainerState {
     /// Identity of the token stream, so a resume on other data is refused.
     pub corpus_tokens: usize,
     pub corpus_crc32: u32,
+}
+
+fn one() -> usize {
+    1
 }
 
 /// What a finished run returns.
@@ -339,6 +352,7 @@ fn resolve_config(opts: &TrainOptions, tokenizer: &Tokenizer) -> Result<ModelCon
 fn validate(opts: &TrainOptions) -> Result<()> {
     let positive = [
         ("--accum", opts.accum),
+        ("--gpus", opts.gpus),
         ("--loss-chunk-tokens", opts.loss_chunk_tokens),
         ("--steps", opts.steps),
         ("--batch", opts.batch),
@@ -382,6 +396,7 @@ fn validate(opts: &TrainOptions) -> Result<()> {
         ("--updates-during-copies", opts.updates_during_copies),
         ("--no-guard", opts.no_guard),
         ("--stop-after", opts.stop_after.is_some()),
+        ("--gpus", opts.gpus > 1),
     ];
     if let Some((flag, _)) = engine_only.iter().find(|(_, set)| opts.resident && *set) {
         bail!("{flag} is an option of the offload engine; drop it or --resident");
@@ -633,6 +648,8 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
         ..Default::default()
     })
     .with_grad_clipping(clipping);
+    // The engine's devices (`--gpus`), checked before the model is built.
+    let devices = lane_devices(opts.gpus)?;
     let outcome = match (&config, opts.resident, opts.host_params) {
         (ModelConfig::Gpt2(c), true, false) => job.train_resident::<AB, _, _>(
             initial(opts, &config, &device, true, || c.init::<AB>(&device))?.0,
@@ -656,11 +673,11 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
         )?,
         (ModelConfig::Gpt2(c), false, _) => job.train_engine::<B, _>(
             initial(opts, &config, &device, false, || c.init::<B>(&device))?,
-            &device,
+            &devices,
         )?,
         (ModelConfig::Llama(c), false, _) => job.train_engine::<B, _>(
             initial(opts, &config, &device, false, || c.init::<B>(&device))?,
-            &device,
+            &devices,
         )?,
     };
     if opts.progress && opts.host_params {
@@ -809,11 +826,11 @@ impl Resume {
         if (state.corpus_tokens, state.corpus_crc32) != corpus {
             bail!("checkpoint `{here}` was trained on other data ({} tokens); resume with the same --data and --tokenizer", state.corpus_tokens);
         }
-        let shape = |s: &TrainerState| (s.batch, s.seq_len, s.accum);
-        let ours = (opts.batch, opts.seq_len, opts.accum);
+        let shape = |s: &TrainerState| (s.batch, s.seq_len, s.accum, s.gpus);
+        let ours = (opts.batch, opts.seq_len, opts.accum, opts.gpus);
         if shape(&state) != ours {
             bail!(
-                "checkpoint `{here}` used --batch/--seq-len/--accum {:?}, not {ours:?}",
+                "checkpoint `{here}` used --batch/--seq-len/--accum/--gpus {:?}, not {ours:?}",
                 shape(&state)
             );
         }
@@ -870,7 +887,7 @@ pub fn machine(opts: &TrainOptions) -> Result<Machine> {
     };
     let (device_bytes, device_source) = match opts.gpu_mem_gib {
         Some(gib) => (Some((gib * GIB) as u64), "--gpu-mem-gib".to_string()),
-        None => gpu_free_bytes()?,
+        None => gpu_free_bytes(opts.gpus)?,
     };
     Ok(Machine {
         host_bytes,
@@ -880,17 +897,61 @@ pub fn machine(opts: &TrainOptions) -> Result<Machine> {
     })
 }
 
+/// The free memory of the most loaded of GPUs 0..gpus (each runs the same
+/// lane of the plan).
 #[cfg(feature = "cuda")]
-fn gpu_free_bytes() -> Result<(Option<u64>, String)> {
-    let free = burn_offload::cuda_backend::free_device_bytes(0)
-        .map_err(|e| anyhow::anyhow!("cannot query GPU memory: {e}"))?;
-    Ok((Some(free), "free on GPU 0 (CUDA driver)".into()))
+fn gpu_free_bytes(gpus: usize) -> Result<(Option<u64>, String)> {
+    check_gpu_count(gpus)?;
+    let mut least = (u64::MAX, 0);
+    for index in 0..gpus {
+        let free = burn_offload::cuda_backend::free_device_bytes(index)
+            .map_err(|e| anyhow::anyhow!("cannot query GPU memory: {e}"))?;
+        least = least.min((free, index));
+    }
+    let source = if gpus == 1 {
+        "free on GPU 0 (CUDA driver)".to_string()
+    } else {
+        format!(
+            "free on GPU {} of 0..{gpus}, the least (CUDA driver)",
+            least.1
+        )
+    };
+    Ok((Some(least.0), source))
 }
 
 #[cfg(not(feature = "cuda"))]
-fn gpu_free_bytes() -> Result<(Option<u64>, String)> {
+fn gpu_free_bytes(_: usize) -> Result<(Option<u64>, String)> {
     Ok((None, "CPU backend".into()))
 }
+
+/// Refuses `--gpus` beyond the GPUs the driver sees.
+#[cfg(feature = "cuda")]
+fn check_gpu_count(gpus: usize) -> Result<()> {
+    let count = burn_offload::cuda_backend::device_count()
+        .map_err(|e| anyhow::anyhow!("cannot count CUDA devices: {e}"))?;
+    if gpus > count {
+        bail!("--gpus {gpus} asks for more GPUs than the {count} the CUDA driver sees");
+    }
+    Ok(())
+}
+
+/// The devices the engine trains on: GPUs 0..gpus on CUDA.
+#[cfg(feature = "cuda")]
+fn lane_devices(gpus: usize) -> Result<Vec<DefaultDevice>> {
+    check_gpu_count(gpus)?;
+    Ok((0..gpus)
+        .map(burn::backend::cuda::CudaDevice::new)
+        .collect())
+}
+
+/// The devices the engine trains on: on CPU backends, `gpus` logical devices
+/// (the one device, a lane each: the data-parallel schedule without GPUs).
+#[cfg(not(feature = "cuda"))]
+fn lane_devices(gpus: usize) -> Result<Vec<DefaultDevice>> {
+    Ok(vec![Default::default(); gpus])
+}
+
+type DefaultDevice = burn::tensor::Device<DefaultBackend>;
 
 /// Bytes reserved by the GPU allocator's pools (CUDA builds).
 fn gpu_reserved_bytes() -> Option<u64> {
@@ -910,6 +971,7 @@ pub fn plan(opts: &TrainOptions, machine: &Machine) -> Result<(Plan, PlanJob)> {
         batch: opts.batch,
         seq_len: opts.seq_len,
         accum: opts.accum,
+        gpus: opts.gpus,
         fused: opts.fused,
         resident: opts.resident,
         host_params: opts.host_params,
@@ -1001,6 +1063,7 @@ impl Job<'_> {
             batch: self.opts.batch,
             seq_len: self.opts.seq_len,
             accum: self.opts.accum,
+            gpus: self.opts.gpus,
             steps_done,
             skipped_total,
             batcher_rng: self.batcher.rng_state(),
@@ -1013,7 +1076,7 @@ impl Job<'_> {
     fn train_engine<B, M>(
         mut self,
         (model, rng): (M, MutexGuard<'static, ()>),
-        device: &B::Device,
+        devices: &[B::Device],
     ) -> Result<Outcome>
     where
         B: Backend,
@@ -1043,7 +1106,8 @@ impl Job<'_> {
             hold_updates_for_copies: !opts.updates_during_copies,
             gradient_blocks_in_flight: self.gradient_blocks_in_flight,
         };
-        let mut engine = Engine::new(model, config, device)?;
+        let device = &devices[0];
+        let mut engine = Engine::on_devices(model, config, devices)?;
         drop(rng);
         trace::mark("host store ready");
         if opts.progress {
@@ -1087,7 +1151,7 @@ impl Job<'_> {
         }
         let schedule = self.schedule();
         let bar = progress_bar(opts, &self.config, outcome.start_step);
-        let tokens_per_step = (opts.batch * opts.seq_len * opts.accum) as f64;
+        let tokens_per_step = (opts.batch * opts.seq_len * opts.accum * opts.gpus) as f64;
         let params = engine.store().num_params() as u64;
         let block_params = params - engine.store().groups[0].numel() as u64;
         let config = engine.config();
@@ -1123,8 +1187,9 @@ impl Job<'_> {
             }
             let started = Instant::now();
             let lr = schedule.lr(step);
-            let batches: Vec<_> = (0..opts.accum)
-                .map(|_| self.batch_tensors::<B>(device))
+            // Rounds of one micro-batch per device, each drawn on its device.
+            let batches: Vec<_> = (0..opts.accum * devices.len())
+                .map(|i| self.batch_tensors::<B>(&devices[i % devices.len()]))
                 .collect();
             if opts.poison_at_step == Some(step) {
                 engine.store_mut().groups[0]

@@ -1,4 +1,4 @@
-//! The per-thread copy machinery: the primary context, the upload and
+//! The per-thread, per-device copy machinery: the primary context, the upload and
 //! download streams, the page-locked staging buffer, and the upload pool
 //! that recycles buffers once the kernels that read them are done.
 //!
@@ -127,13 +127,18 @@ impl Copier {
 }
 
 thread_local! {
-    static COPIER: RefCell<Option<Copier>> = const { RefCell::new(None) };
+    /// This thread's copier for each device it has used, by device index:
+    /// one thread drives every device of a data-parallel engine.
+    static COPIERS: RefCell<Vec<Option<Copier>>> = const { RefCell::new(Vec::new()) };
 }
 
 pub(super) fn with_copier<R>(device: &CudaDevice, f: impl FnOnce(&mut Copier) -> R) -> R {
-    COPIER.with(|cell| {
-        let mut slot = cell.borrow_mut();
-        let copier = slot.get_or_insert_with(|| Copier::new(device));
+    COPIERS.with(|cell| {
+        let mut copiers = cell.borrow_mut();
+        if copiers.len() <= device.index {
+            copiers.resize_with(device.index + 1, || None);
+        }
+        let copier = copiers[device.index].get_or_insert_with(|| Copier::new(device));
         copier.bind();
         f(copier)
     })

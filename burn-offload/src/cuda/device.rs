@@ -116,6 +116,16 @@ pub enum CudaError {
     },
 }
 
+/// How many CUDA devices the driver sees.
+pub fn device_count() -> Result<usize, CudaError> {
+    CudaContext::device_count()
+        .map(|n| n as usize)
+        .map_err(|source| CudaError::Driver {
+            call: "cuDeviceGetCount",
+            source,
+        })
+}
+
 /// Free memory on CUDA device `index`, in bytes (before this process
 /// allocates anything: the planner's budget).
 pub fn free_device_bytes(index: usize) -> Result<u64, CudaError> {

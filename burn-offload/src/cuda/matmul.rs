@@ -494,14 +494,15 @@ mod cublas {
         }
     }
 
-    /// A cuBLAS handle per thread, and the stream it was last set to.
+    /// A cuBLAS handle per thread and device, and the stream it was last set to.
     struct Blas {
         handle: sys::cublasHandle_t,
         stream: driver::CUstream,
     }
 
     thread_local! {
-        static BLAS: RefCell<Option<Blas>> = const { RefCell::new(None) };
+        /// By device index: a handle belongs to the context it was made in.
+        static BLAS: RefCell<Vec<Option<Blas>>> = const { RefCell::new(Vec::new()) };
     }
 
     /// Runs `f` with this thread's handle set to `stream`; `None` when cuBLAS
@@ -513,7 +514,11 @@ mod cublas {
     ) -> Option<R> {
         bind_context(device);
         BLAS.with(|cell| {
-            let mut slot = cell.borrow_mut();
+            let mut handles = cell.borrow_mut();
+            if handles.len() <= device.index {
+                handles.resize_with(device.index + 1, || None);
+            }
+            let slot = &mut handles[device.index];
             if slot.is_none() {
                 // The primary context is current (cuBLAS binds the handle to it).
                 let handle = result::create_handle().ok()?;

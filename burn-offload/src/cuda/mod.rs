@@ -4,6 +4,7 @@
 //! kernels launch through. The rest of the crate reaches CUDA only through
 //! this module's facade.
 
+mod collective;
 mod copier;
 mod device;
 mod download;
@@ -13,7 +14,7 @@ mod transfer;
 mod types;
 mod upload;
 
-pub use device::{free_device_bytes, limit_memory_pages, pool_bytes, CudaError};
+pub use device::{device_count, free_device_bytes, limit_memory_pages, pool_bytes, CudaError};
 pub use matmul::{
     cublas_matmul, matmul_stats, matmul_strategies, MatmulStats, CUBLAS, CUBLAS_TF32, FAST,
 };

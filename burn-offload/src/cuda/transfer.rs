@@ -7,6 +7,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Tensor};
 use burn_cubecl::cubecl::cuda::CudaDevice;
 
+use super::collective::{can_reduce, try_reduce};
 use super::device::{
     blocking_sync, device_used_bytes, flush_backend, pin, pool_bytes, release_free_memory,
     sync_backend, Pinned,
@@ -115,6 +116,17 @@ impl Transfer for CudaTransfer {
         beside: bool,
     ) -> Result<PendingRead, Tensor<X, D>> {
         try_start_read(tensor, beside)
+    }
+
+    fn reduce<X: Backend>(
+        slots: Vec<Vec<Tensor<X, 1>>>,
+        root: usize,
+    ) -> Result<Vec<Tensor<X, 1>>, Vec<Vec<Tensor<X, 1>>>> {
+        try_reduce(slots, root)
+    }
+
+    fn can_reduce<X: Backend>(devices: &[X::Device]) -> bool {
+        can_reduce::<X>(devices)
     }
 
     fn pin<X: Backend>(device: &X::Device, data: &[u8]) -> Option<Pinned> {

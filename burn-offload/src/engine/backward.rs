@@ -14,6 +14,9 @@ use super::{BlockAd, DeviceTransfer, Engine, AD};
 use crate::transfer::PendingGradients;
 use crate::DecoderBlock;
 
+/// A backward pass's gradients on `Autodiff<B>`.
+type Gradients<B> = <AD<B> as AutodiffBackend>::Gradients;
+
 impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
     /// Phase 3 from `dy`, each lane's last block output gradient, with
     /// `next` each lane's last recomputed block already bound; returns each
@@ -132,7 +135,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
     fn start_block_gradients(
         &mut self,
         i: usize,
-        done: &[(BlockAd<B, M>, <AD<B> as AutodiffBackend>::Gradients)],
+        done: &[(BlockAd<B, M>, Gradients<B>)],
         beside: bool,
     ) -> PendingGradients<DeviceTransfer> {
         let group = &self.store.groups[i + 1];

@@ -16,7 +16,7 @@ use crate::precision::Compute;
 use crate::store::{
     param_ids, Bf16Weights, Collect, HostStore, StoreError, StoreLayout, ToPlaceholders,
 };
-use crate::transfer::Pager;
+use crate::transfer::{Pager, Transfer};
 
 use super::lanes::Lane;
 
@@ -30,6 +30,12 @@ fn check_devices<B: Backend>(
     }
     for device in devices {
         config.validate::<B>(device)?;
+    }
+    if !DeviceTransfer::can_reduce::<B>(devices) {
+        return Err(ConfigError::NoCollective {
+            devices: devices.len(),
+        }
+        .into());
     }
     Ok(())
 }

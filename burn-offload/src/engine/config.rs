@@ -184,6 +184,15 @@ pub enum ConfigError {
     /// An engine given no device to train on.
     #[error("an engine needs at least one device")]
     NoDevices,
+    /// Devices whose gradients need a collective library that is missing.
+    #[error(
+        "summing gradients across {devices} GPUs needs NCCL, and libnccl.so.2 did not load \
+         (put its folder on LD_LIBRARY_PATH)"
+    )]
+    NoCollective {
+        /// Devices asked for.
+        devices: usize,
+    },
     /// A gradient buffer asked of fused mode.
     #[error("fused mode keeps no gradient buffer")]
     FusedGradients,

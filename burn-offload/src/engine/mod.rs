@@ -126,6 +126,9 @@ type BlockAd<B, M> = <<M as BlockModel<B>>::Block as HasAutodiffModule<AD<B>>>::
 /// ([`crate::ops::cross_entropy::IGNORE_INDEX`]) takes no part in the loss.
 pub type MicroBatch<B> = (Tensor<B, 2, Int>, Tensor<B, 2, Int>);
 
+/// One round of micro-batches (one per lane) with each lane's token weight.
+type Round<'a, B> = (&'a [MicroBatch<B>], Vec<Tensor<B, 1>>);
+
 /// The weight of each trained token in a step, on each of `devices`: one
 /// over the number of targets, not ignored, of all its micro-batches (at
 /// least one), so the step's loss is the mean over the tokens it trains on.
@@ -276,7 +279,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
     /// token weights) into `sink`.
     fn fused_pass(
         &mut self,
-        round: Option<&(&[MicroBatch<B>], Vec<Tensor<B, 1>>)>,
+        round: Option<&Round<'_, B>>,
         sink: &mut Sink,
     ) -> Result<f32, EngineError> {
         let (batches, weights) = round.expect("fused mode");
@@ -356,7 +359,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
             return Err(BatchError::NoMicroBatches.into());
         }
         let lanes = self.lanes.len();
-        if micro_batches.len() % lanes != 0 {
+        if !micro_batches.len().is_multiple_of(lanes) {
             return Err(BatchError::Lanes {
                 micro_batches: micro_batches.len(),
                 lanes,

@@ -164,6 +164,9 @@ pub trait Transfer: ReadBack + 'static {
         slots: Vec<Vec<Tensor<X, 1>>>,
         root: usize,
     ) -> Result<Vec<Tensor<X, 1>>, Vec<Vec<Tensor<X, 1>>>>;
+    /// Whether lanes on `devices` can sum their gradients (the collective's
+    /// library is there where they need one).
+    fn can_reduce<X: Backend>(devices: &[X::Device]) -> bool;
 }
 
 /// Copies through burn's `from_data`/`into_data`: every backend, no
@@ -260,6 +263,10 @@ impl Transfer for HostTransfer {
         _: usize,
     ) -> Result<Vec<Tensor<X, 1>>, Vec<Vec<Tensor<X, 1>>>> {
         Err(slots)
+    }
+
+    fn can_reduce<X: Backend>(_: &[X::Device]) -> bool {
+        true
     }
 
     fn device_memory<X: Backend>(_: &X::Device) -> Option<DeviceMemory> {

@@ -130,6 +130,12 @@ struct Cli {
     /// too: one micro-batch's graph at a time, gradients summed on the device).
     #[arg(long, default_value_t = 1)]
     accum: usize,
+    /// Devices to train on, data parallel (offload engine only): GPUs
+    /// 0..N, each running its own --accum micro-batches of --batch sequences
+    /// per step, their gradients summed with NCCL; on the CPU build, N
+    /// logical devices on the one CPU.
+    #[arg(long, default_value_t = 1)]
+    gpus: usize,
     /// Precision the device computes in: fp32, or bf16 (weights, activations
     /// and gradients on the device; master weights, Adam state and gradient
     /// accumulation stay f32 on the host; the loss is taken in f32). With
@@ -319,6 +325,7 @@ fn main() -> ExitCode {
         updates_during_copies: cli.updates_during_copies,
         no_guard: cli.no_guard,
         accum: cli.accum,
+        gpus: cli.gpus,
         compute: cli.compute,
         matmul: cli.matmul,
         loss_chunk_tokens: cli.loss_chunk_tokens,

@@ -1,0 +1,175 @@
+//! Sums across GPUs with NCCL, for the engine's lanes: one communicator per
+//! set of devices, made once for the process with `ncclCommInitAll` (one
+//! thread drives every device), and each call's reductions in one NCCL
+//! group, queued on every device's compute stream behind the kernels that
+//! produced the parts, so nothing waits on the host.
+
+use std::any::Any;
+use std::ffi::c_void;
+use std::sync::Mutex;
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{DType, Tensor};
+use burn_cubecl::cubecl::cuda::{CudaDevice, CudaRuntime};
+use burn_cubecl::tensor::CubeTensor;
+use cudarc::nccl::{result, sys};
+
+use super::copier::{bind_context, device_ptr_and_stream};
+use super::types::{as_cuda, cuda_as, is_cuda};
+
+/// The communicators of one set of devices, rank `d` on `devices[d]`.
+struct Communicators {
+    devices: Vec<usize>,
+    comms: Vec<sys::ncclComm_t>,
+}
+
+// SAFETY: a communicator is an opaque handle NCCL lets any thread use (one
+// at a time: every use is under `COMMUNICATORS`' lock).
+unsafe impl Send for Communicators {}
+
+static COMMUNICATORS: Mutex<Vec<Communicators>> = Mutex::new(Vec::new());
+
+/// The CUDA devices of `devices` when `X` is CUDA and they are two or more
+/// distinct GPUs (NCCL takes each GPU once; lanes that share one sum with
+/// burn's ops).
+fn distinct_gpus<X: Backend>(devices: &[X::Device]) -> Option<Vec<CudaDevice>> {
+    if !is_cuda::<X>() || devices.len() < 2 {
+        return None;
+    }
+    let gpus: Vec<CudaDevice> = devices
+        .iter()
+        .map(|d| (d as &dyn Any).downcast_ref::<CudaDevice>().cloned())
+        .collect::<Option<_>>()?;
+    let mut indices: Vec<usize> = gpus.iter().map(|d| d.index).collect();
+    indices.sort_unstable();
+    indices.dedup();
+    (indices.len() == gpus.len()).then_some(gpus)
+}
+
+/// Whether the lanes on `devices` can sum their gradients: always, but on
+/// distinct GPUs only where the NCCL library loads.
+pub(crate) fn can_reduce<X: Backend>(devices: &[X::Device]) -> bool {
+    // SAFETY: only tries to open the library.
+    distinct_gpus::<X>(devices).is_none() || unsafe { sys::is_culib_present() }
+}
+
+/// [`crate::transfer::Transfer::reduce`] on CUDA: each slot's parts (one per
+/// lane, on distinct GPUs, f32 or bf16) summed by `ncclReduce` into a new
+/// tensor on lane `root`'s GPU. `Err(slots)` for anything else.
+#[allow(clippy::type_complexity)]
+pub(crate) fn try_reduce<X: Backend>(
+    slots: Vec<Vec<Tensor<X, 1>>>,
+    root: usize,
+) -> Result<Vec<Tensor<X, 1>>, Vec<Vec<Tensor<X, 1>>>> {
+    let Some(first) = slots.first() else {
+        return Ok(Vec::new());
+    };
+    let devices: Vec<X::Device> = first.iter().map(Tensor::device).collect();
+    let Some(gpus) = distinct_gpus::<X>(&devices) else {
+        return Err(slots);
+    };
+    let reducible = slots.iter().all(|parts| {
+        parts.len() == gpus.len()
+            && parts
+                .iter()
+                .zip(&devices)
+                .all(|(p, d)| p.device() == *d && matches!(p.dtype(), DType::F32 | DType::BF16))
+    });
+    if !reducible {
+        return Err(slots);
+    }
+    let indices: Vec<usize> = gpus.iter().map(|d| d.index).collect();
+    let mut registry = COMMUNICATORS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let at = match registry.iter().position(|c| c.devices == indices) {
+        Some(at) => at,
+        None => {
+            registry.push(init_communicators(&indices));
+            registry.len() - 1
+        }
+    };
+    let comms = &registry[at].comms;
+    let mut sums = Vec::with_capacity(slots.len());
+    // The parts stay alive until the reductions are queued; their buffers go
+    // back to cubecl's pools after, reused only by work queued behind them.
+    let mut parts_kept = Vec::with_capacity(slots.len());
+    let mut calls = Vec::with_capacity(slots.len());
+    for parts in slots {
+        let dtype = parts[root].dtype();
+        let len = parts[root].dims()[0];
+        let cubes: Vec<CubeTensor<CudaRuntime>> = parts
+            .into_iter()
+            .map(|p| {
+                let p = as_cuda(p).unwrap_or_else(|_| unreachable!("checked: CUDA tensors"));
+                burn_cubecl::kernel::into_contiguous(p.into_primitive().tensor())
+            })
+            .collect();
+        let sum: Tensor<super::CudaBackend, 1> = Tensor::empty([len], (&gpus[root], dtype));
+        let sum = sum.into_primitive().tensor();
+        let lanes: Vec<(u64, u64)> = cubes
+            .iter()
+            .enumerate()
+            .map(|(d, cube)| {
+                bind_context(&gpus[d]);
+                let (ptr, stream) = device_ptr_and_stream(cube);
+                (ptr, stream as u64)
+            })
+            .collect();
+        bind_context(&gpus[root]);
+        let (out, _) = device_ptr_and_stream(&sum);
+        calls.push((lanes, out, len, dtype));
+        parts_kept.push(cubes);
+        sums.push(sum);
+    }
+    let nccl_dtype = |dtype: DType| match dtype {
+        DType::BF16 => sys::ncclDataType_t::ncclBfloat16,
+        _ => sys::ncclDataType_t::ncclFloat32,
+    };
+    result::group_start().unwrap_or_else(|e| panic!("ncclGroupStart failed: {e:?}"));
+    for (lanes, out, len, dtype) in &calls {
+        for (d, (ptr, stream)) in lanes.iter().enumerate() {
+            let recv = if d == root { *out } else { *ptr };
+            // SAFETY: live device buffers of `len` elements on each lane's
+            // GPU (kept until after the group), the streams cubecl computes
+            // on there, and this set of devices' communicators.
+            unsafe {
+                result::reduce(
+                    *ptr as *const c_void,
+                    recv as *mut c_void,
+                    *len,
+                    nccl_dtype(*dtype),
+                    sys::ncclRedOp_t::ncclSum,
+                    root as i32,
+                    comms[d],
+                    *stream as sys::cudaStream_t,
+                )
+            }
+            .unwrap_or_else(|e| panic!("ncclReduce on GPU {} failed: {e:?}", gpus[d].index));
+        }
+    }
+    result::group_end().unwrap_or_else(|e| panic!("ncclGroupEnd failed: {e:?}"));
+    drop(parts_kept);
+    Ok(sums
+        .into_iter()
+        .map(|sum| {
+            cuda_as::<X, 1>(Tensor::from_primitive(
+                burn::tensor::TensorPrimitive::Float(sum),
+            ))
+            .unwrap_or_else(|| unreachable!("checked: X is CUDA"))
+        })
+        .collect())
+}
+
+/// One communicator per GPU of `indices`, ranks in that order.
+fn init_communicators(indices: &[usize]) -> Communicators {
+    let mut comms = vec![std::ptr::null_mut(); indices.len()];
+    let devlist: Vec<i32> = indices.iter().map(|&i| i as i32).collect();
+    // SAFETY: room for one communicator per device in the list.
+    unsafe { result::comm_init_all(comms.as_mut_ptr(), devlist.len() as i32, devlist.as_ptr()) }
+        .unwrap_or_else(|e| panic!("ncclCommInitAll over GPUs {indices:?} failed: {e:?}"));
+    Communicators {
+        devices: indices.to_vec(),
+        comms,
+    }
+}
