@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the CUDA release binaries the GPU scripts run (train and the engine
+# Builds the CUDA release binaries the GPU scripts run (train and the engine,
+# data-parallel
 # and bf16 parity tests), strips them and packs them into .device/bin.tar.xz (git-ignored)
 # for the device tool's `carry` (64 MiB per call; xz brings ~80 MB to ~20 MB).
 set -euo pipefail
@@ -9,10 +10,10 @@ cd "$(dirname "$0")/../.."
 PKG=${TRAIN_PACKAGE:-trainer}
 cargo build --release --features cuda -p "$PKG" --bin train
 cargo build --release --features cuda -p "$PKG" --bin gemm_bench
-cargo test --release --features cuda -p burn-offload-tests --test engine --test init --test precision --test gemm --test eight_bit --no-run
+cargo test --release --features cuda -p burn-offload-tests --test engine --test init --test precision --test gemm --test eight_bit --test data_parallel --no-run
 rm -rf .device/bin && mkdir -p .device/bin
 cp target/release/train .device/bin/train
-for t in engine init precision gemm eight_bit; do
+for t in engine init precision gemm eight_bit data_parallel; do
   exe=$(ls -t target/release/deps/$t-* | grep -v '\.d$' | head -1)
   cp "$exe" .device/bin/$t-tests
 done

@@ -12,3 +12,18 @@ if [ -n "${CUBLAS_DIR:-}" ]; then
   export LD_LIBRARY_PATH="$CUBLAS_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   echo "cublas: $CUBLAS_DIR ($(ls "$CUBLAS_DIR" | grep -m1 '^libcublas\.so'))"
 fi
+# NCCL, which `train --gpus N` sums gradients with: torch's wheel ships
+# libnccl.so.2, and cudarc opens `libnccl.so`, so a link of that name goes
+# into a folder of our own on LD_LIBRARY_PATH.
+if [ -z "${NCCL_DIR:-}" ]; then
+  for sp in $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null); do
+    hit=$(find "$sp/nvidia" -name 'libnccl.so*' 2>/dev/null | head -1)
+    if [ -n "$hit" ]; then
+      NCCL_DIR=/tmp/nccl-lib; mkdir -p $NCCL_DIR; ln -sf "$hit" $NCCL_DIR/libnccl.so; break
+    fi
+  done
+fi
+if [ -n "${NCCL_DIR:-}" ]; then
+  export LD_LIBRARY_PATH="$NCCL_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  echo "nccl: $NCCL_DIR ($(readlink $NCCL_DIR/libnccl.so 2>/dev/null || echo libnccl.so))"
+fi

@@ -44,12 +44,13 @@ fn config(fused: bool, clip: Option<f64>) -> EngineConfig {
     }
 }
 
-/// `rows` rows of `whole` from row `rows * i`, on `device`.
+/// `rows` rows of `whole` from row `rows * i`, on `device` (through host
+/// memory: burn's `to_device` between GPUs needs cubecl's communicators).
 fn part(whole: &Batch, i: usize, rows: usize, device: &burn::tensor::Device<B>) -> Batch {
-    (
-        whole.0.clone().narrow(0, rows * i, rows).to_device(device),
-        whole.1.clone().narrow(0, rows * i, rows).to_device(device),
-    )
+    let rows_of = |t: &burn::tensor::Tensor<B, 2, burn::tensor::Int>| {
+        burn::tensor::Tensor::from_data(t.clone().narrow(0, rows * i, rows).into_data(), device)
+    };
+    (rows_of(&whole.0), rows_of(&whole.1))
 }
 
 trait Trained:

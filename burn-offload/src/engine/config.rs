@@ -186,8 +186,8 @@ pub enum ConfigError {
     NoDevices,
     /// Devices whose gradients need a collective library that is missing.
     #[error(
-        "summing gradients across {devices} GPUs needs NCCL, and libnccl.so.2 did not load \
-         (put its folder on LD_LIBRARY_PATH)"
+        "summing gradients across {devices} GPUs needs NCCL, and libnccl.so did not load (put \
+         a folder with it, or a link of that name to libnccl.so.2, on LD_LIBRARY_PATH)"
     )]
     NoCollective {
         /// Devices asked for.

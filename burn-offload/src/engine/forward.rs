@@ -299,7 +299,10 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
             .into());
         }
         let blocks = self.template.blocks().to_vec();
-        let inputs = [inputs.clone().to_device(&self.lanes[0].device)];
+        let inputs = [super::lanes::on_device(
+            inputs.clone(),
+            &self.lanes[0].device,
+        )];
         let (x, _) = self
             .stream_forward(&blocks, &inputs, false)?
             .pop()

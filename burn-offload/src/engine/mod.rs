@@ -94,7 +94,7 @@ use crate::store::{Bf16Weights, HostStore};
 use crate::transfer::PagerStats;
 use crate::{BlockModel, DecoderBlock};
 use embedding::TableTouch;
-use lanes::Lane;
+use lanes::{on_device, Lane};
 use ledger::{Lent, Update};
 use sink::Sink;
 
@@ -132,22 +132,32 @@ type Round<'a, B> = (&'a [MicroBatch<B>], Vec<Tensor<B, 1>>);
 /// The weight of each trained token in a step, on each of `devices`: one
 /// over the number of targets, not ignored, of all its micro-batches (at
 /// least one), so the step's loss is the mean over the tokens it trains on.
-/// On the devices: no host round trip.
+/// On one device, on the device: no host round trip. Across several, each
+/// micro-batch's count is read on its own device and the weight is uploaded
+/// to each.
 fn token_weights<B: Backend>(
     micro_batches: &[MicroBatch<B>],
     devices: &[B::Device],
 ) -> Vec<Tensor<B, 1>> {
     let first = &devices[0];
-    let weight = micro_batches
+    if devices.len() == 1 && micro_batches.iter().all(|(_, t)| t.device() == *first) {
+        let weight = micro_batches
+            .iter()
+            .map(|(_, targets)| kept_targets(targets))
+            .reduce(|a, b| a + b)
+            .expect("checked: at least one micro-batch")
+            .clamp_min(1.0)
+            .recip();
+        return vec![weight];
+    }
+    let kept: f64 = micro_batches
         .iter()
-        .map(|(_, targets)| kept_targets(targets).to_device(first))
-        .reduce(|a, b| a + b)
-        .expect("checked: at least one micro-batch")
-        .clamp_min(1.0)
-        .recip();
+        .map(|(_, targets)| kept_targets(targets).into_scalar().elem::<f64>())
+        .sum();
+    let weight = (1.0 / kept.max(1.0)) as f32;
     devices
         .iter()
-        .map(|device| weight.clone().to_device(device))
+        .map(|device| Tensor::from_data(burn::tensor::TensorData::new(vec![weight], [1]), device))
         .collect()
 }
 
@@ -419,8 +429,8 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
             .zip(&self.lanes)
             .map(|((x, y), lane)| {
                 (
-                    x.clone().to_device(&lane.device),
-                    y.clone().to_device(&lane.device),
+                    on_device(x.clone(), &lane.device),
+                    on_device(y.clone(), &lane.device),
                 )
             })
             .unzip();

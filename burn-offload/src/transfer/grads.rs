@@ -139,10 +139,15 @@ pub fn sum_lanes<T: Transfer, B: Backend>(
         slots
             .into_iter()
             .map(|parts| {
+                // Lanes that share a device, or a backend without a
+                // collective: parts elsewhere come through host memory.
                 let device = parts[root].device();
                 parts
                     .into_iter()
-                    .map(|part| part.to_device(&device))
+                    .map(|part| match part.device() == device {
+                        true => part,
+                        false => Tensor::from_data(part.into_data(), &device),
+                    })
                     .reduce(|a, b| a + b)
                     .expect("one part per lane")
             })
