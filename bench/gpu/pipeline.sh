@@ -126,6 +126,19 @@ PY
 # torch_llama.py --dtype bf16.
 # BENCH_OLD: also run the rows named in it with the binaries in
 # .device/bin-old (an earlier build, for a before/after in the same call).
+# GPUS="1 2": every engine row again on each GPU count above 1 (`train --gpus
+# N`, data parallel, the tokens per step per GPU), named ...-<system>-x<N>;
+# the report adds the scaling efficiency against the one-GPU row.
+# An engine row on every GPU count in GPUS (default 1): `engine_rows <name>
+# <train args>`; N > 1 is named <name>-x<N> (see bench_rows).
+engine_rows() {
+  local name=$1 g at; shift
+  for g in ${GPUS:-1}; do
+    at=$name; [ $g -gt 1 ] && at=${name%@*}-x$g${name#${name%@*}}
+    LIMIT=${LIMIT_ROW:-250} run $at "$@" $( [ $g -gt 1 ] && echo --gpus $g )
+  done
+}
+
 bench_rows() {
   local shape=$1 tokens=$2 systems=$3 cfg
   echo '{"arch":"llama","vocab_size":32000,"d_model":3072,"n_layer":28,"n_head":24,"n_kv_head":8,"d_ff":8192,"max_seq_len":2048}' > /tmp/llama-3b.json
@@ -163,14 +176,14 @@ bench_rows() {
       rb=${RESIDENT_BATCH:-16}; rargs=$S
       [ $b -gt $rb ] && rargs="${S% --batch *} --batch $rb --accum $((b / rb)) --compute $dtype"
       LIMIT=${LIMIT_ROW:-120} run $name $rargs --resident ;;
-    pipelined) LIMIT=${LIMIT_ROW:-150} run $name $S ;;
-    serial) LIMIT=${LIMIT_ROW:-150} run $name $S --serial-copies ;;
+    pipelined) engine_rows $name $S ;;
+    serial) engine_rows $name $S --serial-copies ;;
     # Issue 36, for models that fill the host: exact clipping with one
     # backward in the compact host layout (14 B/param in bf16), with 8-bit
     # Adam state (8), and the fused mode's two backwards (14 in bf16).
-    compact) LIMIT=${LIMIT_ROW:-250} run $name $S --host-layout compact ;;
-    compact8) LIMIT=${LIMIT_ROW:-250} run $name $S --host-layout compact --optim-state 8bit ;;
-    fused) LIMIT=${LIMIT_ROW:-250} run $name $S --fused --host-layout full ;;
+    compact) engine_rows $name $S --host-layout compact ;;
+    compact8) engine_rows $name $S --host-layout compact --optim-state 8bit ;;
+    fused) engine_rows $name $S --fused --host-layout full ;;
     torch-*)
       mode=${base#torch-}; mode=${mode/ckpt/resident-ckpt}; mode=${mode/fsdp2/fsdp2-offload}
       echo "== $name"
@@ -201,6 +214,15 @@ for t in .device/bin/*-tests; do
   timeout 200 $t --test-threads 1 --nocapture >> $OUT/parity.txt 2>&1
 done
 grep -E "^test |panicked|relative|bf16|test result" $OUT/parity.txt; pack
+;;
+parity-dp)
+# Data parallel on every GPU of the machine: the lanes on distinct GPUs sum
+# through NCCL (tests/tests/data_parallel.rs against one GPU).
+n=$(nvidia-smi -L | wc -l)
+echo "== data-parallel parity on $n GPUs"
+BURN_OFFLOAD_TEST_GPUS=$n timeout 300 .device/bin/data_parallel-tests --test-threads 1 --nocapture >> $OUT/parity-dp.txt 2>&1
+echo "exit $?" >> $OUT/parity-dp.txt
+grep -E "^test |panicked|test result|exit" $OUT/parity-dp.txt; pack
 ;;
 pipeline)
 # Resident burn keeps every activation: at 8k tokens it ran out of the 80 GB.
@@ -285,6 +307,19 @@ for shape in ${SHAPES:-085b}; do
   bench_rows $shape "${BENCH_TOKENS:-4 16}" "${SYSTEMS:-resident pipelined serial torch-resident torch-ckpt torch-fsdp2}"
 done
 ;;
+bench-gpus-085b|bench-gpus-7b)
+# Issue 39, on a machine with several GPUs: the engine on 1 and 2 GPUs
+# (GPUS), the tokens per step per GPU; the report adds the scaling
+# efficiency. The 0.85B shape in fp32 at 16k and bf16 at 64k; the
+# Llama-2-7B shape in bf16 at 64k (compact host layout, as bench-7b).
+export GPUS=${GPUS:-1 2}
+case $part in
+bench-gpus-085b)
+  bench_rows 085b "16" "pipelined"
+  bench_rows 085b "64" "pipelined-bf16" ;;
+bench-gpus-7b) bench_rows 7b "64" "compact-bf16" ;;
+esac
+;;
 bench-085b|bench-085b-peers|bench-3b|bench-3b-peers|bench-64k|bench-bf16|bench-bf16-peers|bench-3b-bf16|bench-7b)
 # The matrix the committed results ran, split into parts because a device
 # call runs at most 10 minutes; each part is one call on the same machine kind.
@@ -302,6 +337,6 @@ bench-7b) shape=7b; tokens="64"; systems="compact-bf16 compact8-bf16 fused-bf16 
 esac
 bench_rows $shape "${BENCH_TOKENS:-$tokens}" "${SYSTEMS:-$systems}"
 ;;
-*) echo "unknown part $part (parity, pipeline, depth, 7b, largest, headmem, peers, bench, bench-085b, bench-085b-peers, bench-3b, bench-3b-peers, bench-64k, bench-bf16, bench-bf16-peers, bench-3b-bf16, bench-7b)"; exit 2 ;;
+*) echo "unknown part $part (parity, parity-dp, bench-gpus-085b, bench-gpus-7b, pipeline, depth, 7b, largest, headmem, peers, bench, bench-085b, bench-085b-peers, bench-3b, bench-3b-peers, bench-64k, bench-bf16, bench-bf16-peers, bench-3b-bf16, bench-7b)"; exit 2 ;;
 esac; done
 pack

@@ -310,8 +310,24 @@ fn split_kernel(system: &str) -> (&str, Option<&str>) {
     }
 }
 
+/// `<system>-x<N>`: an engine row on N GPUs (`train --gpus N`, the tokens
+/// per step per GPU) → (system, N); other rows run on one.
+fn split_gpus(system: &str) -> (&str, usize) {
+    let (name, kernel) = split_kernel(system);
+    let Some((base, n)) = name.rsplit_once("-x") else {
+        return (system, 1);
+    };
+    match (n.parse::<usize>(), kernel) {
+        (Ok(n), None) if n > 1 => (base, n),
+        // The kernel label stays with the row; the system is named without it.
+        (Ok(n), Some(_)) if n > 1 => (base, n),
+        _ => (system, 1),
+    }
+}
+
 fn split_system(system: &str) -> (&str, bool, bool) {
     let (system, _) = split_kernel(system);
+    let (system, _) = split_gpus(system);
     let (rest, old) = match system.strip_suffix("-old") {
         Some(rest) => (rest, true),
         None => (system, false),
@@ -355,7 +371,11 @@ fn label(system: &str) -> String {
         Some(kernel) => format!(" @{kernel}"),
         None => String::new(),
     };
-    format!("{name}{precision}{old}{kernel}")
+    let gpus = match split_gpus(split_kernel(system).0).1 {
+        1 => String::new(),
+        n => format!(" on {n} GPUs"),
+    };
+    format!("{name}{precision}{old}{gpus}{kernel}")
 }
 
 /// A ratio of two rows' tokens/s at one shape and tokens/step, with its target.
@@ -479,6 +499,31 @@ fn ratios(rows: &[Row]) -> Vec<Ratio> {
                     what: what.into(),
                     value: x / y,
                     target,
+                });
+            }
+        }
+        // Issue 39: an engine row on N GPUs against the same row on one,
+        // the tokens per step per GPU: N-GPU tok/s ÷ (N × 1-GPU tok/s).
+        for row in rows
+            .iter()
+            .filter(|r| r.shape == shape && r.tokens_per_step == tokens)
+        {
+            let (name, kernel) = split_kernel(&row.system);
+            let (system, n) = split_gpus(name);
+            if n == 1 {
+                continue;
+            }
+            let one = match kernel {
+                Some(kernel) => format!("{system}@{kernel}"),
+                None => system.to_string(),
+            };
+            if let (Some(x), Some(y)) = (row.tok_s, tok(&shape, tokens, &one)) {
+                out.push(Ratio {
+                    shape: shape.clone(),
+                    tokens_per_step: tokens,
+                    what: format!("scaling efficiency on {n} GPUs ({})", label(&one)),
+                    value: x / (n as f64 * y),
+                    target: Some(0.85),
                 });
             }
         }
@@ -798,6 +843,11 @@ mod tests {
             split_system("pipelined-old@chunk16k"),
             ("pipelined", false, true)
         );
+        assert_eq!(split_gpus("compact-bf16-x2"), ("compact-bf16", 2));
+        assert_eq!(split_gpus("pipelined-x2@tag"), ("pipelined", 2));
+        assert_eq!(split_gpus("torch-fsdp2"), ("torch-fsdp2", 1));
+        assert_eq!(split_system("pipelined-bf16-x4"), ("pipelined", true, false));
+        assert_eq!(label("pipelined-x2"), "burn-offload pipelined on 2 GPUs");
         assert_eq!(parse_name("bench-3b-four-pipelined"), None);
         assert_eq!(parse_name("085b-16k-serial"), None);
     }
@@ -867,8 +917,13 @@ mod tests {
             burn(12000.0),
         )
         .unwrap();
+        fs::write(
+            results.join("bench-085b-16k-pipelined-bf16-x2.summary.json"),
+            burn(14400.0),
+        )
+        .unwrap();
         let rows = read_rows(&results).unwrap();
-        assert_eq!(rows.len(), 10);
+        assert_eq!(rows.len(), 11);
         assert_eq!(rows[0].system, "resident");
         assert!(rows[0].ok);
         assert_eq!(rows[1].system, "pipelined");
@@ -889,6 +944,10 @@ mod tests {
         assert_eq!(get("offload ÷ resident burn"), None);
         assert_eq!(get("bf16 ours ÷ PyTorch FSDP2 offload bf16"), Some(2.5));
         assert_eq!(get("bf16 ÷ fp32 (pipelined)"), Some(2.0));
+        assert_eq!(
+            get("scaling efficiency on 2 GPUs (burn-offload pipelined bf16)"),
+            Some(0.9)
+        );
         let order: Vec<&str> = rows
             .iter()
             .filter(|r| r.tokens_per_step == 16384)
@@ -903,6 +962,7 @@ mod tests {
                 "torch-ckpt",
                 "torch-fsdp2",
                 "pipelined-bf16",
+                "pipelined-bf16-x2",
                 "pipelined-bf16@matmul_simple_tma_mma",
                 "torch-fsdp2-bf16"
             ]

@@ -3,7 +3,7 @@ use crate::compute::{
         cpu::{PINNED_MEMORY_ALIGNMENT, PinnedMemoryStorage},
         gpu::GpuStorage,
     },
-    sync::Fence,
+    sync::{DropQueue, Fence},
 };
 use cubecl_core::{
     MemoryConfiguration,
@@ -25,7 +25,8 @@ pub struct Stream {
     pub memory_management_gpu: MemoryManagement<GpuStorage>,
     pub memory_management_cpu: MemoryManagement<PinnedMemoryStorage>,
     pub errors: Vec<ServerError>,
-    pub drop_queue: drop_queue::PendingDropQueue<Fence>,
+    /// burn-offload patch: [`DropQueue`] instead of cubecl's `PendingDropQueue`.
+    pub drop_queue: DropQueue,
 }
 
 impl drop_queue::Fence for Fence {

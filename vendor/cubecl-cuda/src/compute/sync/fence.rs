@@ -39,6 +39,16 @@ impl Fence {
         }
     }
 
+    /// burn-offload patch: whether the [Fence] has been reached, without waiting
+    /// (`cuEventQuery`). An error counts as reached: `wait_sync` then reports it.
+    pub fn is_reached(&self) -> bool {
+        // SAFETY: `self.event` is a valid event created in `Fence::new`.
+        match unsafe { cudarc::driver::result::event::query(self.event) } {
+            Ok(()) => true,
+            Err(err) => err.0 != cudarc::driver::sys::CUresult::CUDA_ERROR_NOT_READY,
+        }
+    }
+
     /// Wait for the [Fence] to be reached, ensuring that all previous tasks enqueued to the
     /// [stream](CUstream_st) are completed.
     pub fn wait_sync(self) -> Result<(), ServerError> {
