@@ -848,7 +848,10 @@ mod tests {
         assert_eq!(split_gpus("compact-bf16-x2"), ("compact-bf16", 2));
         assert_eq!(split_gpus("pipelined-x2@tag"), ("pipelined", 2));
         assert_eq!(split_gpus("torch-fsdp2"), ("torch-fsdp2", 1));
-        assert_eq!(split_system("pipelined-bf16-x4"), ("pipelined", true, false));
+        assert_eq!(
+            split_system("pipelined-bf16-x4"),
+            ("pipelined", true, false)
+        );
         assert_eq!(label("pipelined-x2"), "burn-offload pipelined on 2 GPUs");
         assert_eq!(parse_name("bench-3b-four-pipelined"), None);
         assert_eq!(parse_name("085b-16k-serial"), None);
