@@ -13,20 +13,9 @@ use burn_offload::{
     EngineError, OptimizerConfig,
 };
 use burn_offload_tests::{
-    batch, lane_devices, rel_err, Batch, TestAutodiff as AD, TestBackend as B,
+    batch, lane_devices, rel_err, Batch, TestAutodiff as AD, TestBackend as B, TOL, TRAJECTORY_TOL,
 };
 use models::{Gpt2Config, LlamaConfig};
-
-/// One step's gradients and losses (see tests/tests/engine.rs).
-#[cfg(not(feature = "cuda"))]
-const TOL: f32 = 1e-5;
-#[cfg(feature = "cuda")]
-const TOL: f32 = 1e-3;
-/// Parameters after 20 steps (see tests/tests/engine.rs).
-#[cfg(not(feature = "cuda"))]
-const TRAJECTORY_TOL: f32 = 5e-5;
-#[cfg(feature = "cuda")]
-const TRAJECTORY_TOL: f32 = 1e-2;
 
 fn config(fused: bool, clip: Option<f64>) -> EngineConfig {
     EngineConfig {

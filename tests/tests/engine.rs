@@ -12,33 +12,9 @@ use burn_offload::{
     OptimizerConfig, OptimizerError,
 };
 use burn_offload_tests::{
-    batch, lift, rel_err, values, Batch, TestAutodiff as AD, TestBackend as B,
+    batch, lift, rel_err, values, Batch, TestAutodiff as AD, TestBackend as B, TOL, TRAJECTORY_TOL,
 };
 use models::{cross_entropy, Gpt2Config, LlamaConfig};
-
-/// Normwise relative tolerance of one step (losses, gradients). On the GPU
-/// the bound is TF32's: burn's f32 matmuls there round their operands to 10
-/// bits, and the engine's fused loss, softmax and SwiGLU kernels round at
-/// other points than plain burn's tensor ops (the probabilities are
-/// normalised before the value product, not after). The H100 run of
-/// 2026-11-24 (bench/results/cuda-bench) measured 3.5e-4 on a GPT-2 gradient and 1.05e-4
-/// on a loss; on the CPU both sides agree to 1e-5.
-#[cfg(not(feature = "cuda"))]
-const TOL: f32 = 1e-5;
-#[cfg(feature = "cuda")]
-const TOL: f32 = 1e-3;
-/// Tolerance on parameters and Adam moments after 20 steps. Adam's `m / √v`
-/// amplifies rounding in near-zero gradients from step to step. On the CPU,
-/// 50 runs (random weights each) measured up to 1.45e-5 (so `TOL` failed
-/// about one run in ten); the H100 runs of 2026-11-23 measured up to 2.2e-4
-/// on parameters and 1.05e-3 on Adam's first moment, and with the fused
-/// kernels (bench/results/cuda-bench) 4.4e-3 on a second moment. A wrong update (bias
-/// correction, step count, decay) errs by 1e-3 or more: the CPU run, at
-/// 5e-5, is the check that tells those apart.
-#[cfg(not(feature = "cuda"))]
-const TRAJECTORY_TOL: f32 = 5e-5;
-#[cfg(feature = "cuda")]
-const TRAJECTORY_TOL: f32 = 1e-2;
 
 /// Parameters (slots) the engine's store holds, over all groups.
 fn slot_count(store: &burn_offload::HostStore) -> usize {
