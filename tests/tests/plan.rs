@@ -766,4 +766,20 @@ fn two_gpus_share_one_store_and_keep_their_own_block_inputs() {
         p2.device_total(),
         p1.device_total() + bytes(&p2.device, summed)
     );
+    // On the CPU every logical device's share comes out of host memory.
+    let cpu_two = Job {
+        gpu: false,
+        ..two.clone()
+    };
+    let plan = Plan::new(&cpu_two);
+    let one_share = plan.host_total() + plan.device_total();
+    assert!(plan
+        .check(&cpu_two, &machine(one_share + (1 << 20), None))
+        .is_err());
+    assert!(plan
+        .check(
+            &cpu_two,
+            &machine(one_share + plan.device_total() + (1 << 20), None)
+        )
+        .is_ok());
 }

@@ -481,6 +481,8 @@ pub struct Plan {
     pub device: Vec<Item>,
     /// Parameters, for bytes/param.
     pub params: u64,
+    /// Devices the job trains on: each holds `device`.
+    pub devices: u64,
 }
 
 /// Shape facts the estimate needs, for either architecture.
@@ -748,6 +750,7 @@ impl Plan {
             host,
             device,
             params,
+            devices: job.gpus as u64,
         }
     }
 
@@ -842,10 +845,11 @@ impl Plan {
             ));
         }
         section(
-            if machine.device_bytes.is_some() {
-                "device (GPU; of the two phases the larger counts)"
-            } else {
-                "device (the host: CPU backend)"
+            match (machine.device_bytes.is_some(), self.devices) {
+                (true, 1) => "device (GPU; of the two phases the larger counts)",
+                (true, _) => "device (each GPU; of the two phases the larger counts)",
+                (false, 1) => "device (the host: CPU backend)",
+                (false, _) => "device (each logical device, in the host: CPU backend)",
             },
             &device,
             self.device_peak(machine),
@@ -861,12 +865,12 @@ impl Plan {
         out
     }
 
-    /// Host and device bytes needed on this machine (on CPU backends the
-    /// device's share comes out of host memory).
+    /// Host and device bytes needed on this machine (on CPU backends every
+    /// logical device's share comes out of host memory; a GPU holds its own).
     fn needs(&self, machine: &Machine) -> (u64, Option<u64>) {
         match machine.device_bytes {
             Some(_) => (self.host_total(), Some(self.device_peak(machine))),
-            None => (self.host_total() + self.device_total(), None),
+            None => (self.host_total() + self.devices * self.device_total(), None),
         }
     }
 
