@@ -11,7 +11,7 @@ use super::forward::ForwardState;
 use super::sink::{group_prefix, Sink};
 use super::StreamedModel;
 use super::{BlockAd, DeviceTransfer, Engine, AD};
-use crate::transfer::PendingGradients;
+use crate::transfer::{sum_lanes, PendingGradients};
 use crate::DecoderBlock;
 
 /// A backward pass's gradients on `Autodiff<B>`.
@@ -152,7 +152,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
             })
             .collect();
         let root = i % done.len();
-        let sum = self.sum_lanes(flat, root);
+        let sum = sum_lanes::<DeviceTransfer, B>(flat, root);
         self.lanes[root]
             .pager
             .start_kept(sum, &self.store.groups[i + 1], beside)

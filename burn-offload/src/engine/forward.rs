@@ -299,7 +299,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
             .into());
         }
         let blocks = self.template.blocks().to_vec();
-        let inputs = [super::lanes::on_device(
+        let inputs = [crate::transfer::on_device(
             inputs.clone(),
             &self.lanes[0].device,
         )];

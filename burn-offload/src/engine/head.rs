@@ -9,7 +9,7 @@ use super::sink::Sink;
 use super::StreamedModel;
 use super::{BlockAd, DeviceTransfer, Engine, AD};
 use crate::ops::cross_entropy::nll_sum;
-use crate::transfer::{add_to, DeviceGrads, PendingGradients};
+use crate::transfer::{add_to, sum_lanes, DeviceGrads, PendingGradients};
 use crate::BlockModel;
 
 /// What the head leaves for the backward, per lane where it differs.
@@ -73,7 +73,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         // head's 262 MB at 0.85B) cross on the download stream: on the
         // compute stream the first block's backward would wait for the copy.
         let beside = self.worker.is_some() && matches!(sink, Sink::Accumulate { .. });
-        let head_grads = self.sum_lanes(kept, 0);
+        let head_grads = sum_lanes::<DeviceTransfer, B>(kept, 0);
         let head_grads = self.lanes[0]
             .pager
             .start_kept(head_grads, &self.store.groups[0], beside);

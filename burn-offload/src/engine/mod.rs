@@ -91,10 +91,10 @@ use crate::host::optim::check_lr;
 use crate::host::worker::HostWorker;
 use crate::ops::cross_entropy::kept_targets;
 use crate::store::{Bf16Weights, HostStore};
-use crate::transfer::PagerStats;
+use crate::transfer::{on_device, PagerStats};
 use crate::{BlockModel, DecoderBlock};
 use embedding::TableTouch;
-use lanes::{on_device, Lane};
+use lanes::Lane;
 use ledger::{Lent, Update};
 use sink::Sink;
 

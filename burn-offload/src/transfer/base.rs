@@ -13,7 +13,7 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use burn::tensor::backend::Backend;
-use burn::tensor::{bf16, DType, Tensor};
+use burn::tensor::{bf16, BasicOps, DType, Tensor, TensorKind};
 
 use crate::host::bf16::round_into_par;
 use crate::store::ReadBack;
@@ -272,4 +272,22 @@ impl Transfer for HostTransfer {
     fn device_memory<X: Backend>(_: &X::Device) -> Option<DeviceMemory> {
         None
     }
+}
+
+/// `tensor` on `device`: as it is when it is there already, else through
+/// host memory. burn's `to_device` between two CUDA devices goes through
+/// cubecl's own NCCL communicators, which one thread cannot set up for two
+/// devices. Small tensors (token ids, a weight) cross this way, and the
+/// gradient parts of lanes on devices with no collective between them.
+pub fn on_device<B: Backend, const D: usize, K>(
+    tensor: Tensor<B, D, K>,
+    device: &B::Device,
+) -> Tensor<B, D, K>
+where
+    K: TensorKind<B> + BasicOps<B>,
+{
+    if tensor.device() == *device {
+        return tensor;
+    }
+    Tensor::from_data(tensor.into_data(), device)
 }

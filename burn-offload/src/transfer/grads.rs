@@ -9,7 +9,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{bf16, DType, Tensor};
 use rayon::prelude::*;
 
-use super::{PagerStats, QueuedRead, Transfer};
+use super::{on_device, PagerStats, QueuedRead, Transfer};
 use crate::host::bf16::round_into_par;
 use crate::host::rows::write_into;
 use crate::store::ParamGroup;
@@ -144,10 +144,7 @@ pub fn sum_lanes<T: Transfer, B: Backend>(
                 let device = parts[root].device();
                 parts
                     .into_iter()
-                    .map(|part| match part.device() == device {
-                        true => part,
-                        false => Tensor::from_data(part.into_data(), &device),
-                    })
+                    .map(|part| on_device(part, &device))
                     .reduce(|a, b| a + b)
                     .expect("one part per lane")
             })

@@ -6,7 +6,7 @@ mod base;
 mod grads;
 mod pager;
 
-pub use base::{DeviceMemory, HostTransfer, QueuedRead, Transfer};
+pub use base::{on_device, DeviceMemory, HostTransfer, QueuedRead, Transfer};
 #[cfg(feature = "cuda")]
 pub use base::{Download, Landed, UploadWait};
 pub use grads::{add_to, sum_lanes, DeviceGrads, PendingGradients};
