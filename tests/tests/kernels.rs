@@ -6,9 +6,10 @@
 //!   for logits whose rows are not contiguous and a vocabulary that is not a
 //!   multiple of the kernel's 256 units.
 //! - Causal attention (`burn_offload::ops::attention`, one autodiff operation;
-//!   its softmax one kernel each way on CUDA) against the reference that
-//!   burn differentiates op by op, with grouped-query heads and sequences
-//!   that cut into uneven query blocks.
+//!   its softmax one kernel each way on CUDA, and the key tiles' combination
+//!   and sums one kernel each) against the reference that burn
+//!   differentiates op by op, with grouped-query heads and sequences that
+//!   cut into uneven query blocks and key tiles.
 //! - The SwiGLU gate (`burn_offload::ops::swiglu`, one kernel each way on CUDA)
 //!   against burn's `silu(gate) * up`.
 //! - RMSNorm (`burn_offload::ops::rms_norm`, one kernel forward and two backward
@@ -19,7 +20,7 @@
 
 use burn::prelude::*;
 use burn::tensor::{DType, Distribution, TensorData};
-use burn_offload::ops::attention::{causal_attention, reference_causal_attention};
+use burn_offload::ops::attention::{causal_attention_tiled, reference_causal_attention, Tiling};
 use burn_offload::ops::cross_entropy::{nll_rows, nll_sum, reference_nll_rows};
 use burn_offload::ops::rms_norm::rms_norm;
 use burn_offload::ops::rotary::rotate_half;
@@ -148,44 +149,56 @@ fn assert_relatively_close<const D: usize, const N: usize>(
 
 /// Attention output and the gradients of `q`, `k`, `v` under a fixed random
 /// upstream gradient, fused against reference; the largest error of each
-/// relative to the reference's largest magnitude.
+/// relative to the reference's largest magnitude. Grouped-query ratios 4, 8
+/// and 1, with the tiling of the shape (one key tile) and with the keys cut
+/// into tiles, none of them whole multiples of the sequence.
 fn compare_attention(dtype: DType, tolerance: f32) {
     let device = Default::default();
-    // 2 sequences of 37 positions (query blocks of 10, 10, 10, 7), 8 query
-    // heads on 2 key/value heads, head size 16.
-    let (batch, heads, kv_heads, seq, dim) = (2, 8, 2, 37, 16);
-    let random = |h| {
-        Tensor::<AD, 4>::random(
-            [batch, h, seq, dim],
-            Distribution::Normal(0.0, 1.5),
-            &device,
-        )
-        .cast(dtype)
+    // 2 sequences of 37 positions (query blocks of 10, 10, 10, 7; or of 8
+    // with key tiles of 16, 16 and 5), head size 16.
+    let (batch, seq, dim) = (2, 37, 16);
+    let key_tiles = Tiling {
+        chunk: 1,
+        block: 8,
+        key_tile: 16,
     };
-    let (q, k, v) = (random(heads), random(kv_heads), random(kv_heads));
-    let upstream = random(heads).detach();
-    type Attention = fn(Tensor<AD, 4>, Tensor<AD, 4>, Tensor<AD, 4>) -> Tensor<AD, 4>;
-    let run = |attention: Attention| {
-        let (q, k, v) = (
-            q.clone().detach().require_grad(),
-            k.clone().detach().require_grad(),
-            v.clone().detach().require_grad(),
-        );
-        let out = attention(q.clone(), k.clone(), v.clone());
-        let grads = (out.clone() * upstream.clone()).sum().backward();
-        let grad = |t: &Tensor<AD, 4>| Tensor::<AD, 4>::from_inner(t.grad(&grads).expect("used"));
-        [out, grad(&q), grad(&k), grad(&v)]
-    };
-    let fused = run(causal_attention);
-    let reference = run(reference_causal_attention);
-    assert_relatively_close(
-        "attention",
-        ["output", "dq", "dk", "dv"],
-        fused,
-        reference,
-        dtype,
-        tolerance,
-    );
+    for (heads, kv_heads) in [(8, 2), (8, 1), (4, 4)] {
+        for tiling in [Tiling::new(heads, seq), key_tiles] {
+            let random = |h| {
+                Tensor::<AD, 4>::random(
+                    [batch, h, seq, dim],
+                    Distribution::Normal(0.0, 1.5),
+                    &device,
+                )
+                .cast(dtype)
+            };
+            let (q, k, v) = (random(heads), random(kv_heads), random(kv_heads));
+            let upstream = random(heads).detach();
+            let run = |attention: &dyn Fn(_, _, _) -> Tensor<AD, 4>| {
+                let (q, k, v) = (
+                    q.clone().detach().require_grad(),
+                    k.clone().detach().require_grad(),
+                    v.clone().detach().require_grad(),
+                );
+                let out = attention(q.clone(), k.clone(), v.clone());
+                let grads = (out.clone() * upstream.clone()).sum().backward();
+                let grad =
+                    |t: &Tensor<AD, 4>| Tensor::<AD, 4>::from_inner(t.grad(&grads).expect("used"));
+                [out, grad(&q), grad(&k), grad(&v)]
+            };
+            let fused = run(&|q, k, v| causal_attention_tiled(q, k, v, tiling));
+            let reference = run(&reference_causal_attention);
+            println!("{heads}/{kv_heads} heads, {tiling:?}");
+            assert_relatively_close(
+                "attention",
+                ["output", "dq", "dk", "dv"],
+                fused,
+                reference,
+                dtype,
+                tolerance,
+            );
+        }
+    }
 }
 
 #[test]

@@ -491,6 +491,8 @@ struct Shape {
     d: u64,
     layers: u64,
     heads: u64,
+    /// Width of the keys (and of the values).
+    kv: u64,
     block_params: u64,
     stem_params: u64,
     largest_tensor: u64,
@@ -511,6 +513,7 @@ fn shape(config: &ModelConfig) -> Shape {
                 d,
                 layers: c.n_layer as u64,
                 heads: c.n_head as u64,
+                kv,
                 block_params,
                 stem_params: 2 * vocab * d + d,
                 largest_tensor: (vocab * d).max(ff * d),
@@ -529,6 +532,7 @@ fn shape(config: &ModelConfig) -> Shape {
                 d,
                 layers: c.n_layer as u64,
                 heads: c.n_head as u64,
+                kv: d,
                 block_params: 12 * d * d + 13 * d,
                 stem_params: vocab * d + c.n_ctx as u64 * d + 2 * d,
                 largest_tensor: vocab * d,
@@ -548,10 +552,15 @@ impl Plan {
         // Bytes of one device value (weights, activations, checkpoints).
         let width = job.compute.bytes() as u64;
         // Attention's score-sized temporaries (scores, probabilities and
-        // their gradients), one chunk of sequences at a time.
-        let chunk_seqs = attention::sequences_per_chunk(s.heads as usize, t as usize) as u64;
-        let per_seq = attention::score_elements_per_sequence(s.heads as usize, t as usize) as u64;
-        let scores = width * 4 * chunk_seqs.min(b) * per_seq;
+        // their gradients), one query block and key tile of one chunk of
+        // sequences at a time, and the f32 sums of the tiles' outputs and
+        // gradients (queries, keys, values) where a sequence has several.
+        let (heads, seq) = (s.heads as usize, t as usize);
+        let tiling = attention::Tiling::new(heads, seq);
+        let mut scores = width * 4 * tiling.score_elements(b as usize, heads, seq) as u64;
+        if tiling.tiles_keys(seq) {
+            scores += F32 * tokens * (2 * s.d + 2 * s.kv);
+        }
         let block_saved = width * tokens * s.saved_per_token;
         // Beside the saved values, a block's backward holds their gradients
         // and its temporaries: 1.25 times the saved values (the whole

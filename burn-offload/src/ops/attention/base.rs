@@ -4,36 +4,83 @@ use burn::backend::autodiff::ops::{Backward, Ops};
 use burn::backend::{Autodiff, Flex};
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{Bool, Tensor, TensorPrimitive};
+use burn::tensor::{Bool, DType, Tensor, TensorPrimitive};
 
 use crate::ops::record::{cast, record, same, with_custom_backward};
 use crate::precision::cast_to;
 
-/// Most elements of one chunk's largest scores, `[chunk, heads, block, seq]`
-/// (the last query block's); a chunk has at least one sequence. 2^27 is
-/// 512 MiB in f32: at 16k tokens of the 0.85B Llama (16 × 1024, blocks of
-/// 256) a chunk is the whole batch.
+/// Most elements of one chunk's scores for one pair of a query block and a
+/// key tile, `[chunk, heads, block, keys]`; a chunk has at least one
+/// sequence. 2^27 is 512 MiB in f32: at 16k tokens of the 0.85B Llama (16 ×
+/// 1024, blocks of 256) a chunk is the whole batch.
 pub const SCORE_CHUNK_ELEMENTS: usize = 1 << 27;
 
 /// How many blocks of consecutive query positions each sequence's causal
-/// square is cut into. More blocks skip more of the masked half (`(n+1)/2n`
-/// of the square is computed) but launch more, smaller kernels: at 4 the
-/// 0.85B Llama's blocks are 256 queries, whose matmuls still fill the GPU.
+/// square is cut into, where the blocks' scores fit [`SCORE_CHUNK_ELEMENTS`].
+/// More blocks skip more of the masked half (`(n+1)/2n` of the square is
+/// computed) but launch more, smaller kernels: at 4 the 0.85B Llama's blocks
+/// are 256 queries, whose matmuls still fill the GPU.
 pub const QUERY_BLOCKS: usize = 4;
 
-/// Query positions per block for sequences of length `seq`.
-pub fn query_block(seq: usize) -> usize {
-    seq.div_ceil(QUERY_BLOCKS).max(1)
+/// How attention's passes cut one batch: chunks of sequences, blocks of
+/// consecutive query positions, and tiles of keys.
+///
+/// A query block sees the keys up to its last position; they are cut into
+/// tiles of `key_tile` positions from the first (a multiple of `block`, so
+/// that only a block's last tile reaches past its first query and needs the
+/// causal mask, and every query sees at least one key of every tile). A
+/// block's output is the tiles' outputs combined by their log-sum-exp, as
+/// FlashAttention does within a kernel, and the backward sums each tile's
+/// key and value gradients over the blocks that see it. Scores of one block
+/// and tile, `[chunk, heads, block, key_tile]`, are all a pass keeps of the
+/// square, so memory grows with the sequence, not its square.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tiling {
+    /// Sequences per chunk.
+    pub chunk: usize,
+    /// Query positions per block.
+    pub block: usize,
+    /// Key positions per tile: a multiple of `block`.
+    pub key_tile: usize,
 }
 
-/// Elements of one sequence's largest score block: `heads × block × seq`.
-pub fn score_elements_per_sequence(heads: usize, seq: usize) -> usize {
-    heads * query_block(seq).min(seq) * seq
-}
+impl Tiling {
+    /// The tiling of `heads` query heads over sequences of `seq` positions:
+    /// four query blocks a sequence while one block and all its keys fit
+    /// [`SCORE_CHUNK_ELEMENTS`]; past that, square tiles as large as fit it
+    /// (2048 positions for 32 heads).
+    pub fn new(heads: usize, seq: usize) -> Self {
+        let heads = heads.max(1);
+        let seq = seq.max(1);
+        let side = ((SCORE_CHUNK_ELEMENTS / heads) as f64).sqrt() as usize;
+        // Whole tiles of 64 where there is room, for the matmuls' sake.
+        let side = if side >= 64 {
+            side / 64 * 64
+        } else {
+            side.max(1)
+        };
+        let block = seq.div_ceil(QUERY_BLOCKS).min(side).max(1);
+        let keys = (SCORE_CHUNK_ELEMENTS / (heads * block)).max(block);
+        let key_tile = (keys / block * block).min(seq.next_multiple_of(block));
+        let chunk = (SCORE_CHUNK_ELEMENTS / (heads * block * key_tile.min(seq))).max(1);
+        Self {
+            chunk,
+            block,
+            key_tile,
+        }
+    }
 
-/// Sequences per chunk for `heads` query heads of length `seq`.
-pub fn sequences_per_chunk(heads: usize, seq: usize) -> usize {
-    (SCORE_CHUNK_ELEMENTS / score_elements_per_sequence(heads, seq).max(1)).max(1)
+    /// Elements of the largest scores a pass holds at once over a batch of
+    /// `batch` sequences.
+    pub fn score_elements(&self, batch: usize, heads: usize, seq: usize) -> usize {
+        self.chunk.min(batch) * heads * self.block.min(seq) * self.key_tile.min(seq)
+    }
+
+    /// Whether a sequence's keys are cut into more than one tile (a block's
+    /// output is then combined from several).
+    pub fn tiles_keys(&self, seq: usize) -> bool {
+        self.key_tile < seq
+    }
 }
 
 /// `softmax(q·kᵀ / √d + causal mask) · v` for `q: [batch, heads, seq, d]` and
@@ -47,11 +94,28 @@ pub fn causal_attention<B: Backend>(
     k: Tensor<B, 4>,
     v: Tensor<B, 4>,
 ) -> Tensor<B, 4> {
+    let [_, heads, seq, _] = q.dims();
+    causal_attention_tiled(q, k, v, Tiling::new(heads, seq))
+}
+
+/// [`causal_attention`] cut by `tiling` rather than the tiling of its shape
+/// (where it runs as one operation, or without a graph; otherwise the
+/// reference formulation, which does not tile).
+///
+/// # Panics
+/// As [`causal_attention`], and if the key tile is not a multiple of the
+/// query block.
+pub fn causal_attention_tiled<B: Backend>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+    tiling: Tiling,
+) -> Tensor<B, 4> {
     check_shapes(&q, &k, &v);
     macro_rules! tracked_on {
         ($inner:ty) => {
             if same::<B, Autodiff<$inner>>() {
-                return cast(tracked::<$inner>(cast(q), cast(k), cast(v)));
+                return cast(tracked::<$inner>(cast(q), cast(k), cast(v), tiling));
             }
         };
     }
@@ -60,8 +124,7 @@ pub fn causal_attention<B: Backend>(
         reference_causal_attention(q, k, v)
     } else {
         let [batch, heads, seq, head_dim] = q.dims();
-        let chunk = sequences_per_chunk(heads, seq);
-        attention_forward(q, k, v, chunk, query_block(seq))
+        attention_forward(q, k, v, tiling)
             .0
             .reshape([batch, heads, seq, head_dim])
     }
@@ -131,27 +194,50 @@ fn join_rows<B: Backend>(parts: Vec<Tensor<B, 4>>, groups: usize) -> Tensor<B, 4
     joined.reshape([b, kv, groups * seq, w])
 }
 
-/// One block of queries, positions `start..start + len`, and the keys it sees
-/// (`0..start + len`); `future` is `true` where a query must not see a key.
+/// One block of queries, positions `start..start + len`, and the tiles of the
+/// keys it sees (`0..start + len`); `future`, for its last tile, is `true`
+/// where a query must not see a key.
 struct QueryBlock<B: Backend> {
     start: usize,
     len: usize,
+    key_tile: usize,
     future: Tensor<B, 2, Bool>,
 }
 
+/// Keys `start..start + len`, one tile of a query block's.
+#[derive(Debug, Clone, Copy)]
+struct KeyTile {
+    start: usize,
+    len: usize,
+}
+
 impl<B: Backend> QueryBlock<B> {
-    /// The blocks of `block` positions that cover `seq` (the last may be
-    /// shorter), each with its mask, built once per pass and shared by the
-    /// chunks.
-    fn cover(seq: usize, block: usize, device: &B::Device) -> Vec<Self> {
+    /// The blocks of `tiling.block` positions that cover `seq` (the last may
+    /// be shorter), each with its last tile's mask, built once per pass and
+    /// shared by the chunks.
+    fn cover(seq: usize, tiling: &Tiling, device: &B::Device) -> Vec<Self> {
+        let (block, key_tile) = (tiling.block.max(1), tiling.key_tile);
+        assert!(
+            key_tile >= block && key_tile.is_multiple_of(block),
+            "attention: key tiles of {key_tile} are not whole blocks of {block}"
+        );
         (0..seq)
-            .step_by(block.max(1))
+            .step_by(block)
             .map(|start| {
                 let len = block.min(seq - start);
-                // Query i (at start + i) sees keys ≤ start + i: the diagonal
-                // is never masked, so every row has a finite maximum.
-                let future = Tensor::tril_mask([len, start + len], start as i64, device);
-                QueryBlock { start, len, future }
+                // The last tile holds every query of the block (tiles are
+                // whole blocks): query i (at start + i) sees its keys up to
+                // start + i, so the diagonal is never masked and every row
+                // has a finite maximum.
+                let last = start / key_tile * key_tile;
+                let future =
+                    Tensor::tril_mask([len, start + len - last], (start - last) as i64, device);
+                QueryBlock {
+                    start,
+                    len,
+                    key_tile,
+                    future,
+                }
             })
             .collect()
     }
@@ -159,15 +245,45 @@ impl<B: Backend> QueryBlock<B> {
     fn keys(&self) -> usize {
         self.start + self.len
     }
+
+    /// The tiles of the keys the block sees, from the first.
+    fn tiles(&self) -> impl Iterator<Item = KeyTile> {
+        let (end, size) = (self.keys(), self.key_tile);
+        (0..end).step_by(size).map(move |start| KeyTile {
+            start,
+            len: size.min(end - start),
+        })
+    }
+
+    /// The block's tile starting at key `start`, if it sees one.
+    fn tile_at(&self, start: usize) -> Option<KeyTile> {
+        (start < self.keys()).then(|| KeyTile {
+            start,
+            len: self.key_tile.min(self.keys() - start),
+        })
+    }
+
+    /// The block's first query position, counted from `tile`'s first key:
+    /// query `i` of the block sees the tile's keys `0..=offset + i`.
+    fn offset(&self, tile: KeyTile) -> usize {
+        self.start - tile.start
+    }
+
+    /// Whether some query of the block must not see some key of `tile` (only
+    /// its last tile reaches past the first query).
+    fn masks(&self, tile: KeyTile) -> bool {
+        tile.len > self.offset(tile) + 1
+    }
 }
 
-/// Scaled scores of one query block, `[b, kv, g·len, keys]`, for its grouped
-/// queries `q` and the keys it sees `k` (unmasked).
+/// Scaled scores of one query block and key tile, `[b, kv, g·len, keys]`,
+/// for its grouped queries `q` and the tile's keys `k` (unmasked).
 fn scaled_scores<B: Backend>(q: Tensor<B, 4>, k: Tensor<B, 4>, scale: f64) -> Tensor<B, 4> {
     (q * scale).matmul(k.swap_dims(2, 3))
 }
 
-/// `scores` of one query block with the keys its queries must not see at −∞.
+/// `scores` of a query block's last tile with the keys its queries must not
+/// see at −∞.
 fn masked<B: Backend>(scores: Tensor<B, 4>, block: &QueryBlock<B>) -> Tensor<B, 4> {
     let [b, kv, rows, keys] = scores.dims();
     let groups = rows / block.len;
@@ -191,33 +307,82 @@ fn dense<B: Backend>(t: Tensor<B, 4>) -> Tensor<B, 4> {
     t
 }
 
-/// A query block's softmax in one kernel where there is one (CUDA): the
+/// A tile's softmax in one kernel where there is one (CUDA): the
 /// probabilities and each row's log-sum-exp in f32.
 fn fused_softmax<B: Backend>(
     scores: &Tensor<B, 4>,
     block: &QueryBlock<B>,
+    tile: KeyTile,
 ) -> Option<(Tensor<B, 4>, Tensor<B, 4>)> {
     #[cfg(feature = "cuda")]
-    return super::cuda::softmax_forward(scores, block.start, block.len);
+    return super::cuda::softmax_forward(scores, block.offset(tile), block.len);
     #[cfg(not(feature = "cuda"))]
     {
-        let _ = (scores, block);
+        let _ = (scores, block, tile);
         None
     }
 }
 
-/// A query block's softmax gradient in one kernel where there is one (CUDA):
-/// the probabilities and the scores' gradient.
+/// A tile's softmax gradient in one kernel where there is one (CUDA): the
+/// probabilities and the scores' gradient.
 fn fused_softmax_grad<B: Backend>(
     [scores, dprobs, lse, row_dot]: [&Tensor<B, 4>; 4],
     block: &QueryBlock<B>,
+    tile: KeyTile,
 ) -> Option<(Tensor<B, 4>, Tensor<B, 4>)> {
     #[cfg(feature = "cuda")]
-    return super::cuda::softmax_backward(scores, dprobs, lse, row_dot, block.start, block.len);
+    return super::cuda::softmax_backward(
+        scores,
+        dprobs,
+        lse,
+        row_dot,
+        block.offset(tile),
+        block.len,
+    );
     #[cfg(not(feature = "cuda"))]
     {
-        let _ = (scores, dprobs, lse, row_dot, block);
+        let _ = (scores, dprobs, lse, row_dot, block, tile);
         None
+    }
+}
+
+/// Two tiles' outputs of the same queries, each with its rows' log-sum-exp,
+/// as one: each weighted by its share of the joint softmax's denominator.
+/// The first is an f32 sum (output and log-sum-exp); so is the result.
+fn combine<B: Backend>(
+    (sum, sum_lse): (Tensor<B, 4>, Tensor<B, 4>),
+    (part, part_lse): (Tensor<B, 4>, Tensor<B, 4>),
+) -> (Tensor<B, 4>, Tensor<B, 4>) {
+    #[cfg(feature = "cuda")]
+    if let Some(fused) = super::cuda::combine(&sum, &sum_lse, &part, &part_lse) {
+        return fused;
+    }
+    let part_lse = cast_to(part_lse, DType::F32);
+    let max = sum_lse.clone().max_pair(part_lse.clone());
+    let (a, b) = (
+        (sum_lse - max.clone()).exp(),
+        (part_lse - max.clone()).exp(),
+    );
+    let total = a.clone() + b.clone();
+    let output = (sum * a + cast_to(part, DType::F32) * b) / total.clone();
+    (output, max + total.log())
+}
+
+/// `sum + part` in `sum`'s dtype (`part` itself, cast, when there is no sum).
+fn accumulate<B: Backend>(
+    sum: Option<Tensor<B, 4>>,
+    part: Tensor<B, 4>,
+    dtype: DType,
+) -> Tensor<B, 4> {
+    match sum {
+        None => cast_to(part, dtype),
+        Some(sum) => {
+            #[cfg(feature = "cuda")]
+            if let Some(fused) = super::cuda::accumulate(&sum, &part) {
+                return fused;
+            }
+            sum + cast_to(part, dtype)
+        }
     }
 }
 
@@ -245,40 +410,66 @@ fn by_chunks<B: Backend, const N: usize, const M: usize>(
     parts.map(|p| Tensor::cat(p, 0))
 }
 
+/// One key tile's share of a query block's output, `[b, kv, g·len, d]`, and
+/// the rows' log-sum-exp over the tile's keys.
+fn tile_forward<B: Backend>(
+    [q, k, v]: [Tensor<B, 4>; 3],
+    scale: f64,
+    block: &QueryBlock<B>,
+    tile: KeyTile,
+) -> (Tensor<B, 4>, Tensor<B, 4>) {
+    let scores = scaled_scores(q, k, scale);
+    if let Some((probs, lse)) = fused_softmax(&scores, block, tile) {
+        return (probs.matmul(v), lse);
+    }
+    let scores = if block.masks(tile) {
+        masked(scores, block)
+    } else {
+        scores
+    };
+    let max = scores.clone().max_dim(3);
+    let weights = (scores - max.clone()).exp();
+    let sums = weights.clone().sum_dim(3);
+    (weights.matmul(v) / sums.clone(), max + sums.log())
+}
+
 /// The forward: the output in the grouped layout `[b, kv, g·s, d]` and each
-/// row's log-sum-exp `[b, kv, g·s, 1]` (what the backward needs), in query
-/// blocks of `block` positions.
+/// row's log-sum-exp `[b, kv, g·s, 1]` (what the backward needs).
 fn attention_forward<B: Backend>(
     q: Tensor<B, 4>,
     k: Tensor<B, 4>,
     v: Tensor<B, 4>,
-    chunk: usize,
-    block: usize,
+    tiling: Tiling,
 ) -> (Tensor<B, 4>, Tensor<B, 4>) {
     let [_, heads, seq, head_dim] = q.dims();
     let groups = heads / k.dims()[1];
     let scale = 1.0 / (head_dim as f64).sqrt();
+    let dtype = q.dtype();
     let q = grouped(q, k.dims()[1]);
     let (k, v) = (dense(k), dense(v));
-    let blocks = QueryBlock::cover(seq, block, &k.device());
-    let [output, lse] = by_chunks([q, k, v], chunk, |[q, k, v]| {
+    let blocks = QueryBlock::cover(seq, &tiling, &k.device());
+    let [output, lse] = by_chunks([q, k, v], tiling.chunk, |[q, k, v]| {
         let (mut outputs, mut lses) = (Vec::new(), Vec::new());
         for block in &blocks {
-            let keys = block.keys();
             let q = query_rows(&q, seq, block.start, block.len);
-            let (k, v) = (k.clone().narrow(2, 0, keys), v.clone().narrow(2, 0, keys));
-            let scores = scaled_scores(q, k, scale);
-            if let Some((probs, lse)) = fused_softmax(&scores, block) {
-                outputs.push(probs.matmul(v));
-                lses.push(lse);
-                continue;
+            let mut sum: Option<(Tensor<B, 4>, Tensor<B, 4>)> = None;
+            for tile in block.tiles() {
+                let keys = |x: &Tensor<B, 4>| x.clone().narrow(2, tile.start, tile.len);
+                let part = tile_forward([q.clone(), keys(&k), keys(&v)], scale, block, tile);
+                sum = Some(match sum {
+                    None => part,
+                    // Several tiles: their sum is kept in f32.
+                    Some((o, lse)) if o.dtype() != DType::F32 => {
+                        let first = (cast_to(o, DType::F32), cast_to(lse, DType::F32));
+                        combine(first, part)
+                    }
+                    Some(first) => combine(first, part),
+                });
             }
-            let scores = masked(scores, block);
-            let max = scores.clone().max_dim(3);
-            let weights = (scores - max.clone()).exp();
-            let sums = weights.clone().sum_dim(3);
-            outputs.push(weights.matmul(v) / sums.clone());
-            lses.push(max + sums.log());
+            let (output, lse) = sum.expect("a query block sees at least one key");
+            outputs.push(cast_to(output, dtype));
+            // Combined log-sum-exps are f32; the blocks' must agree.
+            lses.push(cast_to(lse, DType::F32));
         }
         [join_rows(outputs, groups), join_rows(lses, groups)]
     });
@@ -286,74 +477,111 @@ fn attention_forward<B: Backend>(
 }
 
 /// The backward: `(dq, dk, dv)` for the output gradient `grad` in the grouped
-/// layout, from the forward's inputs, output and log-sum-exp, in query
-/// blocks of `block` positions.
+/// layout, from the forward's inputs, output and log-sum-exp. Key tiles go
+/// one at a time: the blocks that see a tile add to its key and value
+/// gradients, and each block's query gradient sums its tiles'.
 fn attention_backward<B: Backend>(
     [q, k, v, output, lse]: [Tensor<B, 4>; 5],
     grad: Tensor<B, 4>,
-    chunk: usize,
-    block: usize,
+    tiling: Tiling,
 ) -> [Tensor<B, 4>; 3] {
     let [batch, heads, seq, head_dim] = q.dims();
     let groups = heads / k.dims()[1];
     let scale = 1.0 / (head_dim as f64).sqrt();
+    let dtype = q.dtype();
+    // The gradients are sums of the blocks' and tiles' parts, kept in f32
+    // (in bf16, a sum over the 128 blocks of a 256k sequence would round
+    // 128 times).
+    let sum_dtype = DType::F32;
     let q = grouped(q, k.dims()[1]);
     let (k, v) = (dense(k), dense(v));
-    let blocks = QueryBlock::cover(seq, block, &k.device());
+    let blocks = QueryBlock::cover(seq, &tiling, &k.device());
     let [dq, dk, dv] = by_chunks(
         [q, k, v, output, lse, grad],
-        chunk,
+        tiling.chunk,
         |[q, k, v, output, lse, grad]| {
             let row_dot = (grad.clone() * output).sum_dim(3);
-            let mut dqs = Vec::with_capacity(blocks.len());
-            // The last block sees every key, so its key and value gradients
-            // start the sums the earlier blocks add their leading rows to.
-            let (mut dk, mut dv): (Option<Tensor<B, 4>>, Option<Tensor<B, 4>>) = (None, None);
-            for block in blocks.iter().rev() {
-                let (start, len, keys) = (block.start, block.len, block.keys());
-                let rows = |x: &Tensor<B, 4>| query_rows(x, seq, start, len);
-                let (q, grad) = (rows(&q), rows(&grad));
-                let (k, v) = (k.clone().narrow(2, 0, keys), v.clone().narrow(2, 0, keys));
-                // The forward's probabilities, recomputed (masked entries: exp(−∞) = 0).
-                let scores = scaled_scores(q.clone(), k.clone(), scale);
-                let dprobs = grad.clone().matmul(v.swap_dims(2, 3));
-                let (lse, row_dot) = (rows(&lse), rows(&row_dot));
-                let (probs, dscores) =
-                    match fused_softmax_grad([&scores, &dprobs, &lse, &row_dot], block) {
+            let mut dqs: Vec<Option<Tensor<B, 4>>> = vec![None; blocks.len()];
+            let (mut dks, mut dvs) = (Vec::new(), Vec::new());
+            for first_key in (0..seq).step_by(tiling.key_tile) {
+                // The last block sees every key of the tile, so its key and
+                // value gradients start the sums the earlier blocks add their
+                // leading rows to; a block before one that does not see the
+                // tile does not either.
+                let (mut dk, mut dv): (Option<Tensor<B, 4>>, Option<Tensor<B, 4>>) = (None, None);
+                for (i, block) in blocks.iter().enumerate().rev() {
+                    let Some(tile) = block.tile_at(first_key) else {
+                        break;
+                    };
+                    let rows = |x: &Tensor<B, 4>| query_rows(x, seq, block.start, block.len);
+                    let keys = |x: &Tensor<B, 4>| x.clone().narrow(2, tile.start, tile.len);
+                    let (q, grad, k, v) = (rows(&q), rows(&grad), keys(&k), keys(&v));
+                    // The forward's probabilities, recomputed (masked entries: exp(−∞) = 0).
+                    let scores = scaled_scores(q.clone(), k.clone(), scale);
+                    let dprobs = grad.clone().matmul(v.swap_dims(2, 3));
+                    let (lse, row_dot) = (rows(&lse), rows(&row_dot));
+                    let fused = fused_softmax_grad([&scores, &dprobs, &lse, &row_dot], block, tile);
+                    let (probs, dscores) = match fused {
                         Some(fused) => fused,
                         None => {
-                            // A fused forward keeps its log-sum-exp in f32.
+                            // A fused or combined forward keeps its log-sum-exp in f32.
                             let lse = cast_to(lse, scores.dtype());
-                            let probs = (masked(scores, block) - lse).exp();
+                            let scores = if block.masks(tile) {
+                                masked(scores, block)
+                            } else {
+                                scores
+                            };
+                            let probs = (scores - lse).exp();
                             (probs.clone(), probs * (dprobs - row_dot))
                         }
                     };
-                let dv_part = probs.swap_dims(2, 3).matmul(grad.clone());
-                dqs.push(dscores.clone().matmul(k));
-                let dk_part = dscores.swap_dims(2, 3).matmul(q);
-                dk = Some(add_leading(dk, dk_part));
-                dv = Some(add_leading(dv, dv_part));
+                    let dv_part = probs.swap_dims(2, 3).matmul(grad);
+                    dqs[i] = Some(accumulate(
+                        dqs[i].take(),
+                        dscores.clone().matmul(k),
+                        sum_dtype,
+                    ));
+                    let dk_part = dscores.swap_dims(2, 3).matmul(q);
+                    dk = Some(add_leading(dk, dk_part, sum_dtype));
+                    dv = Some(add_leading(dv, dv_part, sum_dtype));
+                }
+                dks.push(dk.expect("the last block sees every tile"));
+                dvs.push(dv.expect("the last block sees every tile"));
             }
-            dqs.reverse();
+            let dqs = dqs
+                .into_iter()
+                .map(|dq| dq.expect("every block sees a tile"))
+                .collect();
+            let join = |parts: Vec<Tensor<B, 4>>| match parts.len() {
+                1 => parts.into_iter().next().expect("one tile"),
+                _ => Tensor::cat(parts, 2),
+            };
             [
-                join_rows(dqs, groups) * scale,
-                dk.expect("at least one block") * scale,
-                dv.expect("at least one block"),
+                cast_to(join_rows(dqs, groups) * scale, dtype),
+                cast_to(join(dks) * scale, dtype),
+                cast_to(join(dvs), dtype),
             ]
         },
     );
     [dq.reshape([batch, heads, seq, head_dim]), dk, dv]
 }
 
-/// `sum` with `part` added to its leading rows (dimension 2); `part` itself
-/// when there is no sum yet.
-fn add_leading<B: Backend>(sum: Option<Tensor<B, 4>>, part: Tensor<B, 4>) -> Tensor<B, 4> {
+/// `sum` with `part` added to its leading rows (dimension 2), in `dtype`;
+/// `part` itself when there is no sum yet.
+fn add_leading<B: Backend>(
+    sum: Option<Tensor<B, 4>>,
+    part: Tensor<B, 4>,
+    dtype: DType,
+) -> Tensor<B, 4> {
     let Some(sum) = sum else {
-        return part;
+        return cast_to(part, dtype);
     };
+    if sum.dims() == part.dims() {
+        return accumulate(Some(sum), part, dtype);
+    }
     let [b, kv, rows, w] = part.dims();
     let ranges = [0..b, 0..kv, 0..rows, 0..w];
-    let leading = sum.clone().slice(ranges.clone()) + part;
+    let leading = accumulate(Some(sum.clone().slice(ranges.clone())), part, dtype);
     sum.slice_assign(ranges, leading)
 }
 
@@ -366,7 +594,9 @@ fn tensor<B: Backend, const D: usize>(t: FloatTensor<B>) -> Tensor<B, D> {
 }
 
 #[derive(Debug)]
-struct CausalAttention;
+struct CausalAttention {
+    tiling: Tiling,
+}
 
 impl<B: Backend> Backward<B, 3> for CausalAttention {
     /// `q`, `k`, `v`, the grouped output and its log-sum-exp.
@@ -375,10 +605,8 @@ impl<B: Backend> Backward<B, 3> for CausalAttention {
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
         let grad = grads.consume::<B>(&ops.node);
         let saved = ops.state.map(tensor::<B, 4>);
-        let [_, heads, seq, _] = saved[0].dims();
         let grad = grouped(tensor::<B, 4>(grad), saved[1].dims()[1]);
-        let chunk = sequences_per_chunk(heads, seq);
-        let inputs = attention_backward(saved, grad, chunk, query_block(seq));
+        let inputs = attention_backward(saved, grad, self.tiling);
         for (parent, gradient) in ops.parents.into_iter().zip(inputs) {
             if let Some(node) = parent {
                 grads.register::<B>(node.id, float(gradient));
@@ -392,6 +620,7 @@ fn tracked<B: Backend>(
     q: Tensor<Autodiff<B>, 4>,
     k: Tensor<Autodiff<B>, 4>,
     v: Tensor<Autodiff<B>, 4>,
+    tiling: Tiling,
 ) -> Tensor<Autodiff<B>, 4> {
     let [batch, heads, seq, head_dim] = q.dims();
     let (q, k, v) = (float(q), float(k), float(v));
@@ -399,11 +628,11 @@ fn tracked<B: Backend>(
         tensor(q.primitive.clone()),
         tensor(k.primitive.clone()),
         tensor(v.primitive.clone()),
-        sequences_per_chunk(heads, seq),
-        query_block(seq),
+        tiling,
     );
     let result = float(output.clone().reshape([batch, heads, seq, head_dim]));
-    tensor(record(CausalAttention, [q, k, v], result, |[q, k, v]| {
+    let op = CausalAttention { tiling };
+    tensor(record(op, [q, k, v], result, |[q, k, v]| {
         [q, k, v, float(output), float(lse)]
     }))
 }
@@ -551,53 +780,114 @@ mod tests {
         check(reference_causal_attention);
     }
 
-    /// Chunked over the batch and cut into query blocks, both passes give
-    /// what one chunk of whole sequences gives.
+    /// Chunked over the batch, cut into query blocks and key tiles, both
+    /// passes give what one chunk of whole sequences gives: lengths that are
+    /// not multiples of the block or the tile, grouped-query ratios 1, 4
+    /// and 8, in f32 and in bf16 (whose combined tiles are summed in f32).
     #[test]
-    fn chunks_and_query_blocks_join_to_the_whole() {
+    fn chunks_blocks_and_key_tiles_join_to_the_whole() {
         let device = Default::default();
-        let randn =
-            |shape| Tensor::<Flex, 4>::random(shape, Distribution::Normal(0.0, 1.0), &device);
-        let (q, k, v) = (
-            randn([5, 4, 7, 8]),
-            randn([5, 2, 7, 8]),
-            randn([5, 2, 7, 8]),
-        );
-        let grad = randn([5, 2, 14, 8]);
-        let passes = |chunk, block| {
-            let (o, lse) = attention_forward(q.clone(), k.clone(), v.clone(), chunk, block);
-            let saved = [q.clone(), k.clone(), v.clone(), o.clone(), lse.clone()];
-            let [dq, dk, dv] = attention_backward(saved, grad.clone(), chunk, block);
-            [o, lse, dq, dk, dv]
-        };
-        let whole = passes(5, 7);
-        for (chunk, block) in [
-            (1, 7),
-            (2, 7),
-            (3, 7),
-            (5, 1),
-            (5, 2),
-            (2, 3),
-            (5, 6),
-            (5, 9),
+        for (heads, kv_heads, seq, dtype, tolerance) in [
+            (4, 2, 7, DType::F32, 1e-5),
+            (4, 4, 13, DType::F32, 1e-5),
+            (8, 2, 11, DType::F32, 1e-5),
+            (8, 1, 9, DType::F32, 1e-5),
+            (4, 1, 10, DType::BF16, 5e-2),
         ] {
-            for (part, all) in passes(chunk, block).into_iter().zip(whole.clone()) {
-                assert_eq!(part.dims(), all.dims());
-                let diff = max_abs_diff(part, all);
-                assert!(diff < 1e-5, "chunks of {chunk}, blocks of {block}: {diff}");
+            let randn = |shape: [usize; 4]| {
+                Tensor::<Flex, 4>::random(shape, Distribution::Normal(0.0, 1.0), &device)
+                    .cast(dtype)
+            };
+            let (q, k, v) = (
+                randn([5, heads, seq, 8]),
+                randn([5, kv_heads, seq, 8]),
+                randn([5, kv_heads, seq, 8]),
+            );
+            let grad = randn([5, kv_heads, heads / kv_heads * seq, 8]);
+            // Key tiles of `tiles` blocks.
+            let passes = |chunk, block, tiles| {
+                let tiling = Tiling {
+                    chunk,
+                    block,
+                    key_tile: block * tiles,
+                };
+                let (o, lse) = attention_forward(q.clone(), k.clone(), v.clone(), tiling);
+                let saved = [q.clone(), k.clone(), v.clone(), o.clone(), lse.clone()];
+                let [dq, dk, dv] = attention_backward(saved, grad.clone(), tiling);
+                let lse = lse.cast(dtype);
+                [o, lse, dq, dk, dv].map(|t| t.cast(DType::F32))
+            };
+            let whole = passes(5, seq, 1);
+            let all = seq; // tiles of that many blocks hold every key
+            for (chunk, block, tiles) in [
+                (1, seq, 1),
+                (2, seq, 1),
+                (3, seq, 1),
+                (5, 1, all),
+                (5, 2, all),
+                (2, 3, all),
+                (5, 6, 2),
+                (5, seq + 2, 1),
+                (5, 1, 1),
+                (5, 1, 3),
+                (2, 2, 1),
+                (5, 2, 2),
+                (3, 3, 2),
+                (5, 4, 1),
+                (5, 3, 3),
+            ] {
+                let key_tile = block * tiles;
+                let parts = passes(chunk, block, tiles);
+                for (name, (part, all)) in ["o", "lse", "dq", "dk", "dv"]
+                    .into_iter()
+                    .zip(parts.into_iter().zip(whole.clone()))
+                {
+                    assert_eq!(part.dims(), all.dims());
+                    // Relative to the largest value. In bf16 every tile's
+                    // part is rounded before the f32 sum, and the backward
+                    // reads the log-sum-exp rounded to bf16 (the whole's
+                    // and the tiles' differ in their last bit): up to 2e-2
+                    // was seen, and the kernel tests allow 5e-2 in bf16.
+                    let largest: f32 = all.clone().abs().max().into_scalar().max(1.0);
+                    let diff = max_abs_diff(part, all) / largest;
+                    assert!(
+                        diff < tolerance,
+                        "{heads}/{kv_heads} heads, {seq} positions, {dtype:?}, chunks of \
+                         {chunk}, blocks of {block}, key tiles of {key_tile}: {name} {diff}"
+                    );
+                }
             }
         }
     }
 
-    /// Sequences of 1024 are cut into four blocks of 256, whose largest
-    /// scores let a chunk hold 32 sequences of 16 heads.
+    /// Sequences of 1024 are cut into four blocks of 256 whose keys are one
+    /// tile, and a chunk holds 32 sequences of 16 heads; long sequences into
+    /// square tiles as large as fit the score budget.
     #[test]
-    fn query_blocks_size_the_chunks() {
-        assert_eq!(query_block(1024), 256);
-        assert_eq!(query_block(7), 2);
-        assert_eq!(query_block(1), 1);
-        assert_eq!(sequences_per_chunk(16, 1024), 32);
-        assert_eq!(sequences_per_chunk(1, 1 << 20), 1);
+    fn tilings_fit_the_score_budget() {
+        let t = Tiling::new(16, 1024);
+        assert_eq!((t.chunk, t.block, t.key_tile), (32, 256, 1024));
+        assert!(!t.tiles_keys(1024));
+        let t = Tiling::new(4, 7);
+        assert_eq!((t.block, t.key_tile), (2, 8));
+        assert_eq!(Tiling::new(1, 1).block, 1);
+        let t = Tiling::new(32, 16 << 10);
+        assert_eq!((t.chunk, t.block, t.key_tile), (1, 2048, 2048));
+        assert!(t.tiles_keys(16 << 10));
+        let t = Tiling::new(32, 256 << 10);
+        assert_eq!((t.chunk, t.block, t.key_tile), (1, 2048, 2048));
+        assert_eq!(t.score_elements(1, 32, 256 << 10), SCORE_CHUNK_ELEMENTS);
+        for (heads, seq) in [(1, 1 << 20), (24, 131072), (8, 3000), (32, 5000)] {
+            let t = Tiling::new(heads, seq);
+            assert!(
+                t.key_tile.is_multiple_of(t.block),
+                "{heads} heads, {seq}: {t:?}"
+            );
+            assert!(
+                t.score_elements(64, heads, seq) <= SCORE_CHUNK_ELEMENTS,
+                "{t:?}"
+            );
+        }
     }
 
     /// A query never sees a later position: changing the last key and value

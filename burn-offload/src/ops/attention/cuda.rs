@@ -10,18 +10,23 @@
 //!   f32;
 //! - `softmax_grad_kernel` (backward): a plane per row writes
 //!   `p = exp(s − lse)` and `p · (dp − rowsum(dO ⊙ O))`, zero past the
-//!   diagonal, reading nothing there.
+//!   diagonal, reading nothing there;
+//! - `combine_kernel` and `accumulate_kernel`: where a sequence's keys are cut
+//!   into several tiles, the tiles' outputs are combined by their log-sum-exp
+//!   and the gradients summed, into f32, a unit per value.
 //!
-//! The scores of a query block are `[b, kv, g·len, keys]`: row `i` along the
-//! third dimension is the query at position `start + i mod len`, which sees
-//! keys `0..=start + i mod len`. All arithmetic is f32.
+//! The scores of a query block over one key tile are `[b, kv, g·len, keys]`:
+//! row `i` along the third dimension is the block's query `i mod len`, which
+//! sees the tile's keys `0..=offset + i mod len` (the block's first query is
+//! `offset` positions past the tile's first key). All arithmetic is f32.
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Shape, Tensor};
 use burn_cubecl::cubecl::cuda::CudaRuntime;
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
-use cubecl::{CubeCount, CubeDim};
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::{calculate_cube_count_elemwise, CubeCount, CubeDim};
 
 use crate::cuda::{as_float, float_cube, is_float};
 
@@ -40,10 +45,16 @@ mod kernels {
         i0 * t.stride(0) + i1 * t.stride(1) + i2 * t.stride(2)
     }
 
-    /// Keys the query of row `row` sees (`0..visible`).
+    /// Keys of the tile the query of row `row` sees (`0..visible`): the
+    /// block's query `i` sees keys `0..=offset + i`, at most the tile's.
     #[cube]
-    fn visible_keys(row: usize, rows: usize, start: u32, len: u32) -> usize {
-        start as usize + (row % rows) % len as usize + 1
+    fn visible_keys(row: usize, rows: usize, keys: usize, offset: u32, len: u32) -> usize {
+        let visible = offset as usize + (row % rows) % len as usize + 1;
+        if visible > keys {
+            keys
+        } else {
+            visible
+        }
     }
 
     #[cube(launch)]
@@ -51,7 +62,7 @@ mod kernels {
         scores: &Tensor<F>,
         probs: &mut Tensor<F>,
         lse: &mut Tensor<f32>,
-        start: u32,
+        offset: u32,
         len: u32,
         #[define(F)] _dtype: StorageType,
     ) {
@@ -63,7 +74,7 @@ mod kernels {
         let lane = UNIT_POS_X as usize;
         let lanes = CUBE_DIM_X as usize;
         let keys = scores.shape(3);
-        let visible = visible_keys(row, rows, start, len);
+        let visible = visible_keys(row, rows, keys, offset, len);
         let base = row_offset(scores, row);
         let step = scores.stride(3);
 
@@ -110,7 +121,7 @@ mod kernels {
         row_dot: &Tensor<F>,
         probs: &mut Tensor<F>,
         dscores: &mut Tensor<F>,
-        start: u32,
+        offset: u32,
         len: u32,
         #[define(F)] _dtype: StorageType,
     ) {
@@ -125,7 +136,7 @@ mod kernels {
         let lane = UNIT_POS_X as usize;
         let lanes = CUBE_DIM_X as usize;
         let keys = probs.shape(3);
-        let visible = visible_keys(row, rows, start, len);
+        let visible = visible_keys(row, rows, keys, offset, len);
         let (s_base, s_step) = (row_offset(scores, row), scores.stride(3));
         let (d_base, d_step) = (row_offset(dprobs, row), dprobs.stride(3));
         let (p_base, p_step) = (row_offset(probs, row), probs.stride(3));
@@ -145,8 +156,56 @@ mod kernels {
             key += lanes;
         }
     }
+
+    /// Two tiles' outputs of the same rows as one (a unit per value): the
+    /// f32 sum so far and the next tile's output, each weighted by its
+    /// share `exp(lse − lse_new)` of the joint denominator. Contiguous
+    /// `[b, kv, rows, d]` and `[b, kv, rows, 1]` tensors.
+    #[cube(launch)]
+    pub(super) fn combine_kernel<F: Float>(
+        sum: &Tensor<f32>,
+        sum_lse: &Tensor<f32>,
+        part: &Tensor<F>,
+        part_lse: &Tensor<f32>,
+        out: &mut Tensor<f32>,
+        out_lse: &mut Tensor<f32>,
+        #[define(F)] _dtype: StorageType,
+    ) {
+        let i = ABSOLUTE_POS;
+        if i >= out.len() {
+            terminate!();
+        }
+        let width = out.shape(3);
+        let row = i / width;
+        let (a, b) = (sum_lse[row], part_lse[row]);
+        let mut max = a;
+        if b > a {
+            max = b;
+        }
+        let (wa, wb) = ((a - max).exp(), (b - max).exp());
+        let total = wa + wb;
+        out[i] = (sum[i] * wa + f32::cast_from(part[i]) * wb) / total;
+        if i % width == 0 {
+            out_lse[row] = max + total.ln();
+        }
+    }
+
+    /// `sum + part` into a new f32 tensor (a unit per value, contiguous).
+    #[cube(launch)]
+    pub(super) fn accumulate_kernel<F: Float>(
+        sum: &Tensor<f32>,
+        part: &Tensor<F>,
+        out: &mut Tensor<f32>,
+        #[define(F)] _dtype: StorageType,
+    ) {
+        let i = ABSOLUTE_POS;
+        if i >= out.len() {
+            terminate!();
+        }
+        out[i] = sum[i] + f32::cast_from(part[i]);
+    }
 }
-use kernels::{softmax_grad_kernel, softmax_rows_kernel};
+use kernels::{accumulate_kernel, combine_kernel, softmax_grad_kernel, softmax_rows_kernel};
 
 /// The launch of a plane-per-row kernel over the rows of a `[b, h, rows,
 /// keys]` shape.
@@ -154,11 +213,13 @@ fn plane_per_row(shape: &[usize]) -> Option<(CubeCount, CubeDim)> {
     crate::cuda::plane_per_row(shape[..3].iter().product(), shape[3])
 }
 
-/// The probabilities of a query block's (scaled, unmasked) `scores` and each
-/// row's log-sum-exp, f32 `[b, kv, g·len, 1]`; `None` off CUDA.
+/// The probabilities of a query block's (scaled, unmasked) `scores` over one
+/// key tile and each row's log-sum-exp, f32 `[b, kv, g·len, 1]`, for a block
+/// of `len` queries whose first is `offset` keys past the tile's first;
+/// `None` off CUDA.
 pub(crate) fn softmax_forward<B: Backend>(
     scores: &Tensor<B, 4>,
-    start: usize,
+    offset: usize,
     len: usize,
 ) -> Option<(Tensor<B, 4>, Tensor<B, 4>)> {
     let s = float_cube(scores)?;
@@ -179,7 +240,7 @@ pub(crate) fn softmax_forward<B: Backend>(
             s.clone().into_tensor_arg(),
             probs.clone().into_tensor_arg(),
             lse.clone().into_tensor_arg(),
-            start as u32,
+            offset as u32,
             len as u32,
             s.dtype.into(),
         );
@@ -189,13 +250,14 @@ pub(crate) fn softmax_forward<B: Backend>(
 
 /// `(p, p ⊙ (dp − row_dot))` for a query block's recomputed `scores`, the
 /// probabilities' gradient `dprobs` (same shape), the forward's `lse` (f32)
-/// and `row_dot = rowsum(dO ⊙ O)` (`[b, kv, g·len, 1]` each); `None` off CUDA.
+/// and `row_dot = rowsum(dO ⊙ O)` (`[b, kv, g·len, 1]` each), with `offset`
+/// and `len` as for [`softmax_forward`]; `None` off CUDA.
 pub(crate) fn softmax_backward<B: Backend>(
     scores: &Tensor<B, 4>,
     dprobs: &Tensor<B, 4>,
     lse: &Tensor<B, 4>,
     row_dot: &Tensor<B, 4>,
-    start: usize,
+    offset: usize,
     len: usize,
 ) -> Option<(Tensor<B, 4>, Tensor<B, 4>)> {
     let (s, dp) = (float_cube(scores)?, float_cube(dprobs)?);
@@ -225,12 +287,95 @@ pub(crate) fn softmax_backward<B: Backend>(
             row_dot.into_tensor_arg(),
             probs.clone().into_tensor_arg(),
             dscores.clone().into_tensor_arg(),
-            start as u32,
+            offset as u32,
             len as u32,
             s.dtype.into(),
         );
     }
     Some((as_float(probs), as_float(dscores)))
+}
+
+/// Units per cube of the one-unit-per-value kernels.
+const UNITS: u32 = 256;
+
+/// A new contiguous f32 tensor of `shape` beside `t`.
+fn new_f32(t: &CubeTensor<CudaRuntime>, shape: &[usize]) -> CubeTensor<CudaRuntime> {
+    empty_device_contiguous_dtype(
+        t.client.clone(),
+        t.device.clone(),
+        Shape::from(shape.to_vec()),
+        DType::F32,
+    )
+}
+
+/// [`super::base`]'s combination of two tiles' outputs in one kernel: the f32
+/// `sum` and `sum_lse`, and a tile's `part` (a float dtype) with its f32
+/// `part_lse`; `None` off CUDA or for other dtypes.
+pub(crate) fn combine<B: Backend>(
+    sum: &Tensor<B, 4>,
+    sum_lse: &Tensor<B, 4>,
+    part: &Tensor<B, 4>,
+    part_lse: &Tensor<B, 4>,
+) -> Option<(Tensor<B, 4>, Tensor<B, 4>)> {
+    let (sum, sum_lse) = (float_cube(sum)?, float_cube(sum_lse)?);
+    let (part, part_lse) = (float_cube(part)?, float_cube(part_lse)?);
+    if [&sum, &sum_lse, &part_lse]
+        .iter()
+        .any(|t| t.dtype != DType::F32)
+        || !is_float(part.dtype)
+        || part.meta.shape() != sum.meta.shape()
+        || part_lse.meta.shape() != sum_lse.meta.shape()
+    {
+        return None;
+    }
+    let [sum, sum_lse, part, part_lse] = [sum, sum_lse, part, part_lse].map(into_contiguous);
+    let out = new_f32(&sum, sum.meta.shape());
+    let out_lse = new_f32(&sum, sum_lse.meta.shape());
+    let elements = sum.meta.shape().num_elements();
+    if elements > 0 {
+        let cube_dim = CubeDim::new_1d(UNITS);
+        combine_kernel::launch::<CudaRuntime>(
+            &sum.client,
+            calculate_cube_count_elemwise(&sum.client, elements, cube_dim),
+            cube_dim,
+            sum.clone().into_tensor_arg(),
+            sum_lse.into_tensor_arg(),
+            part.clone().into_tensor_arg(),
+            part_lse.into_tensor_arg(),
+            out.clone().into_tensor_arg(),
+            out_lse.clone().into_tensor_arg(),
+            part.dtype.into(),
+        );
+    }
+    Some((as_float(out), as_float(out_lse)))
+}
+
+/// `sum + part` in one kernel for an f32 `sum` and a `part` of its shape in
+/// any float dtype; `None` off CUDA or otherwise.
+pub(crate) fn accumulate<B: Backend>(
+    sum: &Tensor<B, 4>,
+    part: &Tensor<B, 4>,
+) -> Option<Tensor<B, 4>> {
+    let (sum, part) = (float_cube(sum)?, float_cube(part)?);
+    if sum.dtype != DType::F32 || !is_float(part.dtype) || part.meta.shape() != sum.meta.shape() {
+        return None;
+    }
+    let [sum, part] = [sum, part].map(into_contiguous);
+    let out = new_f32(&sum, sum.meta.shape());
+    let elements = sum.meta.shape().num_elements();
+    if elements > 0 {
+        let cube_dim = CubeDim::new_1d(UNITS);
+        accumulate_kernel::launch::<CudaRuntime>(
+            &sum.client,
+            calculate_cube_count_elemwise(&sum.client, elements, cube_dim),
+            cube_dim,
+            sum.clone().into_tensor_arg(),
+            part.clone().into_tensor_arg(),
+            out.clone().into_tensor_arg(),
+            part.dtype.into(),
+        );
+    }
+    Some(as_float(out))
 }
 
 /// `t` laid out row-major, copied if it is not (and `t` itself off CUDA).

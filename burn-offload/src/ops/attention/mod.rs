@@ -12,14 +12,20 @@
 //!   `exp`) and applies the softmax gradient in closed form,
 //!   `dS = P ⊙ (dP − rowsum(dO ⊙ O))`.
 //!
-//! Both passes split each sequence's queries into [`QUERY_BLOCKS`] blocks of
-//! consecutive positions; a block's queries see only the keys up to its last
-//! position, so the scores of block `r` are `len × (r+1)·len`, not `len × seq`:
-//! with four blocks the score-sized passes (matmuls, mask, `exp`, the row
-//! reductions, the softmax gradient) cover 10/16 of the square instead of all
-//! of it, the masked half being mostly skipped. They work through the batch in
-//! chunks whose scores hold at most [`SCORE_CHUNK_ELEMENTS`], so the
-//! score-sized temporaries stay bounded too.
+//! Both passes split each sequence's queries into blocks of consecutive
+//! positions ([`Tiling`]); a block's queries see only the keys up to its last
+//! position, so the scores of block `r` are `len × (r+1)·len`, not
+//! `len × seq`: with four blocks the score-sized passes (matmuls, mask,
+//! `exp`, the row reductions, the softmax gradient) cover 10/16 of the square
+//! instead of all of it, the masked half being mostly skipped. They work
+//! through the batch in chunks whose scores hold at most
+//! [`SCORE_CHUNK_ELEMENTS`], so the score-sized temporaries stay bounded too.
+//! Past the length where one block and all its keys fit that bound, the keys
+//! are cut into tiles as well, as FlashAttention cuts them inside a kernel:
+//! each tile's output carries its rows' log-sum-exp, the tiles' outputs are
+//! combined by it, and the backward sums each tile's key and value gradients
+//! over the blocks that see it; memory then grows with the sequence, not its
+//! square (2048 × 2048 tiles for 32 heads).
 //! Grouped-query attention needs no repeated keys and values: the `g` query
 //! heads of one key/value head are laid end to end (`[b, kv, g·s, d]`), and
 //! one matmul serves the group (its key and value gradients come out summed
