@@ -7,13 +7,14 @@
 # NAME+ARG runs build NAME with one more train argument ARG (`--flag=value`):
 #   AB_BUILDS="new new+--worker-nice=0 old" AB_SYSTEMS=pipelined bash bench/gpu/ab.sh
 # Each round runs every system with every build once (0.85B Llama, AB_COMPUTE
-# (fp32) precision, AB_TOKENS k tokens per step, AB_STEPS steps of which the first two are left
-# out); $OUT/ab.txt lists the medians, $OUT/ab.tgz holds the metrics.
+# (fp32) precision, AB_TOKENS sequences of AB_SEQ (1024) tokens per step, AB_STEPS steps of
+# which the first two are left out); $OUT/ab.txt lists the medians, $OUT/ab.tgz holds the metrics.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; W=/tmp/ab-work; mkdir -p $W
 # libcublas, which `--matmul fast` uses for bf16.
 . bench/gpu/cublas_env.sh
-echo '{"arch":"llama","vocab_size":32000,"d_model":2048,"n_layer":16,"n_head":32,"n_kv_head":8,"d_ff":5632,"max_seq_len":2048}' > /tmp/llama-0.85b.json
+SEQ=${AB_SEQ:-1024}
+echo '{"arch":"llama","vocab_size":32000,"d_model":2048,"n_layer":16,"n_head":32,"n_kv_head":8,"d_ff":5632,"max_seq_len":'$((SEQ > 2048 ? SEQ : 2048))'}' > /tmp/llama-0.85b.json
 for b in $(for b in ${AB_BUILDS:?name the builds}; do echo ${b%%+*}; done | sort -u); do
   rm -rf .device/ab-$b; mkdir -p .device/ab-$b
   tar xJf .device/ab-$b.tar.xz -C .device/ab-$b --strip-components 1
@@ -24,7 +25,7 @@ for r in $(seq 1 ${AB_ROUNDS:-2}); do for sys in ${AB_SYSTEMS:-pipelined serial}
   extra=; [ $sys = serial ] && extra=--serial-copies
   case $b in *+*) extra="$extra ${b#*+}";; esac
   timeout ${AB_LIMIT:-90} .device/ab-${b%%+*}/train --model /tmp/llama-0.85b.json --steps ${AB_STEPS:-7} --warmup 1 \
-    --lr 3e-4 --seq-len 1024 --batch ${AB_TOKENS:-16} --compute ${AB_COMPUTE:-fp32} $extra --sample-tokens 0 \
+    --lr 3e-4 --seq-len $SEQ --batch ${AB_TOKENS:-16} --compute ${AB_COMPUTE:-fp32} $extra --sample-tokens 0 \
     --metrics $W/$name.jsonl > $W/$name.log 2> $W/$name.err
   python3 - $W/$name.jsonl $name <<'PY' | tee -a $OUT/ab.txt
 import json, statistics, sys

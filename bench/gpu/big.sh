@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Issue 36's rows on the device, side by side in one call:
 #   BIG_ROWS="7b:64:compact 7b:64:fused ..." bash bench/gpu/big.sh
-# Each row is shape:thousands-of-tokens:mode, bf16 compute, sequences of 1024
-# tokens, global-norm clipping at 1.0 and the non-finite guard unless the mode
-# says otherwise. Modes:
+# Each row is shape:thousands-of-tokens:mode, bf16 compute, sequences of
+# BIG_SEQ tokens (1024; the batch is the tokens over it), global-norm clipping
+# at 1.0 and the non-finite guard unless the mode says otherwise. Modes:
+#   auto           the planner's choices
 #   full           --host-layout full: bf16 weights and an fp32 gradient buffer (18 B/param)
 #   compact        --host-layout compact: fp32 weights cast on the GPU, bf16 block gradients (14)
 #   fused          --fused: clipping and the guard run the backward twice (14)
@@ -11,7 +12,9 @@
 #   fused-noclip   --fused --no-guard --grad-clip 0: one backward, no clipping (the ceiling)
 # A mode ending in -8bit adds --optim-state 8bit (8-bit Adam moments, 6 B/param less).
 # Shapes: 7b (Llama-2-7B), w8-<layers> (Llama-3-8B width, GPT-2's vocabulary,
-# <layers> blocks). BIG_STEPS steps (6), BIG_LIMIT seconds a row (400).
+# <layers> blocks), and Llama-3's vocabulary and the long contexts' shapes
+# (issue 37): 085b (the 0.85B calibration shape), l1b (Llama-3.2-1B), l3b
+# (Llama-3.2-3B), l8b (Llama-3.1-8B). BIG_STEPS steps (6), BIG_LIMIT seconds a row (400).
 # HOST_GIB passes --host-mem-gib (the lent hosts grow RAM on demand).
 # Writes $OUT/big.txt (a line a row: exit, tok/s and model/hardware TFLOPS
 # medians of steps 3+, losses, host peak RSS, GPU peak from nvidia-smi, the
@@ -20,7 +23,12 @@ set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; W=/tmp/big-work; rm -rf $W; mkdir -p $W
 if [ -f .device/bin.tar.xz ]; then rm -rf .device/bin; tar xJf .device/bin.tar.xz -C .device; fi
 . bench/gpu/cublas_env.sh >/dev/null
+SEQ=${BIG_SEQ:-1024}
 echo '{"arch":"llama","vocab_size":32000,"d_model":4096,"n_layer":32,"n_head":32,"n_kv_head":32,"d_ff":11008,"max_seq_len":4096}' > $W/7b.json
+echo '{"arch":"llama","vocab_size":32000,"d_model":2048,"n_layer":16,"n_head":32,"n_kv_head":8,"d_ff":5632,"max_seq_len":'$SEQ'}' > $W/085b.json
+echo '{"arch":"llama","vocab_size":128256,"d_model":2048,"n_layer":16,"n_head":32,"n_kv_head":8,"d_ff":8192,"max_seq_len":'$SEQ'}' > $W/l1b.json
+echo '{"arch":"llama","vocab_size":128256,"d_model":3072,"n_layer":28,"n_head":24,"n_kv_head":8,"d_ff":8192,"max_seq_len":'$SEQ'}' > $W/l3b.json
+echo '{"arch":"llama","vocab_size":128256,"d_model":4096,"n_layer":32,"n_head":32,"n_kv_head":8,"d_ff":14336,"max_seq_len":'$SEQ'}' > $W/l8b.json
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee -a $OUT/big.txt
 free -g | head -2 | tee -a $OUT/big.txt
 for row in ${BIG_ROWS:-7b:64:compact 7b:64:fused}; do
@@ -33,6 +41,7 @@ for row in ${BIG_ROWS:-7b:64:compact 7b:64:fused}; do
   state=
   case $mode in *-8bit) state="--optim-state 8bit"; mode=${mode%-8bit} ;; esac
   case $mode in
+    auto) extra= ;;
     full) extra="--host-layout full" ;;
     compact) extra="--host-layout compact" ;;
     fused) extra="--fused --host-layout full" ;;
@@ -41,7 +50,9 @@ for row in ${BIG_ROWS:-7b:64:compact 7b:64:fused}; do
     *) echo "unknown mode $mode"; exit 2 ;;
   esac
   name=$shape-${tok}k-$mode${state:+-8bit}
-  args="--model $W/$shape.json $tokenizer --steps ${BIG_STEPS:-6} --warmup 2 --lr 1e-4 --seq-len 1024 --batch $tok --compute bf16 $extra $state ${HOST_GIB:+--host-mem-gib $HOST_GIB} ${ARGS:-}"
+  [ "$SEQ" = 1024 ] || name=$name-s$((SEQ / 1024))k
+  batch=$(( (tok * 1024 + SEQ - 1) / SEQ ))
+  args="--model $W/$shape.json $tokenizer --steps ${BIG_STEPS:-6} --warmup 2 --lr 1e-4 --seq-len $SEQ --batch $batch --compute bf16 $extra $state ${HOST_GIB:+--host-mem-gib $HOST_GIB} ${ARGS:-}"
   .device/bin/train --plan $args > $W/$name.plan 2>&1
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > $W/$name.gpu &
   smi=$!

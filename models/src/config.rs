@@ -165,6 +165,16 @@ impl ModelConfig {
         }
     }
 
+    /// Width of attention's queries over all heads (`heads × head size`):
+    /// each of attention's products is `seq × seq × this` multiply-adds a
+    /// sequence and layer.
+    pub fn attention_width(&self) -> usize {
+        match self {
+            ModelConfig::Gpt2(c) => c.d_model,
+            ModelConfig::Llama(c) => c.n_head * c.head_dim(),
+        }
+    }
+
     /// Number of trainable parameters.
     pub fn num_params(&self) -> usize {
         match self {

@@ -218,10 +218,11 @@ pub struct StepMetrics {
     /// 6 · parameters · tokens per second of step time, in TFLOPS (the
     /// usual model-FLOPs convention: attention scores are not counted).
     pub model_tflops: f64,
-    /// The FLOPs the device ran by the same convention: the engine adds the
-    /// recompute of every block (2 · block parameters · tokens) to each
-    /// backward pass, and fused mode with clipping or the non-finite guard
-    /// runs two passes.
+    /// The FLOPs the device ran: the model FLOPs, the recompute of every
+    /// block (2 · block parameters · tokens) in each backward pass, and
+    /// causal attention's products (nine of `seq² × width` a sequence and
+    /// layer with the recompute); fused mode with clipping or the
+    /// non-finite guard runs two passes.
     pub hardware_tflops: f64,
     /// Resident set size of the process (host memory), when the OS reports it.
     pub rss_bytes: Option<u64>,
@@ -1164,8 +1165,19 @@ impl Job<'_> {
         // The recompute covers the blocks whose graph the forward did not keep.
         let blocks = self.config.n_layer();
         let recomputed = (blocks - config.kept_graphs.min(blocks)) as f64 / blocks.max(1) as f64;
-        let hardware_flops =
-            passes * (model_flops + 2.0 * recomputed * block_params as f64 * tokens_per_step);
+        // Causal attention's products, `seq² × width` FLOPs each a sequence
+        // and layer (half the square's multiply-adds): two forward, two more
+        // where the block is recomputed, five backward (the scores again,
+        // the probabilities', values', queries' and keys' gradients).
+        let sequences = (opts.batch * opts.accum * opts.gpus) as f64;
+        let attention_product = sequences
+            * (opts.seq_len as f64).powi(2)
+            * self.config.attention_width() as f64
+            * blocks as f64;
+        let hardware_flops = passes
+            * (model_flops
+                + 2.0 * recomputed * block_params as f64 * tokens_per_step
+                + (7.0 + 2.0 * recomputed) * attention_product);
         let mut consecutive_skips = 0;
         let mut step = outcome.start_step;
         // Steps done since the last checkpoint was written.
