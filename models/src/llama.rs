@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::{check_heads, check_positive, ConfigError};
 use crate::tokens::{forward_tokens, linear_tokens};
 use burn_offload::ops::attention::causal_attention;
+use burn_offload::ops::mlp::swiglu_mlp;
 use burn_offload::ops::rotary::rotate_half;
 use burn_offload::ops::swiglu::swiglu;
 
@@ -483,6 +484,7 @@ impl LlamaConfig {
                 gate_proj: linear(d, self.d_ff, std, self.mlp_bias),
                 up_proj: linear(d, self.d_ff, std, self.mlp_bias),
                 down_proj: linear(self.d_ff, d, residual_std, self.mlp_bias),
+                tile_tokens: None,
             },
         };
         Llama {
@@ -534,6 +536,44 @@ pub struct LlamaMlp<B: Backend> {
     pub gate_proj: Linear<B>,
     pub up_proj: Linear<B>,
     pub down_proj: Linear<B>,
+    /// Run as one operation over tiles of this many tokens, which keeps
+    /// only its input for the backward (`burn_offload::ops::mlp`): for long
+    /// sequences, where the five `[tokens, d_ff]` values a plain MLP keeps do
+    /// not fit. Set by [`Llama::with_mlp_tiles`]; projections with biases
+    /// run plain.
+    #[module(skip)]
+    pub tile_tokens: Option<usize>,
+}
+
+impl<B: Backend> LlamaMlp<B> {
+    /// `down(silu(gate(h)) ⊙ up(h))` for `h: [batch, seq, d]`.
+    pub fn forward(&self, h: Tensor<B, 3>) -> Tensor<B, 3> {
+        let unbiased = [&self.gate_proj, &self.up_proj, &self.down_proj]
+            .iter()
+            .all(|l| l.bias.is_none());
+        match self.tile_tokens {
+            Some(tile) if unbiased => {
+                let [batch, seq, d] = h.dims();
+                let weight = |l: &Linear<B>| l.weight.val();
+                swiglu_mlp(
+                    h.reshape([batch * seq, d]),
+                    weight(&self.gate_proj),
+                    weight(&self.up_proj),
+                    weight(&self.down_proj),
+                    tile,
+                )
+                .reshape([batch, seq, d])
+            }
+            // `silu(gate) ⊙ up` as one operation (one kernel each way on CUDA).
+            _ => {
+                let gated = swiglu(
+                    forward_tokens(&self.gate_proj, h.clone()),
+                    forward_tokens(&self.up_proj, h),
+                );
+                forward_tokens(&self.down_proj, gated)
+            }
+        }
+    }
 }
 
 /// Rotary tables `(cos, sin)`, each `[seq, head_dim]`: position `t`, column `j`
@@ -692,12 +732,18 @@ impl<B: Backend> DecoderBlock<B> for LlamaBlock<B> {
     fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         let x = x.clone() + self.attn.forward(rms_norm(&self.input_layernorm, x));
         let h = rms_norm(&self.post_attention_layernorm, x.clone());
-        // `silu(gate) ⊙ up` as one operation (one kernel each way on CUDA).
-        let gated = swiglu(
-            forward_tokens(&self.mlp.gate_proj, h.clone()),
-            forward_tokens(&self.mlp.up_proj, h),
-        );
-        x + forward_tokens(&self.mlp.down_proj, gated)
+        x + self.mlp.forward(h)
+    }
+}
+
+impl<B: Backend> Llama<B> {
+    /// The model with every block's MLP run over tiles of `tile` tokens
+    /// (`None`: plain), see [`LlamaMlp::tile_tokens`].
+    pub fn with_mlp_tiles(mut self, tile: Option<usize>) -> Self {
+        for layer in &mut self.layers {
+            layer.mlp.tile_tokens = tile;
+        }
+        self
     }
 }
 

@@ -96,6 +96,40 @@ fn engine_gradients_equal_full_graph_gradients_llama() {
     check_gradients(config.init::<AD>(&Default::default()), config.vocab_size);
 }
 
+/// The MLP over tiles of tokens (one operation that recomputes its
+/// projections in the backward, `burn_offload::ops::mlp`) gives the plain
+/// model's gradients, through plain burn and through the engine: 32 tokens
+/// in tiles of 5, and in one tile.
+#[test]
+fn mlp_tiles_give_the_plain_models_gradients() {
+    let config = LlamaConfig::tiny();
+    let model = config.init::<AD>(&Default::default());
+    let data = batch(2, 16, config.vocab_size, 7);
+    let (x, y) = lift(&data);
+    let grads = cross_entropy(model.forward(x.clone()), y.clone()).backward();
+    let want = values::<AD, _>(&model, Some(&grads));
+    for tile in [5, 32] {
+        let tiled = model.clone().with_mlp_tiles(Some(tile));
+        let grads = cross_entropy(tiled.forward(x.clone()), y.clone()).backward();
+        let got = values::<AD, _>(&tiled, Some(&grads));
+        let mut engine =
+            Engine::new(tiled.valid(), engine_config(false), &Default::default()).unwrap();
+        engine
+            .accumulate_gradients(std::slice::from_ref(&data))
+            .unwrap();
+        for (id, reference) in &want {
+            let streamed = engine.grad(id).unwrap();
+            for (path, grad) in [("plain burn", &got[id][..]), ("engine", &streamed[..])] {
+                let err = rel_err(grad, reference);
+                assert!(
+                    err <= TOL,
+                    "tiles of {tile}, {path}: gradient of {id} off by {err}"
+                );
+            }
+        }
+    }
+}
+
 /// Small configs of every Llama-shaped family, each with what sets it apart.
 fn family_configs() -> Vec<(&'static str, LlamaConfig)> {
     use models::llama::{AttentionBias, Family, RopeScaling};

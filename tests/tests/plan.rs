@@ -29,6 +29,7 @@ fn job(config: ModelConfig, fused: bool) -> Job {
         host_layout: HostLayout::Full,
         optim_state: OptimState::Fp32,
         gradient_blocks_in_flight: trainer::plan::GRADIENT_BLOCKS_IN_FLIGHT,
+        mlp_tile: None,
         param_cache: trainer::plan::ParamCache::Auto,
     }
 }
@@ -782,4 +783,85 @@ fn two_gpus_share_one_store_and_keep_their_own_block_inputs() {
             &machine(one_share + plan.device_total() + (1 << 20), None)
         )
         .is_ok());
+}
+
+/// A long sequence whose block does not fit the GPU with the plain MLP runs
+/// it over tiles of tokens, which keep none of its `[tokens, d_ff]` values;
+/// where the plain MLP fits, or the micro-batch is one tile, or the MLP has
+/// biases, it stays plain.
+#[test]
+fn the_mlp_runs_over_tiles_only_where_the_plan_needs_it() {
+    let tile = burn_offload::ops::mlp::MLP_TILE_TOKENS;
+    let base = Job {
+        gpu: true,
+        batch: 1,
+        seq_len: 8 * tile,
+        compute: Compute::Bf16,
+        ..job(ModelConfig::Llama(medium_llama()), false)
+    };
+    let plain = Plan::new(&base);
+    let tiled = Plan::new(&Job {
+        mlp_tile: Some(tile),
+        ..base.clone()
+    });
+    assert!(tiled.device_total() < plain.device_total());
+    assert!(tiled.device.iter().any(|i| i.what.contains("MLP in tiles")));
+
+    let between = (plain.device_total() + tiled.device_total()) / 2;
+    let tight = machine(64 << 30, Some(between));
+    let roomy = machine(64 << 30, Some(2 * plain.device_total()));
+    assert_eq!(base.clone().place_mlp_tile(&tight).mlp_tile, Some(tile));
+    assert_eq!(base.clone().place_mlp_tile(&roomy).mlp_tile, None);
+    assert!(Plan::new(&base.clone().place_mlp_tile(&tight))
+        .check(&base, &tight)
+        .is_ok());
+    let one_tile = Job {
+        seq_len: tile,
+        ..base.clone()
+    };
+    assert_eq!(one_tile.place_mlp_tile(&tight).mlp_tile, None);
+    let biased = Job {
+        config: ModelConfig::Llama(LlamaConfig {
+            mlp_bias: true,
+            ..medium_llama()
+        }),
+        ..base.clone()
+    };
+    assert_eq!(biased.place_mlp_tile(&tight).mlp_tile, None);
+}
+
+/// `--plan`'s longest sequence at batch 1 fits, with every choice the plan
+/// makes for it, and one more thousand tokens does not; a GPU too small for
+/// any has none.
+#[test]
+fn the_longest_sequence_is_the_last_that_fits() {
+    let base = Job {
+        gpu: true,
+        batch: 4,
+        seq_len: 1024,
+        compute: Compute::Bf16,
+        block_inputs: BlockInputs::Auto,
+        kept_graphs: KeptGraphs::Auto,
+        ..job(ModelConfig::Llama(medium_llama()), false)
+    };
+    let gpu = machine(64 << 30, Some(6 << 30));
+    let longest = trainer::train::longest_sequence(&base, &gpu).expect("some sequence fits");
+    let fits = |seq_len| {
+        let job = Job {
+            batch: 1,
+            seq_len,
+            ..base.clone()
+        }
+        .place_host_layout(&gpu)
+        .place_block_inputs(&gpu)
+        .place_mlp_tile(&gpu)
+        .place_gradient_blocks(&gpu)
+        .place_kept_graphs(&gpu);
+        Plan::new(&job).check(&job, &gpu).is_ok()
+    };
+    assert!(longest > 16 * 1024, "{longest}");
+    assert!(fits(longest));
+    assert!(!fits(longest + 1024));
+    let tiny = machine(64 << 30, Some(64 << 20));
+    assert_eq!(trainer::train::longest_sequence(&base, &tiny), None);
 }

@@ -57,6 +57,9 @@ pub struct Job {
     /// Blocks whose gradients may wait on the device for the host worker
     /// (`EngineConfig::gradient_blocks_in_flight`).
     pub gradient_blocks_in_flight: usize,
+    /// The blocks' MLP over tiles of this many tokens
+    /// (`burn_offload::ops::mlp`), where the plan needs it.
+    pub mlp_tile: Option<usize>,
     /// With `host_params`: the device copies of parameters kept cached.
     pub param_cache: ParamCache,
 }
@@ -356,6 +359,29 @@ impl Job {
         self
     }
 
+    /// The job with the blocks' MLP over tiles of
+    /// [`burn_offload::ops::mlp::MLP_TILE_TOKENS`] where the engine's plan
+    /// does not fit the GPU without (call it after
+    /// [`Job::place_block_inputs`]): the tiles keep none of the MLP's
+    /// `[tokens, d_ff]` values for the backward, at the price of its two
+    /// projections again. Models whose MLP has biases, or whose micro-batch
+    /// is one tile, run it plain.
+    pub fn place_mlp_tile(mut self, machine: &Machine) -> Self {
+        let tile = burn_offload::ops::mlp::MLP_TILE_TOKENS;
+        let tokens = self.batch * self.seq_len;
+        if self.mlp_tile.is_some()
+            || !self.gpu
+            || self.resident
+            || tokens <= tile
+            || shape(&self.config).mlp_per_token == 0
+            || Plan::new(&self).fits_device(machine)
+        {
+            return self;
+        }
+        self.mlp_tile = Some(tile);
+        self
+    }
+
     /// The job with [`ParamCache::Auto`] decided for `machine`: with
     /// `--host-params` on a GPU, every parameter's device copy (f32) when the
     /// plan fits the GPU with them, else [`ParamCache::DEFAULT`].
@@ -428,7 +454,7 @@ pub fn kept_graph_bytes(job: &Job) -> u64 {
     let s = shape(&job.config);
     let (b, t) = (job.batch as u64, job.seq_len as u64);
     let width = job.compute.bytes() as u64;
-    width * (s.block_params + b * t * s.saved_per_token)
+    width * (s.block_params + b * t * s.saved_per_token(job.mlp_tile))
 }
 
 /// What the machine has, and where each figure came from.
@@ -499,6 +525,22 @@ struct Shape {
     /// Values a block keeps for its backward, per token (attention keeps no
     /// `[seq, seq]` scores: see `burn_offload::ops::attention`).
     saved_per_token: u64,
+    /// Of those, the MLP's intermediate values, which an MLP over tiles of
+    /// tokens does not keep; 0 where the MLP cannot be tiled.
+    mlp_per_token: u64,
+    /// The MLP's hidden width.
+    ff: u64,
+}
+
+impl Shape {
+    /// Values a block keeps for its backward per token, with the MLP over
+    /// tiles or not.
+    fn saved_per_token(&self, mlp_tile: Option<usize>) -> u64 {
+        match mlp_tile {
+            Some(_) => self.saved_per_token - self.mlp_per_token,
+            None => self.saved_per_token,
+        }
+    }
 }
 
 fn shape(config: &ModelConfig) -> Shape {
@@ -522,6 +564,8 @@ fn shape(config: &ModelConfig) -> Shape {
                 // d; the residual and second norm 3d; SwiGLU 5ff (gate, its
                 // sigmoid, silu, up, their product).
                 saved_per_token: 3 * d + (2 * d + 2 * kv + c.n_head as u64) + d + 3 * d + 5 * ff,
+                mlp_per_token: if c.mlp_bias { 0 } else { 5 * ff },
+                ff,
             }
         }
         ModelConfig::Gpt2(c) => {
@@ -538,6 +582,8 @@ fn shape(config: &ModelConfig) -> Shape {
                 largest_tensor: vocab * d,
                 // LayerNorms 2×3d, qkv 3d, attention out, proj and residuals 4d, GELU MLP 3×4d.
                 saved_per_token: 6 * d + 3 * d + 4 * d + 12 * d,
+                mlp_per_token: 0,
+                ff: 4 * d,
             }
         }
     }
@@ -561,12 +607,19 @@ impl Plan {
         if tiling.tiles_keys(seq) {
             scores += F32 * tokens * (2 * s.d + 2 * s.kv);
         }
-        let block_saved = width * tokens * s.saved_per_token;
+        let block_saved = width * tokens * s.saved_per_token(job.mlp_tile);
+        // An MLP over tiles holds one tile's six `[tile, ff]` values in its
+        // backward (the projections recomputed, the gate, their gradients)
+        // and the f32 sums of the three weights' gradients.
+        let mlp_tile = match job.mlp_tile {
+            Some(tile) => width * 6 * (tile as u64).min(tokens) * s.ff + F32 * 3 * s.d * s.ff,
+            None => 0,
+        };
         // Beside the saved values, a block's backward holds their gradients
         // and its temporaries: 1.25 times the saved values (the whole
         // recompute + backward at 2.25 times fits the H100 peaks of the
         // 0.85B at 4k and 16k tokens).
-        let backward_temporaries = block_saved * 5 / 4 + scores;
+        let backward_temporaries = block_saved * 5 / 4 + scores + mlp_tile;
         let block_backward = block_saved + backward_temporaries;
         let chunk = (job.loss_chunk_tokens as u64).clamp(1, tokens);
         // Logits, log-softmax (and its max/exp/sum), their gradient.
@@ -721,7 +774,10 @@ impl Plan {
                 ));
             }
             device.push(Item::phase(
-                "one block's activations (recompute + backward)",
+                match job.mlp_tile {
+                    Some(_) => "one block's activations (recompute + backward; MLP in tiles)",
+                    None => "one block's activations (recompute + backward)",
+                },
                 block_backward,
             ));
             device.push(Item::phase(

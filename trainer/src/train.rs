@@ -677,7 +677,8 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
             &devices,
         )?,
         (ModelConfig::Llama(c), false, _) => job.train_engine::<B, _>(
-            initial(opts, &config, &device, false, || c.init::<B>(&device))?,
+            initial(opts, &config, &device, false, || c.init::<B>(&device))
+                .map(|(model, rng)| (model.with_mlp_tiles(placed.mlp_tile), rng))?,
             &devices,
         )?,
     };
@@ -984,20 +985,64 @@ pub fn plan(opts: &TrainOptions, machine: &Machine) -> Result<(Plan, PlanJob)> {
         host_layout: opts.host_layout,
         optim_state: opts.optim_state,
         gradient_blocks_in_flight: GRADIENT_BLOCKS_IN_FLIGHT,
+        mlp_tile: None,
         param_cache: match opts.param_cache_gib {
             Some(gib) => ParamCache::Bytes((gib * GIB) as u64),
             None => ParamCache::Auto,
         },
-    }
-    .place_param_cache(machine)
-    .place_host_layout(machine)
-    .place_block_inputs(machine)
-    .place_gradient_blocks(machine)
-    .place_kept_graphs(machine);
+    };
+    let job = placed(job, machine);
     Ok((Plan::new(&job), job))
 }
 
-/// `train --plan`: the table of predicted memory against the machine.
+/// `job` with every choice the plan makes for `machine` made.
+fn placed(job: PlanJob, machine: &Machine) -> PlanJob {
+    job.place_param_cache(machine)
+        .place_host_layout(machine)
+        .place_block_inputs(machine)
+        .place_mlp_tile(machine)
+        .place_gradient_blocks(machine)
+        .place_kept_graphs(machine)
+}
+
+/// The longest sequence, in whole thousands (1024) of tokens, whose plan
+/// fits `machine` at batch 1 with the job's other settings (the same
+/// choices made for it); `None` when not even 1024 tokens fit.
+pub fn longest_sequence(job: &PlanJob, machine: &Machine) -> Option<usize> {
+    let fits = |k: usize| {
+        let candidate = PlanJob {
+            batch: 1,
+            seq_len: k * 1024,
+            block_inputs: BlockInputs::Auto,
+            kept_graphs: KeptGraphs::Auto,
+            mlp_tile: None,
+            ..job.clone()
+        };
+        let candidate = placed(candidate, machine);
+        Plan::new(&candidate).check(&candidate, machine).is_ok()
+    };
+    if !fits(1) {
+        return None;
+    }
+    // Memory grows with the sequence: the last that fits, by bisection
+    // below the first of the doublings that does not (up to 16M tokens).
+    let (mut lo, mut hi) = (1, 2);
+    while hi <= 1 << 14 && fits(hi) {
+        (lo, hi) = (hi, 2 * hi);
+    }
+    while hi - lo > 1 {
+        let mid = (lo + hi) / 2;
+        if fits(mid) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    Some(lo * 1024)
+}
+
+/// `train --plan`: the table of predicted memory against the machine, and
+/// the longest sequence these settings fit.
 pub fn plan_table(opts: &TrainOptions) -> Result<String> {
     let machine = machine(opts)?;
     let (plan, job) = plan(opts, &machine)?;
@@ -1005,6 +1050,16 @@ pub fn plan_table(opts: &TrainOptions) -> Result<String> {
     match plan.check(&job, &machine) {
         Ok(()) => table.push_str("fits\n"),
         Err(why) => table.push_str(&format!("does not fit: {why}\n")),
+    }
+    if let Some(tile) = job.mlp_tile {
+        table.push_str(&format!("MLP over tiles of {tile} tokens\n"));
+    }
+    match longest_sequence(&job, &machine) {
+        Some(tokens) => table.push_str(&format!(
+            "longest sequence that fits at batch 1: {tokens} tokens (the model's max_seq_len: {})\n",
+            job.config.max_seq_len()
+        )),
+        None => table.push_str("no sequence of 1024 tokens fits at batch 1\n"),
     }
     Ok(table)
 }

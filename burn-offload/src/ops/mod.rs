@@ -5,6 +5,7 @@
 pub mod attention;
 pub mod cross_entropy;
 pub(crate) mod embedding;
+pub mod mlp;
 pub(crate) mod record;
 pub mod rms_norm;
 pub mod rotary;

@@ -42,8 +42,9 @@ fn forward<B: Backend, const D: usize>(gate: Tensor<B, D>, up: Tensor<B, D>) -> 
     silu(gate) * up
 }
 
-/// `(d gate, d up)` for the output gradient `grad`.
-fn backward<B: Backend, const D: usize>(
+/// `(d gate, d up)` for the output gradient `grad` (one kernel on CUDA), on
+/// a backend without autodiff.
+pub(crate) fn swiglu_backward<B: Backend, const D: usize>(
     gate: Tensor<B, D>,
     up: Tensor<B, D>,
     grad: Tensor<B, D>,
@@ -69,7 +70,7 @@ impl<B: Backend, const D: usize> Backward<B, 2> for SwiGlu<D> {
         let grad = grads.consume::<B>(&ops.node);
         let (gate, up) = ops.state;
         let tensor = |t| Tensor::<B, D>::from_primitive(TensorPrimitive::Float(t));
-        let (dgate, dup) = backward(tensor(gate), tensor(up), tensor(grad));
+        let (dgate, dup) = swiglu_backward(tensor(gate), tensor(up), tensor(grad));
         let [gate_node, up_node] = ops.parents;
         for (node, g) in [(gate_node, dgate), (up_node, dup)] {
             if let Some(node) = node {
