@@ -479,7 +479,11 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
     }
     let placed = check_memory(opts)?;
     if opts.progress && !opts.resident {
-        eprintln!("memory plan: {}", placed.store_mode());
+        let mlp = match placed.mlp_tile {
+            Some(tile) => format!("; MLP over tiles of {tile} tokens"),
+            None => String::new(),
+        };
+        eprintln!("memory plan: {}{mlp}", placed.store_mode());
     }
     if opts.host_params {
         let bytes = placed.param_cache.bytes();

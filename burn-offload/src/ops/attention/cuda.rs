@@ -185,7 +185,7 @@ mod kernels {
         let (wa, wb) = ((a - max).exp(), (b - max).exp());
         let total = wa + wb;
         out[i] = (sum[i] * wa + f32::cast_from(part[i]) * wb) / total;
-        if i % width == 0 {
+        if i == row * width {
             out_lse[row] = max + total.ln();
         }
     }

@@ -37,5 +37,7 @@
 mod base;
 #[cfg(feature = "cuda")]
 mod cuda;
+mod tiling;
 
 pub use base::*;
+pub use tiling::{Tiling, QUERY_BLOCKS, SCORE_CHUNK_ELEMENTS};
