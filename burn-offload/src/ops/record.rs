@@ -5,7 +5,8 @@
 use std::any::{Any, TypeId};
 
 use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
-use burn::backend::autodiff::ops::{Backward, OpsKind};
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::Autodiff;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
@@ -62,5 +63,22 @@ pub(crate) fn record<B: Backend, O: Backward<B, N>, const N: usize>(
     {
         OpsKind::Tracked(prep) => prep.finish(state(inner), result),
         OpsKind::UnTracked(prep) => prep.finish(result),
+    }
+}
+
+/// The body of an operation's backward: takes the output's gradient, runs
+/// `backward` on the saved state and it, and hands each input its gradient
+/// where that input is tracked.
+pub(crate) fn backward_each<B: Backend, S, const N: usize>(
+    ops: Ops<S, N>,
+    grads: &mut Gradients,
+    backward: impl FnOnce(S, FloatTensor<B>) -> [FloatTensor<B>; N],
+) {
+    let grad = grads.consume::<B>(&ops.node);
+    let gradients = backward(ops.state, grad);
+    for (parent, gradient) in ops.parents.into_iter().zip(gradients) {
+        if let Some(node) = parent {
+            grads.register::<B>(node.id, gradient);
+        }
     }
 }

@@ -6,7 +6,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Bool, DType, Tensor, TensorPrimitive};
 
-use crate::ops::record::{cast, record, same, with_custom_backward};
+use crate::ops::record::{backward_each, cast, record, same, with_custom_backward};
 use crate::precision::cast_to;
 
 use super::tiling::{KeyTile, QueryBlock, Tiling};
@@ -449,15 +449,11 @@ impl<B: Backend> Backward<B, 3> for CausalAttention {
     type State = [FloatTensor<B>; 5];
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let grad = grads.consume::<B>(&ops.node);
-        let saved = ops.state.map(tensor::<B, 4>);
-        let grad = grouped(tensor::<B, 4>(grad), saved[1].dims()[1]);
-        let inputs = attention_backward(saved, grad, self.tiling);
-        for (parent, gradient) in ops.parents.into_iter().zip(inputs) {
-            if let Some(node) = parent {
-                grads.register::<B>(node.id, float(gradient));
-            }
-        }
+        backward_each::<B, _, 3>(ops, grads, |state, grad| {
+            let saved = state.map(tensor::<B, 4>);
+            let grad = grouped(tensor::<B, 4>(grad), saved[1].dims()[1]);
+            attention_backward(saved, grad, self.tiling).map(float)
+        });
     }
 }
 

@@ -6,7 +6,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{DType, Tensor, TensorPrimitive};
 
-use crate::ops::record::{cast, record, same, with_custom_backward};
+use crate::ops::record::{backward_each, cast, record, same, with_custom_backward};
 use crate::ops::swiglu::{swiglu, swiglu_backward};
 use crate::precision::cast_to;
 
@@ -151,13 +151,10 @@ impl<B: Backend> Backward<B, 4> for SwiGluMlp {
     type State = [FloatTensor<B>; 4];
 
     fn backward(self, ops: Ops<Self::State, 4>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let grad = tensor::<B>(grads.consume::<B>(&ops.node));
-        let inputs = backward(ops.state.map(tensor::<B>), grad, self.tile);
-        for (parent, gradient) in ops.parents.into_iter().zip(inputs) {
-            if let Some(node) = parent {
-                grads.register::<B>(node.id, gradient.into_primitive().tensor());
-            }
-        }
+        backward_each::<B, _, 4>(ops, grads, |state, grad| {
+            backward(state.map(tensor::<B>), tensor(grad), self.tile)
+                .map(|g| g.into_primitive().tensor())
+        });
     }
 }
 

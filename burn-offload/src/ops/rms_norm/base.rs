@@ -6,7 +6,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{DType, Tensor, TensorPrimitive};
 
-use crate::ops::record::{cast, record, same, with_custom_backward};
+use crate::ops::record::{backward_each, cast, record, same, with_custom_backward};
 use crate::precision::cast_to;
 
 /// `x / sqrt(mean(x²) + epsilon) ⊙ gamma` over `x`'s last dimension, in
@@ -90,18 +90,15 @@ impl<B: Backend, const D: usize> Backward<B, 2> for RmsNorm<D> {
     type State = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>);
 
     fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let grad = grads.consume::<B>(&ops.node);
-        let (x, gamma, r) = ops.state;
-        let tensor = |t| Tensor::<B, D>::from_primitive(TensorPrimitive::Float(t));
-        let gamma = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(gamma));
-        let (dx, dgamma) = backward(tensor(x), gamma, tensor(r), tensor(grad));
-        let [x_node, gamma_node] = ops.parents;
-        if let Some(node) = x_node {
-            grads.register::<B>(node.id, dx.into_primitive().tensor());
-        }
-        if let Some(node) = gamma_node {
-            grads.register::<B>(node.id, dgamma.into_primitive().tensor());
-        }
+        backward_each::<B, _, 2>(ops, grads, |(x, gamma, r), grad| {
+            let tensor = |t| Tensor::<B, D>::from_primitive(TensorPrimitive::Float(t));
+            let gamma = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(gamma));
+            let (dx, dgamma) = backward(tensor(x), gamma, tensor(r), tensor(grad));
+            [
+                dx.into_primitive().tensor(),
+                dgamma.into_primitive().tensor(),
+            ]
+        });
     }
 }
 

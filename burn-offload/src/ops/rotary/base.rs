@@ -6,7 +6,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Tensor, TensorPrimitive};
 
-use crate::ops::record::{cast, record, same, with_custom_backward};
+use crate::ops::record::{backward_each, cast, record, same, with_custom_backward};
 use crate::precision::cast_to;
 
 /// Rotates `x [batch, heads, seq, head_dim]` by the tables `cos` and `sin`
@@ -85,15 +85,13 @@ impl<B: Backend> Backward<B, 1> for Rotary {
     type State = (FloatTensor<B>, FloatTensor<B>);
 
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let grad = grads.consume::<B>(&ops.node);
-        let (cos, sin) = ops.state;
-        let table = |t| Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(t));
-        let grad = Tensor::<B, 4>::from_primitive(TensorPrimitive::Float(grad));
-        let dx = rotate(grad, table(cos), table(sin), true);
-        let [x_node] = ops.parents;
-        if let Some(node) = x_node {
-            grads.register::<B>(node.id, dx.into_primitive().tensor());
-        }
+        backward_each::<B, _, 1>(ops, grads, |(cos, sin), grad| {
+            let table = |t| Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(t));
+            let grad = Tensor::<B, 4>::from_primitive(TensorPrimitive::Float(grad));
+            [rotate(grad, table(cos), table(sin), true)
+                .into_primitive()
+                .tensor()]
+        });
     }
 }
 

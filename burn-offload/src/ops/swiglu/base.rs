@@ -7,7 +7,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Tensor, TensorPrimitive};
 
-use crate::ops::record::{cast, record, same, with_custom_backward};
+use crate::ops::record::{backward_each, cast, record, same, with_custom_backward};
 
 /// `silu(gate) ⊙ up`, for tensors of one shape and dtype.
 ///
@@ -67,16 +67,11 @@ impl<B: Backend, const D: usize> Backward<B, 2> for SwiGlu<D> {
     type State = (FloatTensor<B>, FloatTensor<B>);
 
     fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let grad = grads.consume::<B>(&ops.node);
-        let (gate, up) = ops.state;
-        let tensor = |t| Tensor::<B, D>::from_primitive(TensorPrimitive::Float(t));
-        let (dgate, dup) = swiglu_backward(tensor(gate), tensor(up), tensor(grad));
-        let [gate_node, up_node] = ops.parents;
-        for (node, g) in [(gate_node, dgate), (up_node, dup)] {
-            if let Some(node) = node {
-                grads.register::<B>(node.id, g.into_primitive().tensor());
-            }
-        }
+        backward_each::<B, _, 2>(ops, grads, |(gate, up), grad| {
+            let tensor = |t| Tensor::<B, D>::from_primitive(TensorPrimitive::Float(t));
+            let (dgate, dup) = swiglu_backward(tensor(gate), tensor(up), tensor(grad));
+            [dgate, dup].map(|g| g.into_primitive().tensor())
+        });
     }
 }
 
