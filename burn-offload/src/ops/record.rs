@@ -10,6 +10,7 @@ use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::Autodiff;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
+use burn::tensor::{Tensor, TensorPrimitive};
 
 /// Invokes `$each!(Inner)` for every inner backend whose `Autodiff` runs
 /// `causal_attention` as one operation (the one list both
@@ -40,6 +41,16 @@ pub(crate) fn cast<T: 'static, U: 'static>(t: T) -> U {
     *(Box::new(t) as Box<dyn Any>)
         .downcast::<U>()
         .unwrap_or_else(|_| unreachable!("cast between different types"))
+}
+
+/// A float primitive as a tensor of rank `D`.
+pub(crate) fn tensor<B: Backend, const D: usize>(t: FloatTensor<B>) -> Tensor<B, D> {
+    Tensor::from_primitive(TensorPrimitive::Float(t))
+}
+
+/// A float tensor's primitive.
+pub(crate) fn float<B: Backend, const D: usize>(t: Tensor<B, D>) -> FloatTensor<B> {
+    t.into_primitive().tensor()
 }
 
 /// Records `op` on the autodiff graph as one operation over `inputs`, with

@@ -4,9 +4,9 @@ use burn::backend::autodiff::ops::{Backward, Ops};
 use burn::backend::{Autodiff, Flex};
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{Bool, DType, Tensor, TensorPrimitive};
+use burn::tensor::{Bool, DType, Tensor};
 
-use crate::ops::record::{backward_each, cast, record, same, with_custom_backward};
+use crate::ops::record::{backward_each, cast, float, record, same, tensor, with_custom_backward};
 use crate::precision::cast_to;
 
 use super::tiling::{KeyTile, QueryBlock, Tiling, QUERY_BLOCKS};
@@ -435,14 +435,6 @@ fn add_leading<B: Backend>(
     let ranges = [0..b, 0..kv, 0..rows, 0..w];
     let leading = accumulate(Some(sum.clone().slice(ranges.clone())), part, dtype);
     sum.slice_assign(ranges, leading)
-}
-
-fn float<B: Backend, const D: usize>(t: Tensor<B, D>) -> FloatTensor<B> {
-    t.into_primitive().tensor()
-}
-
-fn tensor<B: Backend, const D: usize>(t: FloatTensor<B>) -> Tensor<B, D> {
-    Tensor::from_primitive(TensorPrimitive::Float(t))
 }
 
 #[derive(Debug)]

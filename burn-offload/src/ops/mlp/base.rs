@@ -6,7 +6,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{DType, Tensor, TensorPrimitive};
 
-use crate::ops::record::{backward_each, cast, record, same, with_custom_backward};
+use crate::ops::record::{backward_each, cast, record, same, tensor, with_custom_backward};
 use crate::ops::swiglu::{swiglu, swiglu_backward};
 use crate::precision::cast_to;
 
@@ -137,10 +137,6 @@ fn backward<B: Backend>(
     ]
 }
 
-fn tensor<B: Backend>(t: FloatTensor<B>) -> Tensor<B, 2> {
-    Tensor::from_primitive(TensorPrimitive::Float(t))
-}
-
 #[derive(Debug)]
 struct SwiGluMlp {
     tile: usize,
@@ -152,7 +148,7 @@ impl<B: Backend> Backward<B, 4> for SwiGluMlp {
 
     fn backward(self, ops: Ops<Self::State, 4>, grads: &mut Gradients, _: &mut Checkpointer) {
         backward_each::<B, _, 4>(ops, grads, |state, grad| {
-            backward(state.map(tensor::<B>), tensor(grad), self.tile)
+            backward(state.map(tensor::<B, 2>), tensor(grad), self.tile)
                 .map(|g| g.into_primitive().tensor())
         });
     }
@@ -161,7 +157,9 @@ impl<B: Backend> Backward<B, 4> for SwiGluMlp {
 /// [`swiglu_mlp`] on `Autodiff<B>` as one operation.
 fn tracked<B: Backend>(inputs: [Tensor<Autodiff<B>, 2>; 4], tile: usize) -> Tensor<Autodiff<B>, 2> {
     let inputs = inputs.map(|t| t.into_primitive().tensor());
-    let [x, gate, up, down] = inputs.each_ref().map(|t| tensor::<B>(t.primitive.clone()));
+    let [x, gate, up, down] = inputs
+        .each_ref()
+        .map(|t| tensor::<B, 2>(t.primitive.clone()));
     let result = forward(x, &gate, &up, &down, tile)
         .into_primitive()
         .tensor();
