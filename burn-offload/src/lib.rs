@@ -46,6 +46,7 @@ pub use host::optim::quant::QUANT_BLOCK;
 pub use host::optim::{
     AdamWConfig, GradSlice, MomentSlices, OptimizerConfig, OptimizerError, SgdConfig, UpdateSlices,
 };
+pub use host::processes::{ProcessError, ProcessGroup};
 pub use host::trace;
 pub use matmul::{matmul_names, set_matmul, DEFAULT_MATMUL};
 pub use model::{BlockModel, DecoderBlock};

@@ -2,7 +2,9 @@
 //! set of devices, made once for the process with `ncclCommInitAll` (one
 //! thread drives every device), and each call's reductions in one NCCL
 //! group, queued on every device's compute stream behind the kernels that
-//! produced the parts, so nothing waits on the host.
+//! produced the parts, so nothing waits on the host. Across the processes
+//! of a run (one GPU each), one communicator per process from
+//! `ncclCommInitRank`, for all-reduces and all-gathers on the same terms.
 
 use std::any::Any;
 use std::ffi::c_void;
@@ -16,6 +18,7 @@ use cudarc::nccl::{result, sys};
 
 use super::copier::{bind_context, device_ptr_and_stream};
 use super::types::{as_cuda, cuda_as, is_cuda};
+use crate::host::processes::ProcessGroup;
 
 /// The communicators of one set of devices, rank `d` on `devices[d]`.
 struct Communicators {
@@ -122,10 +125,6 @@ pub(crate) fn try_reduce<X: Backend>(
         parts_kept.push(cubes);
         sums.push(sum);
     }
-    let nccl_dtype = |dtype: DType| match dtype {
-        DType::BF16 => sys::ncclDataType_t::ncclBfloat16,
-        _ => sys::ncclDataType_t::ncclFloat32,
-    };
     result::group_start().unwrap_or_else(|e| panic!("ncclGroupStart failed: {e:?}"));
     for (lanes, out, len, dtype) in &calls {
         for (d, (ptr, stream)) in lanes.iter().enumerate() {
@@ -172,4 +171,173 @@ fn init_communicators(indices: &[usize]) -> Communicators {
         devices: indices.to_vec(),
         comms,
     }
+}
+
+/// This process's NCCL communicator in a group of processes (one GPU each),
+/// made from the unique id rank 0 draws and hands out over the group's links.
+struct ProcessComm {
+    /// The GPU it was made on.
+    gpu: usize,
+    comm: sys::ncclComm_t,
+}
+
+// SAFETY: an opaque handle NCCL lets any thread use, one at a time: the
+// engine's one driving thread makes every collective call.
+unsafe impl Send for ProcessComm {}
+unsafe impl Sync for ProcessComm {}
+
+/// The group's communicator, made on `gpu` by its first collective (every
+/// rank reaches it at the same point of the run).
+fn process_comm<'g>(group: &'g ProcessGroup, gpu: &CudaDevice) -> &'g ProcessComm {
+    let made = group.device_state(|| -> Result<ProcessComm, String> {
+        let id = result::get_uniqueid().map_err(|e| format!("ncclGetUniqueId failed: {e:?}"));
+        // Every rank takes part in the exchange, whatever rank 0 drew.
+        let mine: Vec<u8> = match &id {
+            Ok(id) => id.internal.iter().map(|&c| c as u8).collect(),
+            Err(_) => Vec::new(),
+        };
+        let shared = group
+            .broadcast(&mine)
+            .map_err(|e| format!("handing out NCCL's unique id: {e}"))?;
+        let mut id = sys::ncclUniqueId { internal: [0; 128] };
+        if shared.len() != id.internal.len() {
+            return Err("rank 0 could not draw NCCL's unique id".into());
+        }
+        for (slot, byte) in id.internal.iter_mut().zip(shared) {
+            *slot = byte as _;
+        }
+        bind_context(gpu);
+        let mut comm = std::ptr::null_mut();
+        // SAFETY: room for one communicator; the id is rank 0's.
+        unsafe { result::comm_init_rank(&mut comm, group.world() as i32, id, group.rank() as i32) }
+            .map_err(|e| format!("ncclCommInitRank on GPU {} failed: {e:?}", gpu.index))?;
+        Ok(ProcessComm {
+            gpu: gpu.index,
+            comm,
+        })
+    });
+    match made {
+        Some(Ok(comm)) if comm.gpu == gpu.index => comm,
+        Some(Ok(comm)) => panic!(
+            "the process group's NCCL communicator is on GPU {}, not GPU {}",
+            comm.gpu, gpu.index
+        ),
+        Some(Err(why)) => panic!("rank {}: {why}", group.rank()),
+        None => panic!("the process group holds another device's collective state"),
+    }
+}
+
+/// The one CUDA device of `parts` (f32 or bf16 each), when `X` is CUDA.
+fn one_gpu<X: Backend>(parts: &[Tensor<X, 1>]) -> Option<CudaDevice> {
+    if !is_cuda::<X>() {
+        return None;
+    }
+    let device = parts.first()?.device();
+    let gpu = (&device as &dyn Any).downcast_ref::<CudaDevice>()?.clone();
+    parts
+        .iter()
+        .all(|p| p.device() == device && matches!(p.dtype(), DType::F32 | DType::BF16))
+        .then_some(gpu)
+}
+
+fn nccl_dtype(dtype: DType) -> sys::ncclDataType_t {
+    match dtype {
+        DType::BF16 => sys::ncclDataType_t::ncclBfloat16,
+        _ => sys::ncclDataType_t::ncclFloat32,
+    }
+}
+
+/// A part as a contiguous CUDA tensor, and a new output tensor of `len`
+/// elements of its dtype on `gpu`.
+fn part_and_output<X: Backend>(
+    part: Tensor<X, 1>,
+    len: usize,
+    gpu: &CudaDevice,
+) -> (CubeTensor<CudaRuntime>, CubeTensor<CudaRuntime>) {
+    let dtype = part.dtype();
+    let part = as_cuda(part).unwrap_or_else(|_| unreachable!("checked: CUDA tensors"));
+    let part = burn_cubecl::kernel::into_contiguous(part.into_primitive().tensor());
+    let out: Tensor<super::CudaBackend, 1> = Tensor::empty([len], (gpu, dtype));
+    (part, out.into_primitive().tensor())
+}
+
+fn as_x<X: Backend>(tensor: CubeTensor<CudaRuntime>) -> Tensor<X, 1> {
+    cuda_as::<X, 1>(Tensor::from_primitive(
+        burn::tensor::TensorPrimitive::Float(tensor),
+    ))
+    .unwrap_or_else(|| unreachable!("checked: X is CUDA"))
+}
+
+/// [`crate::transfer::Transfer::all_reduce`] on CUDA: `ncclAllReduce` of
+/// every part in one NCCL group, on the compute stream. `Err(parts)` for
+/// anything but f32 or bf16 CUDA tensors on one GPU.
+#[allow(clippy::type_complexity)]
+pub(crate) fn try_all_reduce<X: Backend>(
+    parts: Vec<Tensor<X, 1>>,
+    group: &ProcessGroup,
+) -> Result<Vec<Tensor<X, 1>>, Vec<Tensor<X, 1>>> {
+    let Some(gpu) = one_gpu(&parts) else {
+        return Err(parts);
+    };
+    let comm = process_comm(group, &gpu).comm;
+    let mut calls = Vec::with_capacity(parts.len());
+    for part in parts {
+        let (dtype, len) = (part.dtype(), part.dims()[0]);
+        let (part, sum) = part_and_output(part, len, &gpu);
+        calls.push((part, sum, len, dtype));
+    }
+    bind_context(&gpu);
+    result::group_start().unwrap_or_else(|e| panic!("ncclGroupStart failed: {e:?}"));
+    for (part, sum, len, dtype) in &calls {
+        let (send, stream) = device_ptr_and_stream(part);
+        let (recv, _) = device_ptr_and_stream(sum);
+        // SAFETY: live buffers of `len` elements on this GPU (kept until
+        // after the group), the stream cubecl computes on, the group's
+        // communicator.
+        unsafe {
+            result::all_reduce(
+                send as *const c_void,
+                recv as *mut c_void,
+                *len,
+                nccl_dtype(*dtype),
+                sys::ncclRedOp_t::ncclSum,
+                comm,
+                stream as sys::cudaStream_t,
+            )
+        }
+        .unwrap_or_else(|e| panic!("ncclAllReduce on GPU {} failed: {e:?}", gpu.index));
+    }
+    result::group_end().unwrap_or_else(|e| panic!("ncclGroupEnd failed: {e:?}"));
+    Ok(calls.into_iter().map(|(_, sum, ..)| as_x(sum)).collect())
+}
+
+/// [`crate::transfer::Transfer::all_gather`] on CUDA: `ncclAllGather` on the
+/// compute stream into a tensor of `world ×` the part's length.
+pub(crate) fn try_all_gather<X: Backend>(
+    part: Tensor<X, 1>,
+    group: &ProcessGroup,
+) -> Result<Tensor<X, 1>, Tensor<X, 1>> {
+    let Some(gpu) = one_gpu(std::slice::from_ref(&part)) else {
+        return Err(part);
+    };
+    let comm = process_comm(group, &gpu).comm;
+    let (dtype, len) = (part.dtype(), part.dims()[0]);
+    let (part, all) = part_and_output(part, len * group.world(), &gpu);
+    bind_context(&gpu);
+    let (send, stream) = device_ptr_and_stream(&part);
+    let (recv, _) = device_ptr_and_stream(&all);
+    // SAFETY: as in `try_all_reduce`; the output holds every rank's part.
+    unsafe {
+        result::all_gather(
+            send as *const c_void,
+            recv as *mut c_void,
+            len,
+            nccl_dtype(dtype),
+            comm,
+            stream as sys::cudaStream_t,
+        )
+    }
+    .unwrap_or_else(|e| panic!("ncclAllGather on GPU {} failed: {e:?}", gpu.index));
+    drop(part);
+    Ok(as_x(all))
 }

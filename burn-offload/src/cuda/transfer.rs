@@ -7,7 +7,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Tensor};
 use burn_cubecl::cubecl::cuda::CudaDevice;
 
-use super::collective::{can_reduce, try_reduce};
+use super::collective::{can_reduce, try_all_gather, try_all_reduce, try_reduce};
 use super::device::{
     blocking_sync, device_used_bytes, flush_backend, pin, pool_bytes, release_free_memory,
     sync_backend, Pinned,
@@ -17,6 +17,7 @@ use super::types::is_cuda;
 use super::upload::{
     after_uploads, try_upload, try_upload_ordered, wait_uploads, CopyInFlight, UploadBatch,
 };
+use crate::host::processes::ProcessGroup;
 use crate::store::ReadBack;
 use crate::transfer::{
     DeviceMemory, Download, HostTransfer, Landed, QueuedRead, Transfer, UploadWait,
@@ -127,6 +128,20 @@ impl Transfer for CudaTransfer {
 
     fn can_reduce<X: Backend>(devices: &[X::Device]) -> bool {
         can_reduce::<X>(devices)
+    }
+
+    fn all_reduce<X: Backend>(
+        parts: Vec<Tensor<X, 1>>,
+        group: &ProcessGroup,
+    ) -> Result<Vec<Tensor<X, 1>>, Vec<Tensor<X, 1>>> {
+        try_all_reduce(parts, group)
+    }
+
+    fn all_gather<X: Backend>(
+        part: Tensor<X, 1>,
+        group: &ProcessGroup,
+    ) -> Result<Tensor<X, 1>, Tensor<X, 1>> {
+        try_all_gather(part, group)
     }
 
     fn pin<X: Backend>(device: &X::Device, data: &[u8]) -> Option<Pinned> {

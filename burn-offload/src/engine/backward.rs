@@ -10,7 +10,7 @@ use burn::tensor::Tensor;
 use super::forward::ForwardState;
 use super::sink::{group_prefix, Sink};
 use super::StreamedModel;
-use super::{BlockAd, DeviceTransfer, Engine, AD};
+use super::{BlockAd, DeviceTransfer, Engine, EngineError, AD};
 use crate::transfer::{sum_lanes, PendingGradients};
 use crate::DecoderBlock;
 
@@ -40,7 +40,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         dy: Vec<Tensor<B, 3>>,
         beside: bool,
         sink: &mut Sink,
-    ) -> Vec<Tensor<B, 3>> {
+    ) -> Result<Vec<Tensor<B, 3>>, EngineError> {
         let mut dy: Vec<Option<Tensor<B, 3>>> = dy.into_iter().map(Some).collect();
         let num_blocks = blocks.len();
         let lanes = states.len();
@@ -111,7 +111,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
                     self.take_back(g + bound);
                 }
             }
-            let pending = self.start_block_gradients(i, &done, beside);
+            let pending = self.start_block_gradients(i, &done, beside)?;
             queued = Some((i + 1, pending));
             drop(done);
             for lane in &mut self.lanes[..lanes] {
@@ -123,26 +123,28 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
             self.take_block_grads(g, pending, &mut block_grads, sink);
         }
         self.grad_buffer = block_grads;
-        dy.into_iter()
+        Ok(dy
+            .into_iter()
             .map(|dy| dy.expect("each lane's input gradient"))
-            .collect()
+            .collect())
     }
 
     /// Starts block `i`'s gradient copies to the host from each lane's bound
     /// block and gradients: one lane's straight from its gradients; several
     /// lanes' summed on the devices first, onto lane `i mod lanes` (so the
-    /// lanes take turns at the copies).
+    /// lanes take turns at the copies). With processes, the sum is over
+    /// theirs too, and each copies it to its own store.
     fn start_block_gradients(
         &mut self,
         i: usize,
         done: &[(BlockAd<B, M>, Gradients<B>)],
         beside: bool,
-    ) -> PendingGradients<DeviceTransfer> {
+    ) -> Result<PendingGradients<DeviceTransfer>, EngineError> {
         let group = &self.store.groups[i + 1];
-        if let [(block, grads)] = done {
-            return self.lanes[0]
+        if let ([(block, grads)], None) = (done, &self.processes) {
+            return Ok(self.lanes[0]
                 .pager
-                .start_gradients::<AD<B>, _>(block, group, grads, beside);
+                .start_gradients::<AD<B>, _>(block, group, grads, beside));
         }
         let flat = done
             .iter()
@@ -152,10 +154,10 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
             })
             .collect();
         let root = i % done.len();
-        let sum = sum_lanes::<DeviceTransfer, B>(flat, root);
-        self.lanes[root]
+        let sum = self.across_processes(sum_lanes::<DeviceTransfer, B>(flat, root))?;
+        Ok(self.lanes[root]
             .pager
-            .start_kept(sum, &self.store.groups[i + 1], beside)
+            .start_kept(sum, &self.store.groups[i + 1], beside))
     }
 
     /// Hands group `g`'s queued gradient copies to the sink. Accumulated

@@ -198,6 +198,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
             deferred: None,
             table_touch: TableTouch::default(),
             group_sum_sq: Vec::new(),
+            processes: None,
             worker,
         })
     }

@@ -3,6 +3,7 @@
 use burn::tensor::backend::Backend;
 
 use crate::host::optim::{OptimizerConfig, OptimizerError};
+use crate::host::processes::ProcessError;
 use crate::precision::{Compute, PrecisionError};
 use crate::store::StoreError;
 
@@ -139,6 +140,9 @@ pub enum EngineError {
     /// Micro-batches the engine cannot train on.
     #[error("bad batch: {0}")]
     Batch(#[from] BatchError),
+    /// The run's processes could not exchange what they must, or disagree.
+    #[error(transparent)]
+    Processes(#[from] ProcessError),
     /// A block that changed the shape of its input.
     #[error("block {block} returned hidden states of shape {got:?} for an input of shape {want:?}; blocks must preserve [batch, seq, d_model]")]
     Checkpoint {
@@ -192,6 +196,15 @@ pub enum ConfigError {
     NoCollective {
         /// Devices asked for.
         devices: usize,
+    },
+    /// An engine of several devices asked to join a group of processes.
+    #[error(
+        "an engine in a group of processes trains on one device each (this one has {lanes}); \
+         run one process per GPU"
+    )]
+    ProcessesWithLanes {
+        /// Its devices.
+        lanes: usize,
     },
     /// A gradient buffer asked of fused mode.
     #[error("fused mode keeps no gradient buffer")]

@@ -115,8 +115,8 @@ pub(super) fn token_error(token: i64, rows: usize) -> EngineError {
 
 impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
     /// Phase 4: the embedding's backward from each lane's `dy` (`dx_0`, for
-    /// `inputs[d]`), added to the head's gradients (`None`: already folded
-    /// into the store), to `sink`.
+    /// `inputs[d]`; with processes, every lane's of the run), added to the
+    /// head's gradients (`None`: already folded into the store), to `sink`.
     pub(super) fn embedding_backward(
         &mut self,
         inputs: &[Tensor<B, 2, Int>],
@@ -138,7 +138,8 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
                     },
                     _ => unreachable!("folded early only when accumulating"),
                 };
-                self.add_embedding_grads_in_store(slot, &inputs[d], dy, &lane_sink, d)?;
+                let lane = self.lane_of(d);
+                self.add_embedding_grads_in_store(slot, &inputs[d], dy, &lane_sink, lane)?;
             }
             return Ok(());
         };
@@ -150,12 +151,13 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         let mut filled = Ok(());
         for (d, dy) in dy.into_iter().enumerate() {
             let head = head_grads.take();
+            let lane = self.lane_of(d);
             filled = match self.embedding_slot {
                 Some(slot) => {
-                    self.embedding_grads_on_host(slot, &inputs[d], dy, head, stem_grads, d)
+                    self.embedding_grads_on_host(slot, &inputs[d], dy, head, stem_grads, lane)
                 }
                 None => {
-                    self.embedding_grads_on_device(&inputs[d], dy, head, stem_grads, d);
+                    self.embedding_grads_on_device(&inputs[d], dy, head, stem_grads, lane);
                     Ok(())
                 }
             };

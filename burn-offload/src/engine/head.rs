@@ -7,7 +7,7 @@ use burn::tensor::{Int, Tensor};
 
 use super::sink::Sink;
 use super::StreamedModel;
-use super::{BlockAd, DeviceTransfer, Engine, AD};
+use super::{BlockAd, DeviceTransfer, Engine, EngineError, AD};
 use crate::ops::cross_entropy::nll_sum;
 use crate::transfer::{add_to, sum_lanes, DeviceGrads, PendingGradients};
 use crate::BlockModel;
@@ -53,7 +53,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         targets: &[Tensor<B, 2, Int>],
         weights: &[Tensor<B, 1>],
         sink: &Sink,
-    ) -> Head<B, M> {
+    ) -> Result<Head<B, M>, EngineError> {
         let mut head = Head {
             loss_sums: Vec::with_capacity(x.len()),
             dy: Vec::with_capacity(x.len()),
@@ -73,7 +73,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         // head's 262 MB at 0.85B) cross on the download stream: on the
         // compute stream the first block's backward would wait for the copy.
         let beside = self.worker.is_some() && matches!(sink, Sink::Accumulate { .. });
-        let head_grads = sum_lanes::<DeviceTransfer, B>(kept, 0);
+        let head_grads = self.across_processes(sum_lanes::<DeviceTransfer, B>(kept, 0))?;
         let head_grads = self.lanes[0]
             .pager
             .start_kept(head_grads, &self.store.groups[0], beside);
@@ -95,7 +95,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
             _ => Some(head_grads),
         };
         head.beside = beside;
-        head
+        Ok(head)
     }
 
     /// The head on lane `d`: its loss, `dy` and the head's gradients, summed

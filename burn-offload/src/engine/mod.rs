@@ -79,6 +79,7 @@ pub use config::{BatchError, ConfigError, EngineConfig, EngineError};
 pub use report::{StepReport, StepSplit};
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Instant;
 
 use burn::backend::Autodiff;
@@ -88,6 +89,7 @@ use burn::tensor::{ElementConversion, Int, Tensor};
 
 use crate::host::norm::clip_scale;
 use crate::host::optim::check_lr;
+use crate::host::processes::ProcessGroup;
 use crate::host::worker::HostWorker;
 use crate::ops::cross_entropy::kept_targets;
 use crate::store::{Bf16Weights, HostStore};
@@ -132,15 +134,16 @@ type Round<'a, B> = (&'a [MicroBatch<B>], Vec<Tensor<B, 1>>);
 /// The weight of each trained token in a step, on each of `devices`: one
 /// over the number of targets, not ignored, of all its micro-batches (at
 /// least one), so the step's loss is the mean over the tokens it trains on.
-/// On one device, on the device: no host round trip. Across several, each
-/// micro-batch's count is read on its own device and the weight is uploaded
-/// to each.
+/// For one lane (`lanes`), on the device: no host round trip. Across
+/// several, each micro-batch's count is read on its own device and the
+/// weight is uploaded to each.
 fn token_weights<B: Backend>(
     micro_batches: &[MicroBatch<B>],
     devices: &[B::Device],
+    lanes: usize,
 ) -> Vec<Tensor<B, 1>> {
     let first = &devices[0];
-    if devices.len() == 1 && micro_batches.iter().all(|(_, t)| t.device() == *first) {
+    if lanes == 1 && micro_batches.iter().all(|(_, t)| t.device() == *first) {
         let weight = micro_batches
             .iter()
             .map(|(_, targets)| kept_targets(targets))
@@ -209,6 +212,10 @@ pub struct Engine<B: Backend, M: BlockModel<B>> {
     /// the worker, collected as groups come back, or here); summed in group
     /// order, so the total does not depend on which thread measured what.
     group_sum_sq: Vec<f64>,
+    /// The run's processes, when this engine is one of several (one device
+    /// each, its own store): every gradient sum, the embedding's output
+    /// gradients and the loss cross between them ([`Engine::join_processes`]).
+    processes: Option<Arc<ProcessGroup>>,
     /// The thread that runs the host work in overlap mode (not fused). Last,
     /// so it is dropped last: the pager unlocks the slabs lent to it while
     /// they are still allocated.
@@ -228,7 +235,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
     ) -> Result<StepReport, EngineError> {
         check_lr(lr)?;
         self.check_batches(micro_batches)?;
-        if self.config.fused && micro_batches.len() > self.lanes.len() {
+        if self.config.fused && micro_batches.len() > self.run_lanes() {
             return Err(ConfigError::FusedAccumulation.into());
         }
         self.split = StepSplit::default();
@@ -299,7 +306,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
     /// The step's token weights, one per lane.
     fn token_weights(&self, micro_batches: &[MicroBatch<B>]) -> Vec<Tensor<B, 1>> {
         let devices: Vec<B::Device> = self.lanes.iter().map(|l| l.device.clone()).collect();
-        token_weights(micro_batches, &devices)
+        token_weights(micro_batches, &devices, self.run_lanes())
     }
 
     /// The step's report, with its time split.
@@ -343,14 +350,14 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         micro_batches: &[MicroBatch<B>],
     ) -> Result<(f32, f64), EngineError> {
         self.check_batches(micro_batches)?;
-        let rounds = micro_batches.len() / self.lanes.len();
+        let rounds = micro_batches.len() / self.run_lanes();
         if self.config.compute_precision_gradients && rounds > 1 {
             return Err(ConfigError::CompactAccumulation.into());
         }
         let weights = self.token_weights(micro_batches);
         let mut loss = 0.0;
         self.group_sum_sq = vec![0.0; self.store.groups.len()];
-        for (r, round) in micro_batches.chunks(self.lanes.len()).enumerate() {
+        for (r, round) in micro_batches.chunks(self.run_lanes()).enumerate() {
             let mut sink = Sink::Accumulate {
                 first: r == 0,
                 last: r + 1 == rounds,
@@ -368,7 +375,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         if micro_batches.is_empty() {
             return Err(BatchError::NoMicroBatches.into());
         }
-        let lanes = self.lanes.len();
+        let lanes = self.run_lanes();
         if !micro_batches.len().is_multiple_of(lanes) {
             return Err(BatchError::Lanes {
                 micro_batches: micro_batches.len(),
@@ -423,8 +430,9 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         // Placeholder templates: cloning them copies no weights.
         let blocks = self.template.blocks().to_vec();
         let copies = self.pager_stats();
-        // Each lane's tokens on its device.
-        let (inputs, targets): (Vec<_>, Vec<_>) = round
+        // Each of this engine's lanes' tokens on its device.
+        let first = self.first_lane();
+        let (inputs, targets): (Vec<_>, Vec<_>) = round[first..first + self.lanes.len()]
             .iter()
             .zip(&self.lanes)
             .map(|((x, y), lane)| {
@@ -434,6 +442,15 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
                 )
             })
             .unzip();
+        // Every lane's tokens of the run, for the embedding's backward: with
+        // processes, each adds every lane's rows to its own store.
+        let run_inputs: Vec<_> = match self.processes {
+            Some(_) => round
+                .iter()
+                .map(|(x, _)| on_device(x.clone(), &self.lanes[0].device))
+                .collect(),
+            None => inputs.clone(),
+        };
 
         // 1. Forward: keep the block inputs, no graph (but the kept blocks').
         let phase = Instant::now();
@@ -450,29 +467,33 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         // 2. Head and loss in chunks of positions.
         let phase = Instant::now();
         let (x, states): (Vec<_>, Vec<_>) = forward.into_iter().unzip();
-        let head = self.head(&blocks, first_kept, x, &targets, weights, sink);
+        let head = self.head(&blocks, first_kept, x, &targets, weights, sink)?;
         self.split.head_s += phase.elapsed().as_secs_f64();
         self.mark("head and loss done");
 
         // 3. Backward, one block at a time, recomputed from its checkpoint.
         let phase = Instant::now();
-        let dx_0 = self.backward(&blocks, states, head.next, head.dy, head.beside, sink);
+        let dx_0 = self.backward(&blocks, states, head.next, head.dy, head.beside, sink)?;
+        let dx_0 = self.gather_lanes(dx_0)?;
         self.split.backward_s += phase.elapsed().as_secs_f64();
 
         // 4. Embedding backward from dx_0, added to the head's gradients.
         let phase = Instant::now();
-        self.embedding_backward(&inputs, dx_0, head.grads, sink)?;
+        self.embedding_backward(&run_inputs, dx_0, head.grads, sink)?;
         self.split.head_s += phase.elapsed().as_secs_f64();
         self.split_copies(copies, false);
         self.mark("embedding backward done");
 
-        let mut loss = 0.0;
-        for (sum, weight) in head.loss_sums.into_iter().zip(weights) {
-            if let Some(sum) = sum {
-                loss += (sum * weight.clone()).into_scalar().elem::<f64>();
-            }
-        }
-        Ok(loss as f32)
+        let weighted = head
+            .loss_sums
+            .into_iter()
+            .zip(weights)
+            .map(|(sum, weight)| match sum {
+                Some(sum) => sum * weight.clone(),
+                None => Tensor::zeros([1], &weight.device()),
+            })
+            .collect();
+        Ok(self.run_loss(weighted)? as f32)
     }
 
     /// Adds the copies timed since `since` to the step's split (as the

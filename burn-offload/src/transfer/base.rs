@@ -16,6 +16,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{bf16, BasicOps, DType, Tensor, TensorKind};
 
 use crate::host::bf16::round_into_par;
+use crate::host::processes::ProcessGroup;
 use crate::store::ReadBack;
 
 /// A callback run once the uploads started before it have landed.
@@ -167,6 +168,27 @@ pub trait Transfer: ReadBack + 'static {
     /// Whether lanes on `devices` can sum their gradients (the collective's
     /// library is there where they need one).
     fn can_reduce<X: Backend>(devices: &[X::Device]) -> bool;
+    /// Sums each of `parts` (this process's, one per slot, each on this
+    /// process's device) across the processes of `group`, every process
+    /// getting the same sums: a collective (NCCL on CUDA), queued behind the
+    /// kernels that made the parts. `Err(parts)` where this machinery has
+    /// none; the caller then sums through the group's links.
+    #[allow(clippy::type_complexity)]
+    fn all_reduce<X: Backend>(
+        parts: Vec<Tensor<X, 1>>,
+        _group: &ProcessGroup,
+    ) -> Result<Vec<Tensor<X, 1>>, Vec<Tensor<X, 1>>> {
+        Err(parts)
+    }
+    /// Every process's `part` (one shape and dtype on all), in rank order,
+    /// as one tensor of `world ×` its length on this process's device: a
+    /// collective as for [`Transfer::all_reduce`], or `Err(part)`.
+    fn all_gather<X: Backend>(
+        part: Tensor<X, 1>,
+        _group: &ProcessGroup,
+    ) -> Result<Tensor<X, 1>, Tensor<X, 1>> {
+        Err(part)
+    }
 }
 
 /// Copies through burn's `from_data`/`into_data`: every backend, no
