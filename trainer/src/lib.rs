@@ -6,6 +6,7 @@ pub mod instruct;
 pub mod outputs;
 pub mod plan;
 pub mod preflight;
+pub mod processes;
 pub mod schedule;
 pub mod signals;
 pub mod token_cache;

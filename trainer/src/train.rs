@@ -5,7 +5,7 @@
 //! unreadable corpus, impossible shapes) is reported before any model is built.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
 use anyhow::{bail, Result};
@@ -33,12 +33,14 @@ use crate::plan::{
     BlockInputs, HostLayout, Job as PlanJob, KeptGraphs, Machine, OptimState, ParamCache, Plan,
     GRADIENT_BLOCKS_IN_FLIGHT,
 };
+use crate::processes::{agree_on_signal, RankOptions};
 use crate::schedule::WarmupCosine;
 use crate::signals;
 use crate::token_cache;
 use crate::tokenizer::Tokenizer;
 use crate::{peak_rss_bytes, process_rss_bytes, DefaultBackend};
 use burn_offload::trace;
+use burn_offload::ProcessGroup;
 
 /// Everything the `train` command line can set.
 #[derive(Debug, Clone)]
@@ -93,6 +95,9 @@ pub struct TrainOptions {
     /// of `batch` sequences, `accum` of them per step): GPUs 0..n on CUDA, n
     /// logical devices elsewhere.
     pub gpus: usize,
+    /// Engine: this process's place in a run of several processes, one GPU
+    /// each (`--rank`/`--world-size`); `None`: a run of one process.
+    pub processes: Option<RankOptions>,
     /// Precision of the device's compute (host state stays f32).
     pub compute: Compute,
     /// The matmul kernel of the CUDA backend: `auto` (burn's) or one of
@@ -178,6 +183,7 @@ impl Default for TrainOptions {
             no_guard: false,
             accum: 1,
             gpus: 1,
+            processes: None,
             compute: Compute::Fp32,
             matmul: burn_offload::DEFAULT_MATMUL.into(),
             loss_chunk_tokens: 4096,
@@ -276,6 +282,10 @@ pub struct TrainerState {
     /// Devices the run trained on (checkpoints before `--gpus` had one).
     #[serde(default = "one")]
     pub gpus: usize,
+    /// Processes the run trained in (`--world-size`; checkpoints before it
+    /// had one).
+    #[serde(default = "one")]
+    pub processes: usize,
     /// Training steps completed (skipped ones included).
     pub steps_done: usize,
     pub skipped_total: usize,
@@ -398,7 +408,18 @@ fn validate(opts: &TrainOptions) -> Result<()> {
         ("--no-guard", opts.no_guard),
         ("--stop-after", opts.stop_after.is_some()),
         ("--gpus", opts.gpus > 1),
+        ("--world-size", opts.processes.is_some()),
     ];
+    if let Some(place) = &opts.processes {
+        place.validate()?;
+        if opts.gpus > 1 {
+            bail!(
+                "--gpus {} with --world-size: a run of several processes trains on one GPU each; \
+                 start one process per GPU",
+                opts.gpus
+            );
+        }
+    }
     if let Some((flag, _)) = engine_only.iter().find(|(_, set)| opts.resident && *set) {
         bail!("{flag} is an option of the offload engine; drop it or --resident");
     }
@@ -597,20 +618,27 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
     }
 
     // Every output is checked (and the checkpoint folder locked) before the
-    // model is built: a bad path costs no training.
-    if let Some(dir) = &opts.export_hf {
+    // model is built: a bad path costs no training. Of several processes,
+    // rank 0 writes them.
+    let outputs = writes_outputs(opts);
+    if let Some(dir) = opts.export_hf.as_ref().filter(|_| outputs) {
         check_writable_folder("--export-hf", dir)?;
     }
     let run_id = match &resume {
         Some(resume) => resume.run.clone(),
         None => format!("{:016x}", rand::random::<u64>()),
     };
-    let checkpoints = match &opts.checkpoint_dir {
+    let checkpoints = match opts.checkpoint_dir.as_ref().filter(|_| outputs) {
         Some(dir) => Some(crate::outputs::checkpoint_dir(dir, &run_id, opts.keep)?),
         None => None,
     };
-    let metrics = match &opts.metrics {
+    let metrics = match opts.metrics.as_ref().filter(|_| outputs) {
         Some(path) => Some(MetricsFile::open(path, resume.is_some())?),
+        None => None,
+    };
+    // The other ranks, met once each has checked its own inputs.
+    let group = match &opts.processes {
+        Some(place) => Some(place.join()?),
         None => None,
     };
     signals::update(|progress| {
@@ -639,6 +667,7 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
         cast_on_device: placed.compact(),
         compute_precision_gradients: placed.compact_gradients(),
         building: Instant::now(),
+        group,
     };
     // `--host-params`: the same loop over `Offload<B>` with the host AdamW.
     type HostAb = Autodiff<burn_offload::Offload<DefaultBackend>>;
@@ -654,7 +683,7 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
     })
     .with_grad_clipping(clipping);
     // The engine's devices (`--gpus`), checked before the model is built.
-    let devices = lane_devices(opts.gpus)?;
+    let devices = lane_devices(opts)?;
     let outcome = match (&config, opts.resident, opts.host_params) {
         (ModelConfig::Gpt2(c), true, false) => job.train_resident::<AB, _, _>(
             initial(opts, &config, &device, true, || c.init::<AB>(&device))?.0,
@@ -832,11 +861,17 @@ impl Resume {
         if (state.corpus_tokens, state.corpus_crc32) != corpus {
             bail!("checkpoint `{here}` was trained on other data ({} tokens); resume with the same --data and --tokenizer", state.corpus_tokens);
         }
-        let shape = |s: &TrainerState| (s.batch, s.seq_len, s.accum, s.gpus);
-        let ours = (opts.batch, opts.seq_len, opts.accum, opts.gpus);
+        let shape = |s: &TrainerState| (s.batch, s.seq_len, s.accum, s.gpus, s.processes);
+        let ours = (
+            opts.batch,
+            opts.seq_len,
+            opts.accum,
+            opts.gpus,
+            world_size(opts),
+        );
         if shape(&state) != ours {
             bail!(
-                "checkpoint `{here}` used --batch/--seq-len/--accum/--gpus {:?}, not {ours:?}",
+                "checkpoint `{here}` used --batch/--seq-len/--accum/--gpus/--world-size {:?}, not {ours:?}",
                 shape(&state)
             );
         }
@@ -884,16 +919,26 @@ fn available_host_bytes() -> Option<u64> {
 /// MemAvailable (the GPU hosts grow RAM on demand, hence the flag), device
 /// memory from `--gpu-mem-gib` or the CUDA driver.
 pub fn machine(opts: &TrainOptions) -> Result<Machine> {
-    let (host_bytes, host_source) = match opts.host_mem_gib {
+    let (mut host_bytes, mut host_source) = match opts.host_mem_gib {
         Some(gib) => ((gib * GIB) as u64, "--host-mem-gib".to_string()),
         None => match available_host_bytes() {
             Some(bytes) => (bytes, "MemAvailable".to_string()),
             None => (u64::MAX, "unknown: not checked".to_string()),
         },
     };
+    // The processes on a host each keep a store of their own in its memory.
+    if let Some(place) = opts.processes.as_ref().filter(|p| p.local_world_size > 1) {
+        if opts.host_mem_gib.is_none() && host_bytes != u64::MAX {
+            host_bytes /= place.local_world_size as u64;
+            host_source = format!(
+                "MemAvailable / {} processes on this host",
+                place.local_world_size
+            );
+        }
+    }
     let (device_bytes, device_source) = match opts.gpu_mem_gib {
         Some(gib) => (Some((gib * GIB) as u64), "--gpu-mem-gib".to_string()),
-        None => gpu_free_bytes(opts.gpus)?,
+        None => gpu_free_bytes(&lane_gpus(opts))?,
     };
     Ok(Machine {
         host_bytes,
@@ -903,58 +948,88 @@ pub fn machine(opts: &TrainOptions) -> Result<Machine> {
     })
 }
 
-/// The free memory of the most loaded of GPUs 0..gpus (each runs the same
-/// lane of the plan).
+/// The GPUs this process's lanes run on: 0..`--gpus`, or in a run of
+/// several processes, `--local-rank`'s.
+fn lane_gpus(opts: &TrainOptions) -> Vec<usize> {
+    match &opts.processes {
+        Some(place) => vec![place.local_rank],
+        None => (0..opts.gpus).collect(),
+    }
+}
+
+/// Processes in the run (1 without `--world-size`).
+fn world_size(opts: &TrainOptions) -> usize {
+    opts.processes.as_ref().map_or(1, |p| p.world_size)
+}
+
+/// Whether this process writes the run's outputs: checkpoints, metrics,
+/// the export and the sample (rank 0 of several).
+fn writes_outputs(opts: &TrainOptions) -> bool {
+    opts.processes.as_ref().is_none_or(|p| p.rank == 0)
+}
+
+/// The free memory of the most loaded of `gpus` (each runs the same lane
+/// of the plan).
 #[cfg(feature = "cuda")]
-fn gpu_free_bytes(gpus: usize) -> Result<(Option<u64>, String)> {
-    check_gpu_count(gpus)?;
+fn gpu_free_bytes(gpus: &[usize]) -> Result<(Option<u64>, String)> {
+    check_gpus(gpus)?;
     let mut least = (u64::MAX, 0);
-    for index in 0..gpus {
+    for &index in gpus {
         let free = burn_offload::cuda_backend::free_device_bytes(index)
             .map_err(|e| anyhow::anyhow!("cannot query GPU memory: {e}"))?;
         least = least.min((free, index));
     }
-    let source = if gpus == 1 {
-        "free on GPU 0 (CUDA driver)".to_string()
+    let source = if gpus.len() == 1 {
+        format!("free on GPU {} (CUDA driver)", least.1)
     } else {
         format!(
-            "free on GPU {} of 0..{gpus}, the least (CUDA driver)",
-            least.1
+            "free on GPU {} of 0..{}, the least (CUDA driver)",
+            least.1,
+            gpus.len()
         )
     };
     Ok((Some(least.0), source))
 }
 
 #[cfg(not(feature = "cuda"))]
-fn gpu_free_bytes(_: usize) -> Result<(Option<u64>, String)> {
+fn gpu_free_bytes(_: &[usize]) -> Result<(Option<u64>, String)> {
     Ok((None, "CPU backend".into()))
 }
 
-/// Refuses `--gpus` beyond the GPUs the driver sees.
+/// Refuses GPUs beyond those the driver sees.
 #[cfg(feature = "cuda")]
-fn check_gpu_count(gpus: usize) -> Result<()> {
+fn check_gpus(gpus: &[usize]) -> Result<()> {
     let count = burn_offload::cuda_backend::device_count()
         .map_err(|e| anyhow::anyhow!("cannot count CUDA devices: {e}"))?;
-    if gpus > count {
-        bail!("--gpus {gpus} asks for more GPUs than the {count} the CUDA driver sees");
+    match gpus {
+        [index] if *index >= count => {
+            bail!("--local-rank {index} needs GPU {index}, and the CUDA driver sees {count}")
+        }
+        _ if gpus.len() > count => bail!(
+            "--gpus {} asks for more GPUs than the {count} the CUDA driver sees",
+            gpus.len()
+        ),
+        _ => Ok(()),
     }
-    Ok(())
 }
 
-/// The devices the engine trains on: GPUs 0..gpus on CUDA.
+/// The devices the engine trains on: [`lane_gpus`] on CUDA.
 #[cfg(feature = "cuda")]
-fn lane_devices(gpus: usize) -> Result<Vec<DefaultDevice>> {
-    check_gpu_count(gpus)?;
-    Ok((0..gpus)
+fn lane_devices(opts: &TrainOptions) -> Result<Vec<DefaultDevice>> {
+    let gpus = lane_gpus(opts);
+    check_gpus(&gpus)?;
+    Ok(gpus
+        .into_iter()
         .map(burn::backend::cuda::CudaDevice::new)
         .collect())
 }
 
-/// The devices the engine trains on: on CPU backends, `gpus` logical devices
-/// (the one device, a lane each: the data-parallel schedule without GPUs).
+/// The devices the engine trains on: on CPU backends, `--gpus` logical
+/// devices (the one device, a lane each: the data-parallel schedule without
+/// GPUs), or one for each process of several.
 #[cfg(not(feature = "cuda"))]
-fn lane_devices(gpus: usize) -> Result<Vec<DefaultDevice>> {
-    Ok(vec![Default::default(); gpus])
+fn lane_devices(opts: &TrainOptions) -> Result<Vec<DefaultDevice>> {
+    Ok(vec![Default::default(); lane_gpus(opts).len()])
 }
 
 type DefaultDevice = burn::tensor::Device<DefaultBackend>;
@@ -1104,6 +1179,8 @@ struct Job<'a> {
     compute_precision_gradients: bool,
     /// When the model began to be built (initialisation time is reported).
     building: Instant,
+    /// The run's processes, when it has several.
+    group: Option<Arc<ProcessGroup>>,
 }
 
 impl Job<'_> {
@@ -1124,6 +1201,7 @@ impl Job<'_> {
             seq_len: self.opts.seq_len,
             accum: self.opts.accum,
             gpus: self.opts.gpus,
+            processes: world_size(self.opts),
             steps_done,
             skipped_total,
             batcher_rng: self.batcher.rng_state(),
@@ -1209,9 +1287,14 @@ impl Job<'_> {
                 })?;
             }
         }
+        // Every process holds the same store from here on (checked).
+        if let Some(group) = &self.group {
+            engine.join_processes(group.clone())?;
+        }
         let schedule = self.schedule();
         let bar = progress_bar(opts, &self.config, outcome.start_step);
-        let tokens_per_step = (opts.batch * opts.seq_len * opts.accum * opts.gpus) as f64;
+        let lanes = devices.len() * world_size(opts);
+        let tokens_per_step = (opts.batch * opts.seq_len * opts.accum * lanes) as f64;
         let params = engine.store().num_params() as u64;
         let block_params = params - engine.store().groups[0].numel() as u64;
         let config = engine.config();
@@ -1228,7 +1311,7 @@ impl Job<'_> {
         // and layer (half the square's multiply-adds): two forward, two more
         // where the block is recomputed, five backward (the scores again,
         // the probabilities', values', queries' and keys' gradients).
-        let sequences = (opts.batch * opts.accum * opts.gpus) as f64;
+        let sequences = (opts.batch * opts.accum * lanes) as f64;
         let attention_product = sequences
             * (opts.seq_len as f64).powi(2)
             * self.config.attention_width() as f64
@@ -1244,7 +1327,11 @@ impl Job<'_> {
         loop {
             // The one way out: the end, --stop-after or a signal, each with
             // a checkpoint of whatever is not saved yet.
-            let signal = signals::requested();
+            // Every process stops at the same step, with rank 0's checkpoint.
+            let signal = match &self.group {
+                Some(group) => agree_on_signal(group, signals::requested())?,
+                None => signals::requested(),
+            };
             if signal.is_some() || step == opts.steps || opts.stop_after == Some(step) {
                 if unsaved {
                     outcome.checkpoint = self
@@ -1258,8 +1345,9 @@ impl Job<'_> {
             }
             let started = Instant::now();
             let lr = schedule.lr(step);
-            // Rounds of one micro-batch per device, each drawn on its device.
-            let batches: Vec<_> = (0..opts.accum * devices.len())
+            // Rounds of one micro-batch per lane of the run, each drawn on
+            // its device (every process draws them all).
+            let batches: Vec<_> = (0..opts.accum * lanes)
                 .map(|i| self.batch_tensors::<B>(&devices[i % devices.len()]))
                 .collect();
             if opts.poison_at_step == Some(step) {
@@ -1338,6 +1426,9 @@ impl Job<'_> {
         bar.finish();
         if outcome.interrupted.is_some() {
             // Stop promptly: the run is not finished, so neither export nor sample.
+            return Ok(outcome);
+        }
+        if !writes_outputs(opts) {
             return Ok(outcome);
         }
         if self.opts.export_hf.is_some() {

@@ -9,6 +9,7 @@ use std::process::ExitCode;
 use burn_offload::Compute;
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
+use trainer::processes::RankOptions;
 use trainer::signals;
 use trainer::train::{run, TrainOptions};
 
@@ -136,6 +137,31 @@ struct Cli {
     /// logical devices on the one CPU.
     #[arg(long, default_value_t = 1)]
     gpus: usize,
+    /// Engine: start N processes of this program on this host that train
+    /// as one run, one GPU each (rank r on GPU r), each with its own host
+    /// store and its own --accum micro-batches of --batch sequences per
+    /// step; gradients are summed with NCCL (on the CPU build, through the
+    /// rendezvous links). Every other flag goes to each process; rank 0
+    /// writes checkpoints, metrics, the export and the sample.
+    #[arg(long, conflicts_with_all = ["rank", "world_size"])]
+    processes: Option<usize>,
+    /// This process's rank in a run of --world-size processes started by
+    /// hand (one per GPU, on one host or several; see --processes).
+    #[arg(long, requires = "world_size")]
+    rank: Option<usize>,
+    /// Processes in the run, on every host (with --rank).
+    #[arg(long, requires = "rank")]
+    world_size: Option<usize>,
+    /// With --rank: `host:port` where rank 0 listens and the others connect.
+    #[arg(long, default_value = "127.0.0.1:29500")]
+    rendezvous: String,
+    /// With --rank: this process's GPU on its host (default: --rank).
+    #[arg(long)]
+    local_rank: Option<usize>,
+    /// With --rank: processes on this host, which share its memory
+    /// (default: --world-size, all on one host).
+    #[arg(long)]
+    local_world_size: Option<usize>,
     /// Precision the device computes in: fp32, or bf16 (weights, activations
     /// and gradients on the device; master weights, Adam state and gradient
     /// accumulation stay f32 on the host; the loss is taken in f32). With
@@ -224,7 +250,25 @@ struct Cli {
 /// in `TrainOptions`' validation.)
 fn refuse_ignored_flags(matches: &ArgMatches, cli: &Cli) -> Result<(), String> {
     let given = |id: &str| matches.value_source(id) == Some(ValueSource::CommandLine);
-    let rules: [(&str, &str, bool, &str); 9] = [
+    let rules: [(&str, &str, bool, &str); 12] = [
+        (
+            "rendezvous",
+            "--rendezvous",
+            cli.world_size.is_none(),
+            "needs --rank and --world-size (--processes picks its own)",
+        ),
+        (
+            "local_rank",
+            "--local-rank",
+            cli.world_size.is_none(),
+            "needs --rank and --world-size",
+        ),
+        (
+            "local_world_size",
+            "--local-world-size",
+            cli.world_size.is_none(),
+            "needs --rank and --world-size",
+        ),
         (
             "keep",
             "--keep",
@@ -315,7 +359,8 @@ fn main() -> ExitCode {
         metrics: cli.metrics,
         sample_tokens: cli.sample_tokens,
         temperature: cli.temperature,
-        progress: true,
+        // Of several processes, rank 0 reports.
+        progress: cli.rank.is_none_or(|rank| rank == 0),
         resident: cli.resident,
         host_params: cli.host_params,
         param_cache_gib: cli.param_cache_gib,
@@ -326,6 +371,16 @@ fn main() -> ExitCode {
         no_guard: cli.no_guard,
         accum: cli.accum,
         gpus: cli.gpus,
+        processes: match (cli.rank, cli.world_size) {
+            (Some(rank), Some(world_size)) => Some(RankOptions {
+                rank,
+                world_size,
+                rendezvous: cli.rendezvous.clone(),
+                local_rank: cli.local_rank.unwrap_or(rank),
+                local_world_size: cli.local_world_size.unwrap_or(world_size),
+            }),
+            _ => None,
+        },
         compute: cli.compute,
         matmul: cli.matmul,
         loss_chunk_tokens: cli.loss_chunk_tokens,
@@ -354,6 +409,40 @@ fn main() -> ExitCode {
         eprintln!("error: {err}");
         return ExitCode::FAILURE;
     }
+    if let Some(n) = cli.processes {
+        if cli.plan {
+            // One process's share of the host, the plan each rank checks.
+            let opts = TrainOptions {
+                processes: Some(RankOptions {
+                    rank: 0,
+                    world_size: n,
+                    rendezvous: cli.rendezvous,
+                    local_rank: 0,
+                    local_world_size: n,
+                }),
+                ..opts
+            };
+            return match trainer::train::plan_table(&opts) {
+                Ok(table) => {
+                    print!("{table}");
+                    ExitCode::SUCCESS
+                }
+                Err(err) => {
+                    eprintln!("error: {err:#}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
+        let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+        return match trainer::processes::launch(n, &args) {
+            Ok(status) if status.success() => ExitCode::SUCCESS,
+            Ok(status) => ExitCode::from(status.code().map_or(1, |c| c.clamp(1, 255) as u8)),
+            Err(err) => {
+                eprintln!("error: {err:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     if cli.plan {
         return match trainer::train::plan_table(&opts) {
             Ok(table) => {
@@ -370,7 +459,10 @@ fn main() -> ExitCode {
         eprintln!("error: {err:#}");
         return ExitCode::FAILURE;
     }
+    // Of several processes, rank 0 reports the run; the others only their errors.
+    let quiet = cli.rank.is_some_and(|rank| rank > 0);
     match run(&opts) {
+        Ok(report) if quiet => ExitCode::from(report.interrupted.map_or(0, |s| 128 + s as u8)),
         Ok(report) if report.interrupted.is_some() => {
             let signal = report.interrupted.unwrap_or_default();
             let name = signals::name(signal);
@@ -433,7 +525,10 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(err) => {
-            eprintln!("error: {err:#}");
+            match cli.rank {
+                Some(rank) => eprintln!("error: rank {rank}: {err:#}"),
+                None => eprintln!("error: {err:#}"),
+            }
             ExitCode::FAILURE
         }
     }
