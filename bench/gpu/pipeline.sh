@@ -130,12 +130,18 @@ PY
 # N`, data parallel, the tokens per step per GPU), named ...-<system>-x<N>;
 # the report adds the scaling efficiency against the one-GPU row.
 # An engine row on every GPU count in GPUS (default 1): `engine_rows <name>
-# <train args>`; N > 1 is named <name>-x<N> (see bench_rows).
+# <train args>`; N > 1 is named <name>-x<N> (see bench_rows). PROCESSES="2":
+# the row again as that many processes, one GPU each (`train --processes
+# N`), named <name>-p<N>.
 engine_rows() {
   local name=$1 g at; shift
   for g in ${GPUS:-1}; do
     at=$name; [ $g -gt 1 ] && at=${name%@*}-x$g${name#${name%@*}}
     LIMIT=${LIMIT_ROW:-250} run $at "$@" $( [ $g -gt 1 ] && echo --gpus $g )
+  done
+  for g in ${PROCESSES:-}; do
+    at=${name%@*}-p$g${name#${name%@*}}
+    LIMIT=${LIMIT_ROW:-250} run $at "$@" --processes $g
   done
 }
 
@@ -223,6 +229,39 @@ echo "== data-parallel parity on $n GPUs"
 BURN_OFFLOAD_TEST_GPUS=$n timeout 300 .device/bin/data_parallel-tests --test-threads 1 --nocapture >> $OUT/parity-dp.txt 2>&1
 echo "exit $?" >> $OUT/parity-dp.txt
 grep -E "^test |panicked|test result|exit" $OUT/parity-dp.txt; pack
+;;
+parity-processes)
+# Issue 38: N processes, one GPU each (`train --processes N`: NCCL between
+# processes) against N lanes of one process (`--gpus N`: NCCL inside it) and
+# one GPU on their micro-batches together: 20 steps with clipping, deferred
+# and fused, their losses and gradient norms side by side.
+n=$(nvidia-smi -L | wc -l)
+S="--model /tmp/llama-0.85b.json --steps 20 --warmup 2 --lr 3e-4 --seq-len 1024 --grad-clip 0.5 --sample-tokens 0"
+for mode in deferred fused; do
+  flag=; [ $mode = fused ] && flag=--fused
+  echo "== parity-processes $mode on $n GPUs"
+  for how in "processes:--batch 2 --processes $n" "lanes:--batch 2 --gpus $n" "one:--batch $((2 * n))"; do
+    timeout 200 $B $S $flag ${how#*:} --metrics $OUT/pp-$mode-${how%%:*}.jsonl > $OUT/pp-$mode-${how%%:*}.out 2>&1
+    echo "${how%%:*} exit $?"
+  done
+  python3 - $OUT/pp-$mode-{processes,lanes,one}.jsonl <<'PY'
+import json, sys
+runs = [[json.loads(l) for l in open(f) if l.strip()] for f in sys.argv[1:]]
+steps = lambda run: [(r["loss"], r.get("grad_norm")) for r in run if "loss" in r]
+p, l, o = map(steps, runs)
+rel = lambda a, b: abs(a - b) / max(abs(b), 1e-12)
+print("steps", len(p), len(l), len(o))
+print("processes == lanes bit for bit:", p == l)
+for name, other in (("lanes", l), ("one GPU", o)):
+    if p and other:
+        print(f"max relative difference against {name}: loss %.2e, gradient norm %.2e" % (
+            max(rel(a[0], b[0]) for a, b in zip(p, other)),
+            max(rel(a[1], b[1]) for a, b in zip(p, other) if a[1] and b[1])))
+for i, (a, b, c) in enumerate(zip(p, l, o)):
+    print(i, a, b, c)
+PY
+done
+pack
 ;;
 pipeline)
 # Resident burn keeps every activation: at 8k tokens it ran out of the 80 GB.
@@ -337,6 +376,6 @@ bench-7b) shape=7b; tokens="64"; systems="compact-bf16 compact8-bf16 fused-bf16 
 esac
 bench_rows $shape "${BENCH_TOKENS:-$tokens}" "${SYSTEMS:-$systems}"
 ;;
-*) echo "unknown part $part (parity, parity-dp, bench-gpus-085b, bench-gpus-7b, pipeline, depth, 7b, largest, headmem, peers, bench, bench-085b, bench-085b-peers, bench-3b, bench-3b-peers, bench-64k, bench-bf16, bench-bf16-peers, bench-3b-bf16, bench-7b)"; exit 2 ;;
+*) echo "unknown part $part (parity, parity-dp, parity-processes, bench-gpus-085b, bench-gpus-7b, pipeline, depth, 7b, largest, headmem, peers, bench, bench-085b, bench-085b-peers, bench-3b, bench-3b-peers, bench-64k, bench-bf16, bench-bf16-peers, bench-3b-bf16, bench-7b)"; exit 2 ;;
 esac; done
 pack

@@ -3,6 +3,7 @@
 pub mod chat;
 pub mod data;
 pub mod instruct;
+pub mod links;
 pub mod outputs;
 pub mod plan;
 pub mod preflight;

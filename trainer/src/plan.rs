@@ -512,24 +512,24 @@ pub struct Plan {
 }
 
 /// Shape facts the estimate needs, for either architecture.
-struct Shape {
-    vocab: u64,
-    d: u64,
-    layers: u64,
-    heads: u64,
+pub(crate) struct Shape {
+    pub(crate) vocab: u64,
+    pub(crate) d: u64,
+    pub(crate) layers: u64,
+    pub(crate) heads: u64,
     /// Width of the keys (and of the values).
-    kv: u64,
-    block_params: u64,
-    stem_params: u64,
-    largest_tensor: u64,
+    pub(crate) kv: u64,
+    pub(crate) block_params: u64,
+    pub(crate) stem_params: u64,
+    pub(crate) largest_tensor: u64,
     /// Values a block keeps for its backward, per token (attention keeps no
     /// `[seq, seq]` scores: see `burn_offload::ops::attention`).
-    saved_per_token: u64,
+    pub(crate) saved_per_token: u64,
     /// Of those, the MLP's intermediate values, which an MLP over tiles of
     /// tokens does not keep; 0 where the MLP cannot be tiled.
-    mlp_per_token: u64,
+    pub(crate) mlp_per_token: u64,
     /// The MLP's hidden width.
-    ff: u64,
+    pub(crate) ff: u64,
 }
 
 impl Shape {
@@ -543,7 +543,7 @@ impl Shape {
     }
 }
 
-fn shape(config: &ModelConfig) -> Shape {
+pub(crate) fn shape(config: &ModelConfig) -> Shape {
     match config {
         ModelConfig::Llama(c) => {
             let (d, kv) = (c.d_model as u64, (c.n_kv_head * c.head_dim()) as u64);

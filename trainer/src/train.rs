@@ -586,7 +586,10 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
     type B = DefaultBackend;
     type AB = Autodiff<DefaultBackend>;
     burn_offload::set_matmul(&opts.matmul).map_err(|why| anyhow::anyhow!("--matmul: {why}"))?;
-    let device = Default::default();
+    // The engine's devices (`--gpus`, or this rank's GPU), checked before
+    // the model is built; the model is drawn on the first.
+    let devices = lane_devices(opts)?;
+    let device = devices[0].clone();
     opts.compute
         .check::<B>(&device)
         .map_err(|why| anyhow::anyhow!("--compute {}: {why}", opts.compute))?;
@@ -682,8 +685,6 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
         ..Default::default()
     })
     .with_grad_clipping(clipping);
-    // The engine's devices (`--gpus`), checked before the model is built.
-    let devices = lane_devices(opts)?;
     let outcome = match (&config, opts.resident, opts.host_params) {
         (ModelConfig::Gpt2(c), true, false) => job.train_resident::<AB, _, _>(
             initial(opts, &config, &device, true, || c.init::<AB>(&device))?.0,
@@ -1034,12 +1035,21 @@ fn lane_devices(opts: &TrainOptions) -> Result<Vec<DefaultDevice>> {
 
 type DefaultDevice = burn::tensor::Device<DefaultBackend>;
 
-/// Bytes reserved by the GPU allocator's pools (CUDA builds).
-fn gpu_reserved_bytes() -> Option<u64> {
+/// Bytes reserved by the GPU allocator's pools on the first GPU the run
+/// trains on (CUDA builds).
+fn gpu_reserved_bytes(opts: &TrainOptions) -> Option<u64> {
     #[cfg(feature = "cuda")]
-    return Some(burn_offload::cuda_backend::pool_bytes(&Default::default()).1);
+    return Some(
+        burn_offload::cuda_backend::pool_bytes(&burn::backend::cuda::CudaDevice::new(
+            lane_gpus(opts)[0],
+        ))
+        .1,
+    );
     #[cfg(not(feature = "cuda"))]
-    None
+    {
+        let _ = opts;
+        None
+    }
 }
 
 /// The memory plan of this job on `machine` (nothing is allocated).
@@ -1132,6 +1142,9 @@ pub fn plan_table(opts: &TrainOptions) -> Result<String> {
     }
     if let Some(tile) = job.mlp_tile {
         table.push_str(&format!("MLP over tiles of {tile} tokens\n"));
+    }
+    if let Some(links) = crate::links::Links::of(&job) {
+        table.push_str(&links.describe());
     }
     match longest_sequence(&job, &machine) {
         Some(tokens) => table.push_str(&format!(
@@ -1394,7 +1407,7 @@ impl Job<'_> {
                 peak_device_param_bytes: Some(pager.peak_resident_bytes),
                 upload_wait_s: Some(pager.upload_wait_ns as f64 * 1e-9),
                 split: Some(report.split),
-                gpu_reserved_bytes: gpu_reserved_bytes(),
+                gpu_reserved_bytes: gpu_reserved_bytes(opts),
                 host_update_s: None,
                 paged_in_bytes: None,
                 skipped: report.skipped,
@@ -1626,7 +1639,7 @@ impl Job<'_> {
                 peak_device_param_bytes: None,
                 upload_wait_s: None,
                 split: timed.then_some(split),
-                gpu_reserved_bytes: gpu_reserved_bytes(),
+                gpu_reserved_bytes: gpu_reserved_bytes(opts),
                 host_update_s: opts
                     .host_params
                     .then(|| (burn_offload::host_update_stats().updating - updating).as_secs_f64()),

@@ -130,6 +130,11 @@ impl Transfer for CudaTransfer {
         can_reduce::<X>(devices)
     }
 
+    fn can_join<X: Backend>(_device: &X::Device) -> bool {
+        // SAFETY: only tries to open the library.
+        !is_cuda::<X>() || unsafe { cudarc::nccl::sys::is_culib_present() }
+    }
+
     fn all_reduce<X: Backend>(
         parts: Vec<Tensor<X, 1>>,
         group: &ProcessGroup,

@@ -18,7 +18,7 @@ use rayon::prelude::*;
 use super::config::ConfigError;
 use super::{DeviceTransfer, Engine, EngineError, StreamedModel};
 use crate::host::processes::ProcessGroup;
-use crate::transfer::{all_gather, all_reduce_grads, DeviceGrads, Pager};
+use crate::transfer::{all_gather, all_reduce_grads, DeviceGrads, Pager, Transfer};
 
 /// One device of the engine and its copy books.
 pub(super) struct Lane<B: Backend> {
@@ -37,6 +37,12 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         if self.lanes.len() > 1 {
             return Err(ConfigError::ProcessesWithLanes {
                 lanes: self.lanes.len(),
+            }
+            .into());
+        }
+        if !DeviceTransfer::can_join::<B>(&self.lanes[0].device) {
+            return Err(ConfigError::NoCollective {
+                devices: group.world(),
             }
             .into());
         }

@@ -168,6 +168,11 @@ pub trait Transfer: ReadBack + 'static {
     /// Whether lanes on `devices` can sum their gradients (the collective's
     /// library is there where they need one).
     fn can_reduce<X: Backend>(devices: &[X::Device]) -> bool;
+    /// Whether a process training on `device` can take part in a group's
+    /// collectives (the collective's library is there where it needs one).
+    fn can_join<X: Backend>(_device: &X::Device) -> bool {
+        true
+    }
     /// Sums each of `parts` (this process's, one per slot, each on this
     /// process's device) across the processes of `group`, every process
     /// getting the same sums: a collective (NCCL on CUDA), queued behind the
