@@ -6,6 +6,8 @@
 
 use std::fmt::Write as _;
 
+use models::ModelConfig;
+
 use crate::plan::{shape, BlockInputs, Job};
 
 /// What one GPU's link carries each way per step, in the engine.
@@ -47,12 +49,17 @@ impl Links {
         };
         let per_pass_to_device =
             upload * s.block_params * (s.layers + recomputed) + 4 * s.stem_params + inputs;
-        // Lanes of one process take turns at sending the blocks' sums (the
-        // head's goes from the first); a process of several sends them all.
+        // Lanes of one process take turns at sending the blocks' sums, in
+        // the compute precision (the head's go from the first, in f32); a
+        // process of several sends them all. A Llama's embedding is looked
+        // up on the host: its gradient is formed there from `dy`, one row a
+        // token (at most), and the table's own never crosses.
         let lanes = job.gpus.max(1) as u64;
-        let gradients = if job.compact_gradients() { width } else { 4 };
-        let per_pass_to_host =
-            gradients * s.block_params * s.layers / lanes + 4 * s.stem_params + inputs;
+        let stem = match job.config {
+            ModelConfig::Llama(_) => 4 * (s.stem_params - s.vocab * s.d) + width * tokens * s.d,
+            ModelConfig::Gpt2(_) => 4 * s.stem_params,
+        };
+        let per_pass_to_host = width * s.block_params * s.layers / lanes + stem + inputs;
         // Fused mode with exact clipping or the guard runs each step twice.
         let passes = job.accum as u64 * if job.fused { 2 } else { 1 };
         Some(Self {
@@ -101,7 +108,6 @@ mod tests {
     use super::*;
     use burn_offload::Compute;
     use crate::plan::{GRADIENT_BLOCKS_IN_FLIGHT, HostLayout, KeptGraphs, OptimState, ParamCache};
-    use models::ModelConfig;
 
     fn bytes(compute: Compute) -> u64 {
         compute.bytes() as u64
@@ -136,10 +142,12 @@ mod tests {
         let s = shape(&job(1, Compute::Bf16).config);
         let blocks = s.block_params * s.layers;
         assert_eq!(one.to_device, 2 * bytes(Compute::Bf16) * blocks + 4 * s.stem_params);
-        assert_eq!(one.to_host, 4 * blocks + 4 * s.stem_params);
+        // The head's gradients in f32, the embedding's output gradient.
+        let stem_to_host = 4 * (s.stem_params - s.vocab * s.d) + 2 * 4 * 1024 * s.d;
+        assert_eq!(one.to_host, 2 * blocks + stem_to_host);
         let two = Links::of(&job(2, Compute::Bf16)).unwrap();
         assert_eq!(two.to_device, one.to_device);
-        assert_eq!(two.to_host, 2 * blocks + 4 * s.stem_params);
+        assert_eq!(two.to_host, blocks + stem_to_host);
         assert!(two.describe().contains("host memory read by the 2 links"));
         // Kept graphs skip their recompute's copies; fp32 doubles the weights.
         let kept = Links::of(&Job {
