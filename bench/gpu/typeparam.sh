@@ -7,6 +7,9 @@
 #   host1g    the same with the parameter cache held to 1 GiB (--param-cache-gib 1)
 #   engine    the block-streamed engine
 #   fused     the engine with --fused (12 B/param on the host: what fits a 7B in fp32)
+# A fourth field names another build: shape:tok:mode:NAME runs
+# .device/ab-NAME.tar.xz's bin/train (as bench/gpu/ab.sh packs them), to set
+# two builds' rows side by side in one call.
 # Shapes: 085b (the 0.85B Llama) and 7b (Llama-2-7B). fp32 compute, sequences
 # of 1024 tokens, TP_STEPS steps (6). Needs .device/bin.tar.xz (bin/train).
 # Writes $OUT/typeparam.txt (one line a row: exit, tok/s median of steps 3+,
@@ -20,14 +23,19 @@ echo '{"arch":"llama","vocab_size":32000,"d_model":2048,"n_layer":16,"n_head":32
 echo '{"arch":"llama","vocab_size":32000,"d_model":4096,"n_layer":32,"n_head":32,"n_kv_head":32,"d_ff":11008,"max_seq_len":4096}' > $W/7b.json
 nvidia-smi --query-gpu=name --format=csv,noheader | tee -a $OUT/typeparam.txt
 for row in ${TP_ROWS:-085b:4:resident 085b:4:host 085b:16:resident 085b:16:host}; do
-  IFS=: read -r shape tok mode <<< "$row"
+  IFS=: read -r shape tok mode build <<< "$row"
+  bin=.device/bin/train
+  if [ -n "$build" ]; then
+    [ -x .device/ab-$build/train ] || { mkdir -p .device/ab-$build; tar xJf .device/ab-$build.tar.xz -C .device/ab-$build --strip-components 1; }
+    bin=.device/ab-$build/train
+  fi
   extra=--resident; [ $mode = host ] && extra="--resident --host-params"; [ $mode = engine ] && extra=
   [ $mode = host1g ] && extra="--resident --host-params --param-cache-gib 1"
   [ $mode = fused ] && extra=--fused
-  name=$shape-${tok}k-$mode
+  name=$shape-${tok}k-$mode${build:+-$build}
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > $W/$name.gpu &
   smi=$!
-  /usr/bin/time -v timeout ${TP_LIMIT:-200} .device/bin/train --model $W/$shape.json --steps ${TP_STEPS:-6} \
+  /usr/bin/time -v timeout ${TP_LIMIT:-200} $bin --model $W/$shape.json --steps ${TP_STEPS:-6} \
     --warmup 1 --lr 3e-4 --seq-len 1024 --batch $tok --compute fp32 $extra ${ARGS:-} --sample-tokens 0 \
     --metrics $W/$name.jsonl > $W/$name.log 2> $W/$name.err
   status=$?
