@@ -1606,16 +1606,13 @@ impl Job<'_> {
                     low => burn_offload::cast_params(model.clone(), low.dtype()).forward(inputs),
                 };
                 let loss = cross_entropy(logits, targets) * scale;
+                let micro: f32 = loss.clone().into_scalar().elem();
                 mark(&mut split.forward_s, &mut phase)?;
-                // The backward is launched before the loss is read: reading
-                // it waits for the forward, and the backward's kernels would
-                // then start only as they are launched, with the device idle.
-                let grads = GradientsParams::from_grads(loss.backward(), &model);
-                let micro: f32 = loss.into_scalar().elem();
                 if !micro.is_finite() {
                     bail!("loss became {micro} at step {step}; try a lower --lr");
                 }
                 loss_value += micro;
+                let grads = GradientsParams::from_grads(loss.backward(), &model);
                 accumulator.accumulate(&model, grads);
                 mark(&mut split.backward_s, &mut phase)?;
             }
