@@ -87,10 +87,17 @@ impl HostOptimizerConfig {
         M: AutodiffModule<AB>,
         HostOptimizer: SimpleOptimizer<AB::InnerBackend>,
     {
+        // Norm clipping is the optimizer's own (see `clip_by_norm`); value
+        // clipping is burn-optim's, through the adaptor.
+        let clip_norm = match self.grad_clipping {
+            Some(GradientClippingConfig::Norm(threshold)) => Some(threshold),
+            _ => None,
+        };
         let mut optim = OptimizerAdaptor::from(HostOptimizer {
             config: self.optimizer,
+            clip_norm,
         });
-        if let Some(clipping) = &self.grad_clipping {
+        if let Some(clipping @ GradientClippingConfig::Value(_)) = &self.grad_clipping {
             optim = optim.with_grad_clipping(clipping.init());
         }
         HostParams(optim)
@@ -101,6 +108,36 @@ impl HostOptimizerConfig {
 #[derive(Debug, Clone)]
 pub struct HostOptimizer {
     config: OptimizerConfig,
+    /// Norm clipping's threshold, applied to each gradient before its update.
+    clip_norm: Option<f32>,
+}
+
+/// burn-optim's norm clipping of one gradient: scaled by `threshold / (‖g‖ +
+/// the dtype's least positive value)` where that is below one. Where `B`
+/// sums faster by rows first ([`Transfer::sums_rows_first`]: CUDA), the
+/// squared norm is each row's sum, then theirs; elsewhere burn's `sum`, as
+/// burn-optim adds.
+fn clip_by_norm<B: Backend, T: Transfer, const D: usize>(
+    grad: Tensor<OffloadWith<B, T>, D>,
+    threshold: f32,
+) -> Tensor<OffloadWith<B, T>, D> {
+    let squares = grad.clone().square();
+    let sum = if T::sums_rows_first::<B>() {
+        let numel = squares.shape().num_elements();
+        let width = squares.dims()[D - 1].max(1);
+        squares.reshape([numel / width, width]).sum_dim(1).sum()
+    } else {
+        squares.sum()
+    };
+    let norm = sum.sqrt();
+    let min_positive = grad
+        .dtype()
+        .finfo()
+        .unwrap_or(burn::tensor::FloatDType::F32.finfo())
+        .min_positive;
+    let clip_coef = threshold / norm.add_scalar(min_positive);
+    let clip_coef_clamped = clip_coef.clamp_max(1.0);
+    grad.mul(clip_coef_clamped.unsqueeze())
 }
 
 /// A parameter's optimizer state, in host memory: the two moments (SGD:
@@ -400,6 +437,10 @@ impl<B: Backend, T: Transfer> SimpleOptimizer<OffloadWith<B, T>> for HostOptimiz
     ) -> (Tensor<OffloadWith<B, T>, D>, Option<Self::State<D>>) {
         let (shape, device) = (tensor.shape(), tensor.device());
         let len = shape.num_elements();
+        let grad = match self.clip_norm {
+            Some(threshold) => clip_by_norm::<B, T, D>(grad, threshold),
+            None => grad,
+        };
         let gradient = Gradient::start::<B, T, D>(grad);
         let (mut params, tensor) = Lent::take(tensor);
         let ((mut m, moment_1), (mut v, moment_2), time) = match state {

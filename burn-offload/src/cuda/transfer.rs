@@ -130,6 +130,14 @@ impl Transfer for CudaTransfer {
         can_reduce::<X>(devices)
     }
 
+    fn sums_rows_first<X: Backend>() -> bool {
+        // burn's whole-tensor sum on CUDA is one kernel that read the 0.85B
+        // Llama's gradients at about 100 GB/s (34 ms of a 4k-token step of
+        // the host optimizer's norm clipping); sums along rows run at the
+        // device's bandwidth.
+        is_cuda::<X>()
+    }
+
     fn can_join<X: Backend>(_device: &X::Device) -> bool {
         // SAFETY: only tries to open the library.
         !is_cuda::<X>() || unsafe { cudarc::nccl::sys::is_culib_present() }

@@ -168,6 +168,12 @@ pub trait Transfer: ReadBack + 'static {
     /// Whether lanes on `devices` can sum their gradients (the collective's
     /// library is there where they need one).
     fn can_reduce<X: Backend>(devices: &[X::Device]) -> bool;
+    /// Whether a whole-tensor sum of `X`'s runs faster as each row's sum
+    /// first, then theirs, than as burn's `sum` (which adds in burn's
+    /// order, the one burn-optim's clipping sees).
+    fn sums_rows_first<X: Backend>() -> bool {
+        false
+    }
     /// Whether a process training on `device` can take part in a group's
     /// collectives (the collective's library is there where it needs one).
     fn can_join<X: Backend>(_device: &X::Device) -> bool {
