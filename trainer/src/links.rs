@@ -106,8 +106,8 @@ impl Links {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::{HostLayout, KeptGraphs, OptimState, ParamCache, GRADIENT_BLOCKS_IN_FLIGHT};
     use burn_offload::Compute;
-    use crate::plan::{GRADIENT_BLOCKS_IN_FLIGHT, HostLayout, KeptGraphs, OptimState, ParamCache};
 
     fn bytes(compute: Compute) -> u64 {
         compute.bytes() as u64
@@ -141,7 +141,10 @@ mod tests {
         let one = Links::of(&job(1, Compute::Bf16)).unwrap();
         let s = shape(&job(1, Compute::Bf16).config);
         let blocks = s.block_params * s.layers;
-        assert_eq!(one.to_device, 2 * bytes(Compute::Bf16) * blocks + 4 * s.stem_params);
+        assert_eq!(
+            one.to_device,
+            2 * bytes(Compute::Bf16) * blocks + 4 * s.stem_params
+        );
         // The head's gradients in f32, the embedding's output gradient.
         let stem_to_host = 4 * (s.stem_params - s.vocab * s.d) + 2 * 4 * 1024 * s.d;
         assert_eq!(one.to_host, 2 * blocks + stem_to_host);

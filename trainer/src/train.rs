@@ -589,7 +589,7 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
     // The engine's devices (`--gpus`, or this rank's GPU), checked before
     // the model is built; the model is drawn on the first.
     let devices = lane_devices(opts)?;
-    let device = devices[0].clone();
+    let device = devices.first().cloned().expect("one device at least");
     opts.compute
         .check::<B>(&device)
         .map_err(|why| anyhow::anyhow!("--compute {}: {why}", opts.compute))?;
