@@ -25,8 +25,8 @@ pub struct Links {
     pub gpus: u64,
 }
 
-/// Measured rate of one H100's link each way, in bytes a second (run34:
-/// 48–53 GB/s per GPU with two and four GPUs copying at once).
+/// The rate of one H100's link each way, in bytes a second: 48–53 GB/s
+/// were measured per GPU with two and four GPUs copying at once.
 pub const LINK_BYTES_PER_S: f64 = 50e9;
 
 impl Links {
