@@ -30,6 +30,55 @@ struct Cli {
     /// attention, one line per pass (does the time drift?).
     #[arg(long, default_value_t = 0)]
     drift: usize,
+    /// Instead of the cases: one sequence of each of these lengths, in
+    /// `--dtype`, burn-offload's attention forward and forward+backward,
+    /// with their TFLOPS as FlashAttention counts them (the forward's two
+    /// products over the causal half, `2·h·s²·d`; the backward 2.5 times
+    /// that), to set beside `bench/peers/torch_sdpa.py`.
+    #[arg(long, value_delimiter = ',')]
+    lengths: Vec<usize>,
+    /// The long cases' dtype: bf16 or f32.
+    #[arg(long, default_value = "bf16")]
+    dtype: String,
+}
+
+/// `--lengths`: one sequence of each length through burn-offload's
+/// attention, the forward alone and with its backward.
+fn long_cases(cli: &Cli, device: &burn::tensor::Device<G>) {
+    let dtype = match cli.dtype.as_str() {
+        "bf16" => burn::tensor::DType::BF16,
+        "f32" => burn::tensor::DType::F32,
+        other => panic!("--dtype {other}: bf16 or f32"),
+    };
+    let (heads, kv, d) = (32, 8, 64);
+    for &seq in &cli.lengths {
+        let randn = |shape: [usize; 4]| {
+            Tensor::<G, 4>::random(shape, Distribution::Normal(0.0, 1.0), device).cast(dtype)
+        };
+        let heads_view = |n| randn([1, seq, n, d]).swap_dims(1, 2);
+        let (q, k, v) = (heads_view(heads), heads_view(kv), heads_view(kv));
+        let weights = randn([1, heads, seq, d]);
+        let forward_flops = 2.0 * heads as f64 * (seq as f64).powi(2) * d as f64;
+        let report = |case: &str, ms: f64, flops: f64| {
+            println!(
+                "{{\"case\": \"{case}\", \"seq\": {seq}, \"dtype\": \"{}\", \"ms\": {ms:.3}, \"tflops\": {:.1}}}",
+                cli.dtype,
+                flops / (ms * 1e-3) * 1e-12
+            );
+        };
+        let ms = time(cli.reps, device, || {
+            let _ = causal_attention(q.clone(), k.clone(), v.clone());
+        });
+        report("offload forward", ms, forward_flops);
+        let ad = |t: &Tensor<G, 4>| Tensor::<AD, 4>::from_inner(t.clone()).require_grad();
+        let ms = time(cli.reps, device, || {
+            let (qa, ka, va) = (ad(&q), ad(&k), ad(&v));
+            let out = causal_attention(qa.clone(), ka.clone(), va.clone());
+            let grads = (out * Tensor::from_inner(weights.clone())).sum().backward();
+            let _ = (qa.grad(&grads), ka.grad(&grads), va.grad(&grads));
+        });
+        report("offload forward+backward", ms, 3.5 * forward_flops);
+    }
 }
 
 /// Median milliseconds of `f`, the device synchronised around each run.
@@ -55,6 +104,9 @@ fn main() {
     let cli = Cli::parse();
     burn_offload::set_matmul(burn_offload::DEFAULT_MATMUL).expect("default matmul");
     let device = Default::default();
+    if !cli.lengths.is_empty() {
+        return long_cases(&cli, &device);
+    }
     let (heads, kv, seq, d) = (32, 8, 1024, 64);
     for &b in &cli.batch {
         let randn = |shape: [usize; 4]| {
