@@ -74,7 +74,12 @@ pub fn all_reduce<T: Transfer, B: Backend>(
     let mut sums = Vec::with_capacity(layout.len());
     for (dtype, len) in layout {
         let bytes = len * dtype.size();
-        let values = |rank: usize| to_f32(&all[rank][at..at + bytes], dtype);
+        let values = |rank: usize| {
+            TensorData::from_bytes_vec(all[rank][at..at + bytes].to_vec(), [len], dtype)
+                .convert::<f32>()
+                .into_vec::<f32>()
+                .expect("f32 values")
+        };
         let mut sum = values(0);
         for rank in 1..all.len() {
             for (s, v) in sum.iter_mut().zip(values(rank)) {
@@ -124,24 +129,6 @@ pub fn all_gather<T: Transfer, B: Backend, const D: usize>(
             Ok(Tensor::from_data(data, &device))
         })
         .collect()
-}
-
-/// Little-endian values of `dtype` (f32, bf16 or f16) as f32.
-fn to_f32(bytes: &[u8], dtype: DType) -> Vec<f32> {
-    match dtype {
-        DType::BF16 => bytes
-            .chunks_exact(2)
-            .map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32())
-            .collect(),
-        DType::F16 => bytes
-            .chunks_exact(2)
-            .map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32())
-            .collect(),
-        _ => bytes
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect(),
-    }
 }
 
 /// `value` rounded to `dtype`, as an addition in that dtype rounds it.
