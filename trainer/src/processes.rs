@@ -131,7 +131,7 @@ pub fn rank_args(args: &[OsString], rank: usize, n: usize, rendezvous: &str) -> 
 }
 
 /// A free TCP port on the loopback interface, for the launcher's rendezvous.
-fn free_loopback_address() -> Result<String> {
+pub fn free_loopback_address() -> Result<String> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0")
         .map_err(|e| anyhow::anyhow!("cannot find a free port for the rendezvous: {e}"))?;
     let port = listener.local_addr()?.port();

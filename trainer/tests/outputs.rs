@@ -6,6 +6,7 @@ use std::path::Path;
 use std::process::Output;
 
 mod common;
+use common::checkpoint_names;
 
 /// Runs `train` on the tiny Llama with a short, fast configuration plus `args`.
 fn train(args: &[&str]) -> Output {
@@ -45,16 +46,6 @@ fn assert_refused(args: &[&str], expected: &str) {
     );
 }
 
-fn names(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("step-"))
-        .collect();
-    names.sort();
-    names
-}
-
 fn s(path: &Path) -> &str {
     path.to_str().unwrap()
 }
@@ -83,7 +74,7 @@ fn a_fresh_run_refuses_a_folder_with_another_runs_checkpoints() {
         "2",
     ]);
     assert!(first.status.success(), "{}", stderr(&first));
-    assert_eq!(names(&ckx), ["step-00000003", "step-00000006"]);
+    assert_eq!(checkpoint_names(&ckx), ["step-00000003", "step-00000006"]);
 
     let line = error_line(&[
         "--steps",
@@ -103,7 +94,7 @@ fn a_fresh_run_refuses_a_folder_with_another_runs_checkpoints() {
         "{line}"
     );
     assert_eq!(
-        names(&ckx),
+        checkpoint_names(&ckx),
         ["step-00000003", "step-00000006"],
         "the refused run touched the folder"
     );
@@ -126,7 +117,7 @@ fn rotation_removes_the_runs_oldest_written_checkpoints() {
         "10",
     ]);
     assert!(first.status.success(), "{}", stderr(&first));
-    assert_eq!(names(&ck).len(), 4);
+    assert_eq!(checkpoint_names(&ck).len(), 4);
 
     let again = train(&[
         "--steps",
@@ -153,7 +144,7 @@ fn rotation_removes_the_runs_oldest_written_checkpoints() {
         Path::new(last).is_dir(),
         "the last checkpoint line names a removed folder: {last}"
     );
-    assert_eq!(names(&ck), ["step-00000003", "step-00000004"]);
+    assert_eq!(checkpoint_names(&ck), ["step-00000003", "step-00000004"]);
     assert_eq!(
         burn_offload::checkpoint::resolve(&ck).unwrap(),
         ck.join("step-00000004")

@@ -8,14 +8,15 @@ use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use common::checkpoint_names;
+use trainer::processes::free_loopback_address;
+
+mod common;
+
 const TINY: [&str; 6] = ["--batch", "2", "--seq-len", "16", "--sample-tokens", "0"];
 
 fn train(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_train"))
-        .args(TINY)
-        .args(args)
-        .output()
-        .expect("train runs")
+    common::train(&TINY, args)
 }
 
 /// Each step's loss and gradient norm from a `--metrics` file, as written.
@@ -29,17 +30,6 @@ fn steps(metrics: &Path) -> Vec<(String, String)> {
             Some((loss.to_string(), v["grad_norm"].to_string()))
         })
         .collect()
-}
-
-/// The checkpoints written into `dir`.
-fn checkpoints(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .filter(|name| name.starts_with("step-"))
-        .collect();
-    names.sort();
-    names
 }
 
 fn run_ok(args: &[&str]) {
@@ -140,7 +130,7 @@ fn a_resumed_run_of_processes_continues_exactly() {
     );
     // Rank 0 alone wrote the metrics and the one checkpoint.
     assert_eq!(steps(&parts).len(), 3);
-    assert_eq!(checkpoints(&ck), ["step-00000003"]);
+    assert_eq!(checkpoint_names(&ck), ["step-00000003"]);
     run_ok(
         &[
             &base[..],
@@ -169,11 +159,6 @@ fn a_resumed_run_of_processes_continues_exactly() {
     );
 }
 
-fn free_address() -> String {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    format!("127.0.0.1:{}", listener.local_addr().unwrap().port())
-}
-
 fn spawn_rank(rank: usize, addr: &str, extra: &[&str]) -> Child {
     Command::new(env!("CARGO_BIN_EXE_train"))
         .args(TINY)
@@ -197,7 +182,7 @@ fn spawn_rank(rank: usize, addr: &str, extra: &[&str]) -> Child {
 /// (another seed) are refused before the first step, naming the rank.
 #[test]
 fn ranks_started_by_hand_check_that_their_stores_agree() {
-    let addr = free_address();
+    let addr = free_loopback_address().unwrap();
     let ranks = [spawn_rank(0, &addr, &[]), spawn_rank(1, &addr, &[])];
     for rank in ranks {
         let out = rank.wait_with_output().unwrap();
@@ -207,7 +192,7 @@ fn ranks_started_by_hand_check_that_their_stores_agree() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    let addr = free_address();
+    let addr = free_loopback_address().unwrap();
     let ranks = [
         spawn_rank(0, &addr, &[]),
         spawn_rank(1, &addr, &["--seed", "7"]),
@@ -310,5 +295,5 @@ fn a_sigterm_to_the_launcher_stops_every_rank_with_a_checkpoint() {
     unsafe { libc::kill(launcher.id() as libc::pid_t, libc::SIGTERM) };
     let status = launcher.wait().unwrap();
     assert_eq!(status.code(), Some(128 + 15));
-    assert_eq!(checkpoints(&ck).len(), 1);
+    assert_eq!(checkpoint_names(&ck).len(), 1);
 }

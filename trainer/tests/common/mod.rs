@@ -3,6 +3,7 @@
 // Each test file includes this module and uses part of it.
 #![allow(dead_code)]
 
+use std::path::Path;
 use std::process::{Command, Output};
 
 /// A tiny, fast run: one sequence of 8 tokens a step, one sampled token.
@@ -15,4 +16,15 @@ pub fn train(base: &[&str], args: &[&str]) -> Output {
         .args(args)
         .output()
         .expect("train binary runs")
+}
+
+/// The checkpoints (`step-…` folders) in `dir`, sorted.
+pub fn checkpoint_names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("step-"))
+        .collect();
+    names.sort();
+    names
 }
