@@ -5,11 +5,13 @@
 //!   operation; one kernel each way on CUDA) against burn's `log_softmax`,
 //!   for logits whose rows are not contiguous and a vocabulary that is not a
 //!   multiple of the kernel's 256 units.
-//! - Causal attention (`burn_offload::ops::attention`, one autodiff operation;
-//!   its softmax one kernel each way on CUDA, and the key tiles' combination
-//!   and sums one kernel each) against the reference that burn
-//!   differentiates op by op, with grouped-query heads and sequences that
-//!   cut into uneven query blocks and key tiles.
+//! - Causal attention (`burn_offload::ops::attention`, one autodiff operation)
+//!   against the reference that burn differentiates op by op, with
+//!   grouped-query heads: cut into uneven query blocks and key tiles (its
+//!   softmax one kernel each way on CUDA, and the key tiles' combination and
+//!   sums one kernel each), and as `causal_attention` runs it (on CUDA the
+//!   fused FlashAttention kernels) for head widths 64 and 128 and lengths
+//!   that are not multiples of the kernels' 64-row tiles.
 //! - The SwiGLU gate (`burn_offload::ops::swiglu`, one kernel each way on CUDA)
 //!   against burn's `silu(gate) * up`.
 //! - RMSNorm (`burn_offload::ops::rms_norm`, one kernel forward and two backward
@@ -20,7 +22,10 @@
 
 use burn::prelude::*;
 use burn::tensor::{DType, Distribution, TensorData};
-use burn_offload::ops::attention::{causal_attention_tiled, reference_causal_attention, Tiling};
+use burn_offload::ops::attention::{
+    causal_attention, causal_attention_fused, causal_attention_tiled, reference_causal_attention,
+    Tiling, FUSED_BACKWARD_UP_TO,
+};
 use burn_offload::ops::cross_entropy::{nll_rows, nll_sum, reference_nll_rows};
 use burn_offload::ops::rms_norm::rms_norm;
 use burn_offload::ops::rotary::rotate_half;
@@ -203,6 +208,79 @@ fn compare_attention(dtype: DType, tolerance: f32) {
             );
         }
     }
+}
+
+/// `attention` against the reference: output and the gradients of `q`, `k`,
+/// `v`, for each `(batch, seq, heads, kv_heads, head width)` of `shapes`.
+fn compare_with_reference(
+    attention: &dyn Fn(Tensor<AD, 4>, Tensor<AD, 4>, Tensor<AD, 4>) -> Tensor<AD, 4>,
+    shapes: &[(usize, usize, usize, usize, usize)],
+    dtype: DType,
+    tolerance: f32,
+) {
+    let device = Default::default();
+    for &(batch, seq, heads, kv_heads, dim) in shapes {
+        let random = |h, seed| {
+            let values = seeded_normal(batch * h * seq * dim, 1.5, seed);
+            Tensor::<AD, 4>::from_data(TensorData::new(values, [batch, h, seq, dim]), &device)
+                .cast(dtype)
+        };
+        let (q, k, v) = (random(heads, 5), random(kv_heads, 6), random(kv_heads, 7));
+        let upstream = random(heads, 8).detach();
+        let run = |attention: &dyn Fn(_, _, _) -> Tensor<AD, 4>| {
+            let (q, k, v) = (
+                q.clone().detach().require_grad(),
+                k.clone().detach().require_grad(),
+                v.clone().detach().require_grad(),
+            );
+            let out = attention(q.clone(), k.clone(), v.clone());
+            let grads = (out.clone() * upstream.clone()).sum().backward();
+            let grad =
+                |t: &Tensor<AD, 4>| Tensor::<AD, 4>::from_inner(t.grad(&grads).expect("used"));
+            [out, grad(&q), grad(&k), grad(&v)]
+        };
+        let fused = run(attention);
+        let reference = run(&reference_causal_attention);
+        println!("{batch}×{seq} positions, {heads}/{kv_heads} heads of {dim}");
+        assert_relatively_close(
+            "attention",
+            ["output", "dq", "dk", "dv"],
+            fused,
+            reference,
+            dtype,
+            tolerance,
+        );
+    }
+}
+
+/// Both passes fused (on CUDA): grouped-query ratios 1, 4 and 8, head widths
+/// 64 and 128, and one or two sequences whose lengths leave the last 64-row
+/// tile partly empty (and one shorter than a tile).
+const FUSED_SHAPES: [(usize, usize, usize, usize, usize); 4] = [
+    (2, 150, 8, 1, 64),
+    (1, 37, 4, 4, 64),
+    (1, 130, 8, 2, 128),
+    (2, 97, 4, 4, 128),
+];
+
+#[test]
+fn fused_attention_matches_the_reference_in_f32() {
+    // On CUDA the kernels stage f32 as tf32, and the reference's matmuls run
+    // in tf32 as well.
+    compare_with_reference(&causal_attention_fused, &FUSED_SHAPES, DType::F32, 1e-2);
+}
+
+#[test]
+fn fused_attention_matches_the_reference_in_bf16() {
+    compare_with_reference(&causal_attention_fused, &FUSED_SHAPES, DType::BF16, 5e-2);
+}
+
+/// `causal_attention` past [`FUSED_BACKWARD_UP_TO`] (on CUDA the fused
+/// forward's output and log-sum-exp feed the tiled backward).
+#[test]
+fn attention_past_the_fused_backward_matches_the_reference() {
+    let shapes = [(1, FUSED_BACKWARD_UP_TO + 37, 2, 1, 64)];
+    compare_with_reference(&causal_attention, &shapes, DType::BF16, 5e-2);
 }
 
 #[test]

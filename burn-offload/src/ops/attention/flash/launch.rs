@@ -1,0 +1,167 @@
+//! Launching the fused kernels on burn's CUDA tensors.
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{DType, Shape, Tensor};
+use burn_cubecl::cubecl::cuda::CudaRuntime;
+use burn_cubecl::ops::numeric::{empty_device_contiguous_dtype, zeros_client};
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::ir::{ElemType, FloatKind, StorageType};
+use cubecl::{CubeCount, CubeDim};
+
+use super::kernels::{backward_kernel, forward_kernel, TILE};
+use crate::cuda::{as_float, float_cube};
+use crate::precision::cast_to;
+
+/// Planes per cube.
+const PLANES: u32 = 4;
+/// Head widths the kernels take: the loads give each of a cube's 128 units
+/// one column, so the width divides 128 (Llama, Mistral and Qwen use 64 and
+/// 128; others run the tiled path).
+const HEAD_DIMS: [usize; 4] = [16, 32, 64, 128];
+
+/// The stage type and WMMA depth for inputs of `dtype`: bf16 and f16 as
+/// themselves (16×16×16), f32 as tf32 (16×16×8).
+fn stage(dtype: DType) -> Option<(StorageType, usize)> {
+    match dtype {
+        DType::BF16 | DType::F16 => Some((dtype.into(), 16)),
+        DType::F32 => Some((StorageType::Scalar(ElemType::Float(FloatKind::TF32)), 8)),
+        _ => None,
+    }
+}
+
+/// Whether the fused kernels take inputs of `dtype` with heads of `head_dim`
+/// values on this build (CUDA tensors are checked when launched).
+pub(crate) fn supports(dtype: DType, head_dim: usize) -> bool {
+    stage(dtype).is_some() && HEAD_DIMS.contains(&head_dim)
+}
+
+fn launch_geometry(tiles: usize, heads: usize, batch: usize) -> (CubeCount, CubeDim) {
+    (
+        CubeCount::Static(tiles as u32, heads as u32, batch as u32),
+        CubeDim::new_2d(32, PLANES),
+    )
+}
+
+fn new_tensor(
+    like: &CubeTensor<CudaRuntime>,
+    dims: Vec<usize>,
+    dtype: DType,
+) -> CubeTensor<CudaRuntime> {
+    empty_device_contiguous_dtype(
+        like.client.clone(),
+        like.device.clone(),
+        Shape::from(dims),
+        dtype,
+    )
+}
+
+/// The CUDA tensors of `ts` if all are CUDA tensors of one supported dtype
+/// with heads of a supported width.
+fn cubes<B: Backend, const N: usize>(
+    ts: [&Tensor<B, 4>; N],
+) -> Option<[CubeTensor<CudaRuntime>; N]> {
+    let dtype = ts[0].dtype();
+    let dim = ts[0].dims()[3];
+    if !supports(dtype, dim) || ts.iter().any(|t| t.dtype() != dtype) {
+        return None;
+    }
+    let mut out = Vec::with_capacity(N);
+    for t in ts {
+        out.push(float_cube(t)?);
+    }
+    out.try_into().ok()
+}
+
+/// The output `[b, h, s, d]` and each row's log-sum-exp (f32 `[b, h, s, 1]`)
+/// of causal attention of `q: [b, h, s, d]` over `k, v: [b, kv, s, d]`;
+/// `None` unless these are CUDA tensors the kernels take.
+pub(crate) fn forward<B: Backend>(
+    q: &Tensor<B, 4>,
+    k: &Tensor<B, 4>,
+    v: &Tensor<B, 4>,
+) -> Option<(Tensor<B, 4>, Tensor<B, 4>)> {
+    let [q, k, v] = cubes([q, k, v])?;
+    let [batch, heads, seq, dim] = <[usize; 4]>::try_from(q.meta.shape().to_vec()).ok()?;
+    let (stage_type, ks) = stage(q.dtype)?;
+    let out = new_tensor(&q, vec![batch, heads, seq, dim], q.dtype);
+    let lse = new_tensor(&q, vec![batch, heads, seq, 1], DType::F32);
+    if batch * heads * seq > 0 {
+        let (cubes, cube_dim) = launch_geometry(seq.div_ceil(TILE), heads, batch);
+        forward_kernel::launch::<CudaRuntime>(
+            &q.client,
+            cubes,
+            cube_dim,
+            q.clone().into_tensor_arg(),
+            k.into_tensor_arg(),
+            v.into_tensor_arg(),
+            out.clone().into_tensor_arg(),
+            lse.clone().into_tensor_arg(),
+            1.0 / (dim as f32).sqrt(),
+            dim,
+            ks,
+            q.dtype.into(),
+            stage_type,
+        );
+    }
+    Some((as_float(out), as_float(lse)))
+}
+
+/// `[dq, dk, dv]` of [`forward`] for the output gradient `grad: [b, h, s,
+/// d]`, from its inputs, the forward's log-sum-exp and `dot = rowsum(grad ⊙
+/// output)` (f32 `[b, h, s, 1]` each); `None` unless these are CUDA tensors
+/// the kernels take.
+pub(crate) fn backward<B: Backend>(
+    [q, k, v, grad]: [&Tensor<B, 4>; 4],
+    lse: &Tensor<B, 4>,
+    dot: &Tensor<B, 4>,
+) -> Option<[Tensor<B, 4>; 3]> {
+    let [q, k, v, grad] = cubes([q, k, v, grad])?;
+    let (lse, dot) = (float_cube(lse)?, float_cube(dot)?);
+    if lse.dtype != DType::F32 || dot.dtype != DType::F32 {
+        return None;
+    }
+    let [batch, heads, seq, dim] = <[usize; 4]>::try_from(q.meta.shape().to_vec()).ok()?;
+    let kv_heads = k.meta.shape()[1];
+    let (stage_type, ks) = stage(q.dtype)?;
+    let dtype = q.dtype;
+    // The query gradients are sums over key tiles: f32, from zero.
+    let dq = zeros_client(
+        q.client.clone(),
+        q.device.clone(),
+        Shape::new([batch, heads, seq, dim]),
+        DType::F32,
+    );
+    let dk = new_tensor(&q, vec![batch, kv_heads, seq, dim], dtype);
+    let dv = new_tensor(&q, vec![batch, kv_heads, seq, dim], dtype);
+    let scale = 1.0 / (dim as f32).sqrt();
+    if batch * heads * seq > 0 {
+        let (cubes, cube_dim) = launch_geometry(seq.div_ceil(TILE), kv_heads, batch);
+        backward_kernel::launch::<CudaRuntime>(
+            &q.client.clone(),
+            cubes,
+            cube_dim,
+            q.into_tensor_arg(),
+            k.into_tensor_arg(),
+            v.into_tensor_arg(),
+            grad.into_tensor_arg(),
+            lse.into_tensor_arg(),
+            dot.into_tensor_arg(),
+            dq.clone().into_tensor_arg(),
+            dk.clone().into_tensor_arg(),
+            dv.clone().into_tensor_arg(),
+            scale,
+            dim,
+            ks,
+            dtype.into(),
+            stage_type,
+        );
+    }
+    let dq = cast_to(as_float::<B, 4>(dq) * scale, dtype);
+    Some([dq, as_float(dk), as_float(dv)])
+}
+
+/// Whether the fused kernels take `q` (a CUDA tensor of a dtype and head
+/// width they run).
+pub(crate) fn takes<B: Backend>(q: &Tensor<B, 4>) -> bool {
+    cubes([q]).is_some()
+}

@@ -1,0 +1,25 @@
+//! Causal attention as three fused CubeCL kernels on CUDA, in the manner of
+//! FlashAttention-2: the scores never leave shared memory, so a pass keeps
+//! `O(tokens)` values and reads `q`, `k`, `v` once per tile instead of
+//! writing and reading a score tile per elementwise step.
+//! - `forward_kernel`: a cube per 64 queries of one head walks the key tiles
+//!   up to the diagonal with an online softmax, and writes the output and
+//!   each row's log-sum-exp (f32);
+//! - `backward_kernel`: a cube per 64 keys of one key/value head walks the
+//!   query tiles at or past them, for each query head of the group, sums
+//!   `dv = pᵀ·do` and `dk = dsᵀ·q` in its registers (the group's heads in
+//!   one place), and adds each query tile's `ds·k` to f32 sums of `dq` with
+//!   atomic adds (every key tile adds to the same queries).
+//!
+//! The products run on tensor cores through cubecl's `cmma` (CUDA's WMMA):
+//! 16×16×16 tiles of bf16 or f16, or 16×16×8 of tf32 for f32 inputs (the
+//! precision burn's f32 matmul runs in), accumulating in f32. Each plane
+//! (warp) owns 16 rows of its cube's 64; the softmax and its gradient are
+//! f32, two lanes a row. Whole key tiles above the diagonal are never
+//! visited; rows past the sequence's end are zeros, so any length works.
+//! The backward runs FlashAttention-2's five products a tile.
+
+mod kernels;
+mod launch;
+
+pub(crate) use launch::{backward, forward, takes};
