@@ -1,6 +1,6 @@
 """PyTorch's scaled_dot_product_attention on the shapes of bench attention_bench
 --lengths: one sequence, 32 query heads over 8 key/value heads, head width 64,
-causal, forward alone and forward+backward, timed with CUDA events (median of
+causal (head width --head-dim, 64 by default), forward alone and forward+backward, timed with CUDA events (median of
 --reps after two untimed runs). TFLOPS as FlashAttention counts them: the
 forward 2*h*s^2*d over the causal half, the backward 2.5 times that.
 
@@ -36,18 +36,19 @@ def main():
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
     p.add_argument("--backend", choices=["flash", "efficient", "math", "cudnn"], default="flash")
+    p.add_argument("--head-dim", type=int, default=64)
     a = p.parse_args()
     backend = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
                "math": SDPBackend.MATH, "cudnn": SDPBackend.CUDNN_ATTENTION}[a.backend]
     dtype = torch.bfloat16 if a.dtype == "bf16" else torch.float32
-    heads, kv, d = 32, 8, 64
+    heads, kv, d = 32, 8, a.head_dim
     for seq in map(int, a.lengths.split(",")):
         q = torch.randn(1, heads, seq, d, device="cuda", dtype=dtype, requires_grad=True)
         k = torch.randn(1, kv, seq, d, device="cuda", dtype=dtype, requires_grad=True)
         v = torch.randn(1, kv, seq, d, device="cuda", dtype=dtype, requires_grad=True)
         w = torch.randn(1, heads, seq, d, device="cuda", dtype=dtype)
         flops = 2.0 * heads * seq * seq * d
-        row = {"backend": a.backend, "seq": seq, "dtype": a.dtype}
+        row = {"backend": a.backend, "seq": seq, "head_dim": d, "dtype": a.dtype}
         for gqa in ("enable_gqa", "repeated"):
             try:
                 def attention():

@@ -11,7 +11,10 @@ use std::time::Instant;
 use burn::backend::Autodiff;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, Distribution, Tensor};
-use burn_offload::ops::attention::{causal_attention, reference_causal_attention};
+use burn_offload::ops::attention::{
+    causal_attention, causal_attention_fused, causal_attention_tiled, reference_causal_attention,
+    Tiling,
+};
 use clap::Parser;
 
 type G = burn_offload::Gemm<burn::backend::Cuda>;
@@ -40,17 +43,24 @@ struct Cli {
     /// The long cases' dtype: bf16 or f32.
     #[arg(long, default_value = "bf16")]
     dtype: String,
+    /// The long cases' head width (64: the 0.85B and Llama-3.2-1B; 128: the
+    /// 3B and 8B shapes), 32 query heads over 8 key/value heads.
+    #[arg(long, default_value_t = 64)]
+    head_dim: usize,
 }
 
 /// `--lengths`: one sequence of each length through burn-offload's
-/// attention, the forward alone and with its backward.
+/// attention, the forward alone and with its backward: both passes in the
+/// fused kernels ("fused"), as the models run it ("models": past
+/// `FUSED_BACKWARD_UP_TO` the fused forward and the tiled backward), and
+/// through query blocks and key tiles in tensor ops ("tiles").
 fn long_cases(cli: &Cli, device: &burn::tensor::Device<G>) {
     let dtype = match cli.dtype.as_str() {
         "bf16" => burn::tensor::DType::BF16,
         "f32" => burn::tensor::DType::F32,
         other => panic!("--dtype {other}: bf16 or f32"),
     };
-    let (heads, kv, d) = (32, 8, 64);
+    let (heads, kv, d) = (32, 8, cli.head_dim);
     for &seq in &cli.lengths {
         let randn = |shape: [usize; 4]| {
             Tensor::<G, 4>::random(shape, Distribution::Normal(0.0, 1.0), device).cast(dtype)
@@ -61,23 +71,44 @@ fn long_cases(cli: &Cli, device: &burn::tensor::Device<G>) {
         let forward_flops = 2.0 * heads as f64 * (seq as f64).powi(2) * d as f64;
         let report = |case: &str, ms: f64, flops: f64| {
             println!(
-                "{{\"case\": \"{case}\", \"seq\": {seq}, \"dtype\": \"{}\", \"ms\": {ms:.3}, \"tflops\": {:.1}}}",
+                "{{\"case\": \"{case}\", \"seq\": {seq}, \"head_dim\": {d}, \"dtype\": \"{}\", \"ms\": {ms:.3}, \"tflops\": {:.1}}}",
                 cli.dtype,
                 flops / (ms * 1e-3) * 1e-12
             );
         };
-        let ms = time(cli.reps, device, || {
-            let _ = causal_attention(q.clone(), k.clone(), v.clone());
-        });
-        report("offload forward", ms, forward_flops);
-        let ad = |t: &Tensor<G, 4>| Tensor::<AD, 4>::from_inner(t.clone()).require_grad();
-        let ms = time(cli.reps, device, || {
-            let (qa, ka, va) = (ad(&q), ad(&k), ad(&v));
-            let out = causal_attention(qa.clone(), ka.clone(), va.clone());
-            let grads = (out * Tensor::from_inner(weights.clone())).sum().backward();
-            let _ = (qa.grad(&grads), ka.grad(&grads), va.grad(&grads));
-        });
-        report("offload forward+backward", ms, 3.5 * forward_flops);
+        type Attention<X> = Box<dyn Fn(Tensor<X, 4>, Tensor<X, 4>, Tensor<X, 4>) -> Tensor<X, 4>>;
+        let tiling = Tiling::new(heads, seq);
+        let ways: [(&str, Attention<G>, Attention<AD>); 3] = [
+            (
+                "fused",
+                Box::new(causal_attention_fused),
+                Box::new(causal_attention_fused),
+            ),
+            (
+                "models",
+                Box::new(causal_attention),
+                Box::new(causal_attention),
+            ),
+            (
+                "tiles",
+                Box::new(move |q, k, v| causal_attention_tiled(q, k, v, tiling)),
+                Box::new(move |q, k, v| causal_attention_tiled(q, k, v, tiling)),
+            ),
+        ];
+        for (name, plain, tracked) in &ways {
+            let ms = time(cli.reps, device, || {
+                let _ = plain(q.clone(), k.clone(), v.clone());
+            });
+            report(&format!("{name} forward"), ms, forward_flops);
+            let ad = |t: &Tensor<G, 4>| Tensor::<AD, 4>::from_inner(t.clone()).require_grad();
+            let ms = time(cli.reps, device, || {
+                let (qa, ka, va) = (ad(&q), ad(&k), ad(&v));
+                let out = tracked(qa.clone(), ka.clone(), va.clone());
+                let grads = (out * Tensor::from_inner(weights.clone())).sum().backward();
+                let _ = (qa.grad(&grads), ka.grad(&grads), va.grad(&grads));
+            });
+            report(&format!("{name} forward+backward"), ms, 3.5 * forward_flops);
+        }
     }
 }
 
