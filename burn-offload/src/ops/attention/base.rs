@@ -95,6 +95,17 @@ enum Passes {
     Tiled(Tiling),
 }
 
+/// `passes` with [`causal_attention`]'s choice made for `q`, an inner
+/// tensor (autodiff's are not CUDA tensors): once, for both passes.
+fn resolved<B: Backend>(passes: Passes, q: &Tensor<B, 4>) -> Passes {
+    let [_, heads, seq, head_dim] = q.dims();
+    match passes {
+        Passes::Auto | Passes::Fused if !fuses(q) => Passes::Tiled(Tiling::new(heads, seq)),
+        Passes::Auto => routed(heads, seq, head_dim),
+        passes => passes,
+    }
+}
+
 /// Whether the fused kernels take `q` (and keys and values like it).
 fn fuses<B: Backend>(q: &Tensor<B, 4>) -> bool {
     #[cfg(feature = "cuda")]
@@ -125,6 +136,7 @@ fn attention_by<B: Backend>(
         reference_causal_attention(q, k, v)
     } else {
         let [batch, heads, seq, head_dim] = q.dims();
+        let passes = resolved(passes, &q);
         attention_forward(q, k, v, passes)
             .0
             .reshape([batch, heads, seq, head_dim])
@@ -360,25 +372,17 @@ fn attention_forward<B: Backend>(
     v: Tensor<B, 4>,
     passes: Passes,
 ) -> (Tensor<B, 4>, Tensor<B, 4>) {
+    // `Auto` is resolved before a pass runs; as a fallback it is `Fused`.
     let tiling = match passes {
         Passes::Tiled(tiling) => tiling,
         Passes::Auto | Passes::Fused | Passes::FusedForward(_) => {
-            let [_, heads, seq, head_dim] = q.dims();
-            let auto_tiled = match passes {
-                Passes::Auto => match routed(heads, seq, head_dim) {
-                    Passes::Tiled(tiling) => Some(tiling),
-                    _ => None,
-                },
-                _ => None,
-            };
             #[cfg(feature = "cuda")]
-            if auto_tiled.is_none() {
-                if let Some((output, lse)) = super::flash::forward(&q, &k, &v) {
-                    let kv_heads = k.dims()[1];
-                    return (grouped(output, kv_heads), grouped(lse, kv_heads));
-                }
+            if let Some((output, lse)) = super::flash::forward(&q, &k, &v) {
+                let kv_heads = k.dims()[1];
+                return (grouped(output, kv_heads), grouped(lse, kv_heads));
             }
-            auto_tiled.unwrap_or_else(|| Tiling::new(heads, seq))
+            let [_, heads, seq, _] = q.dims();
+            Tiling::new(heads, seq)
         }
     };
     let [_, heads, seq, head_dim] = q.dims();
@@ -575,15 +579,7 @@ fn tracked<B: Backend>(
 ) -> Tensor<Autodiff<B>, 4> {
     let [batch, heads, seq, head_dim] = q.dims();
     let (q, k, v) = (float(q), float(k), float(v));
-    // Decided on the inner tensors (autodiff's are not CUDA tensors), once
-    // for both passes.
-    let passes = match passes {
-        Passes::Auto | Passes::Fused if !fuses(&tensor::<B, 4>(q.primitive.clone())) => {
-            Passes::Tiled(Tiling::new(heads, seq))
-        }
-        Passes::Auto => routed(heads, seq, head_dim),
-        passes => passes,
-    };
+    let passes = resolved(passes, &tensor::<B, 4>(q.primitive.clone()));
     let (output, lse) = attention_forward::<B>(
         tensor(q.primitive.clone()),
         tensor(k.primitive.clone()),

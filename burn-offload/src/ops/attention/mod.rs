@@ -31,12 +31,12 @@
 //! one matmul serves the group (its key and value gradients come out summed
 //! over the group).
 //!
-//! On CUDA, for head widths of 16, 32, 64 or 128, the forward (and, up to
-//! [`FUSED_BACKWARD_UP_TO`] positions, the backward) is instead fused
-//! FlashAttention-2-style CubeCL kernels on tensor cores (`flash`):
-//! the scores stay in shared memory, one cube walks a tile of 64 queries (or
-//! keys) across the tiles of the other side, and the backward's two kernels
-//! recompute what they need. [`causal_attention_fused`] runs both passes
+//! On CUDA, for head widths of 16, 32, 64 or 128, both passes up to
+//! [`FUSED_BACKWARD_UP_TO`] positions, and past that the forward for heads of
+//! at most 64 values, are instead fused FlashAttention-2-style CubeCL kernels
+//! on tensor cores (`flash`): the scores stay in shared memory, and one cube
+//! walks a tile of 64 queries (or keys) across the tiles of the other side.
+//! [`causal_attention_fused`] runs both passes
 //! fused at any length and [`causal_attention_tiled`] neither (the tests' and
 //! benchmarks' handles on each).
 //!

@@ -1,4 +1,4 @@
-//! Causal attention as three fused CubeCL kernels on CUDA, in the manner of
+//! Causal attention as two fused CubeCL kernels on CUDA, in the manner of
 //! FlashAttention-2: the scores never leave shared memory, so a pass keeps
 //! `O(tokens)` values and reads `q`, `k`, `v` once per tile instead of
 //! writing and reading a score tile per elementwise step.
