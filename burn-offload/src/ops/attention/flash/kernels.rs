@@ -6,11 +6,12 @@
 use cubecl::ir::FastMath;
 use cubecl::prelude::*;
 
+/// Planes (warps of 32 units) per cube.
+pub(super) const PLANES: usize = 4;
 /// Rows (queries or keys) per cube: 16 per plane.
-pub(super) const TILE: usize = 64;
-
-/// Units per cube (4 planes of 32).
-const UNITS: usize = 128;
+pub(super) const TILE: usize = 16 * PLANES;
+/// Units per cube.
+pub(super) const UNITS: usize = 32 * PLANES;
 /// Padding of a shared row, in elements: shifts consecutive rows across
 /// banks (WMMA needs rows on 16-byte boundaries: 8 halves or 4 floats).
 const PAD: usize = 8;

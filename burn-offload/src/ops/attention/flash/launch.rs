@@ -8,16 +8,9 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::ir::{ElemType, FloatKind, StorageType};
 use cubecl::{CubeCount, CubeDim};
 
-use super::kernels::{backward_kernel, forward_kernel, TILE};
+use super::kernels::{backward_kernel, forward_kernel, PLANES, TILE, UNITS};
 use crate::cuda::{as_float, float_cube};
 use crate::precision::cast_to;
-
-/// Planes per cube.
-const PLANES: u32 = 4;
-/// Head widths the kernels take: the loads give each of a cube's 128 units
-/// one column, so the width divides 128 (Llama, Mistral and Qwen use 64 and
-/// 128; others run the tiled path).
-const HEAD_DIMS: [usize; 4] = [16, 32, 64, 128];
 
 /// The stage type and WMMA depth for inputs of `dtype`: bf16 and f16 as
 /// themselves (16×16×16), f32 as tf32 (16×16×8).
@@ -30,15 +23,17 @@ fn stage(dtype: DType) -> Option<(StorageType, usize)> {
 }
 
 /// Whether the fused kernels take inputs of `dtype` with heads of `head_dim`
-/// values on this build (CUDA tensors are checked when launched).
-pub(crate) fn supports(dtype: DType, head_dim: usize) -> bool {
-    stage(dtype).is_some() && HEAD_DIMS.contains(&head_dim)
+/// values. The width is a multiple of the WMMA tile (16) that divides the
+/// cube's units, as the loads give each unit one column: 16, 32, 64 or 128
+/// (Llama, Mistral and Qwen use 64 and 128; others run the tiled path).
+fn supports(dtype: DType, head_dim: usize) -> bool {
+    stage(dtype).is_some() && head_dim.is_multiple_of(16) && UNITS.is_multiple_of(head_dim)
 }
 
 fn launch_geometry(tiles: usize, heads: usize, batch: usize) -> (CubeCount, CubeDim) {
     (
         CubeCount::Static(tiles as u32, heads as u32, batch as u32),
-        CubeDim::new_2d(32, PLANES),
+        CubeDim::new_2d(32, PLANES as u32),
     )
 }
 
@@ -135,9 +130,10 @@ pub(crate) fn backward<B: Backend>(
     let dv = new_tensor(&q, vec![batch, kv_heads, seq, dim], dtype);
     let scale = 1.0 / (dim as f32).sqrt();
     if batch * heads * seq > 0 {
+        let client = q.client.clone();
         let (cubes, cube_dim) = launch_geometry(seq.div_ceil(TILE), kv_heads, batch);
         backward_kernel::launch::<CudaRuntime>(
-            &q.client.clone(),
+            &client,
             cubes,
             cube_dim,
             q.into_tensor_arg(),
