@@ -21,61 +21,67 @@ const PAD: usize = 8;
 /// CUDA's `__expf` (fast math: an `ex2` instruction, not `expf`'s ~20).
 const LOWEST: f32 = -1.0e30;
 
-/// `rows` rows of `dim` values of `t` (a `[b, h, s, d]` tensor) from
-/// `first` on, for head `head` of sequence `batch`, into `tile` with a
-/// row stride of `dim + PAD`; zeros past the sequence's end.
+/// `TILE` rows of `dim` values of `t` (a `[b, h, s, d]` tensor) from
+/// position `first` on, of the head at offset `base` (rows `row_stride`
+/// apart, columns `col_stride`), into `tile` with a row stride of
+/// `dim + PAD`; zeros past the sequence's end (`seq`).
+///
+/// The strides come in as values read once at the kernel's start: a
+/// tensor's shape and strides live in global memory, and after a store to
+/// global memory (the backward's atomic adds) the compiler would read them
+/// again at every use.
 #[cube]
+#[allow(clippy::too_many_arguments)]
 fn load_rows<F: Float, S: Float>(
     t: &Tensor<F>,
     tile: &mut SharedMemory<S>,
-    batch: usize,
-    head: usize,
+    base: usize,
+    row_stride: usize,
+    col_stride: usize,
+    seq: usize,
     first: usize,
     #[comptime] dim: usize,
 ) {
-    // Each unit keeps one column and steps down the rows: one address
-    // increment a value (`dim` divides the cube's units).
-    let seq = t.shape(2);
+    // Each unit keeps one column and steps down the rows (`dim` divides
+    // the cube's units).
     let per = comptime!(UNITS / dim);
     let col = UNIT_POS as usize % dim;
     let mut row = UNIT_POS as usize / dim;
-    let step = per * t.stride(2);
-    let mut at =
-        batch * t.stride(0) + head * t.stride(1) + (first + row) * t.stride(2) + col * t.stride(3);
+    let at = base + col * col_stride;
     // Branch-free: a load inside an `if` would end a basic block, and
     // the compiler would then wait out each load's latency in turn
     // instead of issuing all of them first (the kernels ran at a tenth of
-    // their speed). Indexing past the buffer reads its last value (a
-    // checked launch), which the select drops.
+    // their speed). Rows past the end read the last row (the launch is
+    // unchecked: every index must be in bounds), which the select drops.
     #[unroll]
     for _ in 0..comptime!(TILE / per) {
-        let x = S::cast_from(t[at]);
-        tile[row * comptime!(dim + PAD) + col] = select(first + row < seq, x, S::from_int(0));
+        let pos = first + row;
+        let inside = pos < seq;
+        let x = S::cast_from(t[at + select(inside, pos, seq - 1) * row_stride]);
+        tile[row * comptime!(dim + PAD) + col] = select(inside, x, S::from_int(0));
         row += per;
-        at += step;
     }
 }
 
-/// `TILE` values of an f32 `[b, h, s, 1]` tensor from `first` on, times
-/// `factor`, into `out`; `past` past the sequence's end.
+/// `TILE` values of an f32 `[b, h, s, 1]` tensor from position `first` on
+/// (of the head at offset `base`, rows `row_stride` apart) into `out`;
+/// `past` past the sequence's end (`seq`).
 #[cube]
 fn load_stats(
     t: &Tensor<f32>,
     out: &mut SharedMemory<f32>,
-    batch: usize,
-    head: usize,
+    base: usize,
+    row_stride: usize,
+    seq: usize,
     first: usize,
-    factor: f32,
     past: f32,
 ) {
     let i = UNIT_POS as usize;
     if i < TILE {
         let pos = first + i;
-        let mut x = past;
-        if pos < t.shape(2) {
-            x = t[batch * t.stride(0) + head * t.stride(1) + pos * t.stride(2)] * factor;
-        }
-        out[i] = x;
+        let inside = pos < seq;
+        let x = t[base + select(inside, pos, seq - 1) * row_stride];
+        out[i] = select(inside, x, past);
     }
 }
 
@@ -89,6 +95,16 @@ fn visible_columns(limit: usize, first_key: usize) -> usize {
         visible = limit - first_key;
     }
     visible
+}
+
+/// The column a lane of the pair `2·row + half` visits at step `c` of a
+/// walk along its row of `width` columns: `2·((c + row) mod width/2) +
+/// half`. Each row starts at its own column, so that at every step the
+/// plane's 32 lanes touch 32 different banks (shared rows lie a multiple of
+/// 8 words apart, so in step, every fourth row would share a bank).
+#[cube]
+fn rotated(c: usize, row: usize, half: usize, #[comptime] width: usize) -> usize {
+    2 * ((c + row) % comptime!(width / 2)) + half
 }
 
 /// The plane's 16 rows of `width` columns of `a` from row `a_row` (row
@@ -119,47 +135,49 @@ fn row_fragments<S: Float>(
 }
 
 /// `a·bᵀ` for the plane's 16 rows of `a` (as [`row_fragments`] of `dim`
-/// columns) and the 16 rows of `b` from row `b_row` (row stride
-/// `dim + PAD`), stored at `out_offset` of `out` (row stride `out_stride`).
+/// columns) and the `TILE` rows of `b` (row stride `dim + PAD`), stored at
+/// `out_offset` of `out` (row stride `out_stride`).
+///
+/// The column blocks are independent sums, interleaved so that each
+/// product waits on no other (a chain of dependent products leaves the
+/// tensor cores idle for their latency).
 #[cube]
 fn product_transposed<S: Float>(
     a: &Sequence<cmma::Matrix<S>>,
     b: &SharedMemory<S>,
     out: &mut SharedMemory<f32>,
-    b_row: usize,
     out_offset: usize,
     out_stride: u32,
     #[comptime] dim: usize,
     #[comptime] ks: usize,
 ) {
     let ld = comptime!(dim + PAD);
-    let acc = cmma::Matrix::<f32>::from_value(
-        cmma::MatrixIdent::Accumulator,
-        16usize,
-        16usize,
-        ks,
-        cmma::MatrixLayout::Undefined,
-        0.0,
-    );
+    let acc = zeros(TILE, ks);
     #[unroll]
     for kk in 0..comptime!(dim / ks) {
-        let y = cmma::Matrix::<S>::from_slice(
-            cmma::MatrixIdent::B,
-            16usize,
-            16usize,
-            ks,
-            cmma::MatrixLayout::ColMajor,
-            &b.slice(b_row * ld + kk * ks, b.len()),
-            ld as u32,
-        );
-        cmma::execute::<S, S, f32, f32>(a.index(kk), &y, &acc, &acc);
+        #[unroll]
+        for n in 0..comptime!(TILE / 16) {
+            let y = cmma::Matrix::<S>::from_slice(
+                cmma::MatrixIdent::B,
+                16usize,
+                16usize,
+                ks,
+                cmma::MatrixLayout::ColMajor,
+                &b.slice(comptime!(n * 16 * ld + kk * ks), b.len()),
+                ld as u32,
+            );
+            cmma::execute::<S, S, f32, f32>(a.index(kk), &y, acc.index(n), acc.index(n));
+        }
     }
-    cmma::store(
-        &mut out.slice_mut(out_offset, out.len()),
-        &acc,
-        out_stride,
-        cmma::MatrixLayout::RowMajor,
-    );
+    #[unroll]
+    for n in 0..comptime!(TILE / 16) {
+        cmma::store(
+            &mut out.slice_mut(out_offset + n * 16, out.len()),
+            acc.index(n),
+            out_stride,
+            cmma::MatrixLayout::RowMajor,
+        );
+    }
 }
 
 /// `acc[n] += a·b` for the plane's 16 rows of `a` (`TILE` columns, row
@@ -176,10 +194,11 @@ fn accumulate_product<S: Float>(
 ) {
     let ldb = comptime!(dim + PAD);
     let x = row_fragments::<S>(a, a_offset, TILE, ks);
+    // Independent sums interleaved (see `product_transposed`).
     #[unroll]
-    for n in 0..comptime!(dim / 16) {
+    for kk in 0..comptime!(TILE / ks) {
         #[unroll]
-        for kk in 0..comptime!(TILE / ks) {
+        for n in 0..comptime!(dim / 16) {
             let y = cmma::Matrix::<S>::from_slice(
                 cmma::MatrixIdent::B,
                 16usize,
@@ -194,12 +213,12 @@ fn accumulate_product<S: Float>(
     }
 }
 
-/// `dim / 16` zeroed accumulators.
+/// `width / 16` zeroed accumulators.
 #[cube]
-fn zeros(#[comptime] dim: usize, #[comptime] ks: usize) -> Sequence<cmma::Matrix<f32>> {
+fn zeros(#[comptime] width: usize, #[comptime] ks: usize) -> Sequence<cmma::Matrix<f32>> {
     let mut acc = Sequence::new();
     #[unroll]
-    for _ in 0..comptime!(dim / 16) {
+    for _ in 0..comptime!(width / 16) {
         acc.push(cmma::Matrix::<f32>::from_value(
             cmma::MatrixIdent::Accumulator,
             16usize,
@@ -234,63 +253,69 @@ fn spill(
 }
 
 /// 16 rows of `dim` f32 at `offset` of `scratch` (as [`spill`] left
-/// them), times `scale`, into rows `first..first + 16` of `out`'s head
-/// `head` of sequence `batch` (those before the sequence's end).
+/// them), times `scale`, into positions `first..first + 16` of `out` (the
+/// head at offset `base`, strides as [`load_rows`] takes them), those
+/// before the sequence's end (`seq`).
 #[cube]
+#[allow(clippy::too_many_arguments)]
 fn write_rows<F: Float>(
     scratch: &SharedMemory<f32>,
     out: &mut Tensor<F>,
     offset: usize,
-    batch: usize,
-    head: usize,
+    base: usize,
+    row_stride: usize,
+    col_stride: usize,
+    seq: usize,
     first: usize,
     scale: f32,
     #[comptime] dim: usize,
 ) {
     let ld = comptime!(dim + PAD);
-    let base = batch * out.stride(0) + head * out.stride(1);
-    let mut i = UNIT_POS_X as usize;
-    while i < 16 * dim {
-        let row = i / dim;
-        let col = i % dim;
-        if first + row < out.shape(2) {
-            out[base + (first + row) * out.stride(2) + col * out.stride(3)] =
-                F::cast_from(scratch[offset + row * ld + col] * scale);
+    let lane = UNIT_POS_X as usize;
+    #[unroll]
+    for step in 0..comptime!(16 * dim / 32) {
+        let i = comptime!(step * 32) + lane;
+        let (row, col) = (i / dim, i % dim);
+        let x = F::cast_from(scratch[offset + row * ld + col] * scale);
+        if first + row < seq {
+            out[base + (first + row) * row_stride + col * col_stride] = x;
         }
-        i += 32;
     }
 }
 
 /// 16 rows of `dim` f32 at `offset` of `scratch` added (atomically) to
-/// rows `first..first + 16` of the f32 sums `out` (head `head` of
-/// sequence `batch`; those before the sequence's end).
+/// positions `first..first + 16` of the f32 sums `out` (the head at offset
+/// `base`, strides as [`load_rows`] takes them), those before the
+/// sequence's end (`seq`).
 #[cube]
+#[allow(clippy::too_many_arguments)]
 fn add_rows(
     scratch: &SharedMemory<f32>,
     out: &mut Tensor<Atomic<f32>>,
     offset: usize,
-    batch: usize,
-    head: usize,
+    base: usize,
+    row_stride: usize,
+    col_stride: usize,
+    seq: usize,
     first: usize,
     #[comptime] dim: usize,
 ) {
     let ld = comptime!(dim + PAD);
-    let base = batch * out.stride(0) + head * out.stride(1);
-    let mut i = UNIT_POS_X as usize;
-    while i < 16 * dim {
-        let row = i / dim;
-        let col = i % dim;
-        if first + row < out.shape(2) {
-            out[base + (first + row) * out.stride(2) + col * out.stride(3)]
-                .fetch_add(scratch[offset + row * ld + col]);
+    let lane = UNIT_POS_X as usize;
+    #[unroll]
+    for step in 0..comptime!(16 * dim / 32) {
+        let i = comptime!(step * 32) + lane;
+        let (row, col) = (i / dim, i % dim);
+        let x = scratch[offset + row * ld + col];
+        if first + row < seq {
+            out[base + (first + row) * row_stride + col * col_stride].fetch_add(x);
         }
-        i += 32;
     }
 }
 
 /// The forward: a cube per `TILE` queries (the last tiles, which see the
 /// most keys, first) of head `CUBE_POS_Y` of sequence `CUBE_POS_Z`.
-#[cube(launch, fast_math = FastMath::ReducedPrecision | FastMath::NotNaN | FastMath::NotInf)]
+#[cube(launch_unchecked, fast_math = FastMath::ReducedPrecision | FastMath::NotNaN | FastMath::NotInf)]
 pub(super) fn forward_kernel<F: Float, S: Float>(
     q: &Tensor<F>,
     k: &Tensor<F>,
@@ -321,7 +346,19 @@ pub(super) fn forward_kernel<F: Float, S: Float>(
     let mut scratch = SharedMemory::<f32>::new(comptime!(
         TILE * ((if dim > TILE { dim } else { TILE }) + PAD)
     ));
-    load_rows::<F, S>(q, &mut qs, batch, head, first, dim);
+    let k_base = batch * k.stride(0) + kv_head * k.stride(1);
+    let v_base = batch * v.stride(0) + kv_head * v.stride(1);
+    let (k_row, k_col, v_row, v_col) = (k.stride(2), k.stride(3), v.stride(2), v.stride(3));
+    load_rows::<F, S>(
+        q,
+        &mut qs,
+        batch * q.stride(0) + head * q.stride(1),
+        q.stride(2),
+        q.stride(3),
+        seq,
+        first,
+        dim,
+    );
     sync_cube();
     let q_frags = row_fragments::<S>(&qs, plane * 16 * ld, dim, ks);
 
@@ -334,8 +371,8 @@ pub(super) fn forward_kernel<F: Float, S: Float>(
         limit = seq;
     }
     let mine = plane * 16 * lw;
-    let my_scores = mine + row * lw + half;
-    let my_probs = (plane * 16 + row) * lp + half;
+    let my_scores = mine + row * lw;
+    let my_probs = (plane * 16 + row) * lp;
     // The running maximum and sum of the row.
     let (mut max, mut sum) = (f32::new(LOWEST), f32::new(0.0));
     let acc = zeros(dim, ks);
@@ -348,29 +385,18 @@ pub(super) fn forward_kernel<F: Float, S: Float>(
     while j < key_tiles {
         let first_key = j * TILE;
         sync_cube();
-        load_rows::<F, S>(k, &mut ks_, batch, kv_head, first_key, dim);
-        load_rows::<F, S>(v, &mut vs, batch, kv_head, first_key, dim);
+        load_rows::<F, S>(k, &mut ks_, k_base, k_row, k_col, seq, first_key, dim);
+        load_rows::<F, S>(v, &mut vs, v_base, v_row, v_col, seq, first_key, dim);
         sync_cube();
-        #[unroll]
-        for n in 0..comptime!(TILE / 16) {
-            product_transposed::<S>(
-                &q_frags,
-                &ks_,
-                &mut scratch,
-                n * 16,
-                mine + n * 16,
-                lw as u32,
-                dim,
-                ks,
-            );
-        }
+        product_transposed::<S>(&q_frags, &ks_, &mut scratch, mine, lw as u32, dim, ks);
         sync_plane();
         let visible = visible_columns(limit, first_key);
         let mut tile_max = f32::new(LOWEST);
         #[unroll]
         for c in 0..comptime!(TILE / 2) {
-            let s = scratch[my_scores + 2 * c] * scale;
-            if 2 * c + half < visible && s > tile_max {
+            let col = rotated(c, row, half, TILE);
+            let s = scratch[my_scores + col] * scale;
+            if col < visible && s > tile_max {
                 tile_max = s;
             }
         }
@@ -386,12 +412,13 @@ pub(super) fn forward_kernel<F: Float, S: Float>(
         let mut tile_sum = f32::new(0.0);
         #[unroll]
         for c in 0..comptime!(TILE / 2) {
+            let col = rotated(c, row, half, TILE);
             let mut p = f32::new(0.0);
-            if 2 * c + half < visible {
-                p = (scratch[my_scores + 2 * c] * scale - new_max).exp();
+            if col < visible {
+                p = (scratch[my_scores + col] * scale - new_max).exp();
             }
             tile_sum += p;
-            ps[my_probs + 2 * c] = S::cast_from(p);
+            ps[my_probs + col] = S::cast_from(p);
         }
         tile_sum += plane_shuffle_xor(tile_sum, 1);
         sum = sum * alpha + tile_sum;
@@ -406,7 +433,7 @@ pub(super) fn forward_kernel<F: Float, S: Float>(
             sync_plane();
             #[unroll]
             for c in 0..comptime!(dim / 2) {
-                let at = mine + row * ld + 2 * c + half;
+                let at = mine + row * ld + rotated(c, row, half, dim);
                 scratch[at] = scratch[at] * alpha;
             }
             sync_plane();
@@ -429,19 +456,23 @@ pub(super) fn forward_kernel<F: Float, S: Float>(
     sync_plane();
     #[unroll]
     for c in 0..comptime!(dim / 2) {
-        let at = mine + row * ld + 2 * c + half;
+        let at = mine + row * ld + rotated(c, row, half, dim);
         scratch[at] = scratch[at] / sum;
     }
     if half == 0 && query < seq {
         lse[batch * lse.stride(0) + head * lse.stride(1) + query * lse.stride(2)] = max + sum.ln();
     }
     sync_plane();
+    let out_base = batch * out.stride(0) + head * out.stride(1);
+    let (out_row, out_col) = (out.stride(2), out.stride(3));
     write_rows::<F>(
         &scratch,
         out,
         mine,
-        batch,
-        head,
+        out_base,
+        out_row,
+        out_col,
+        seq,
         first + plane * 16,
         1.0,
         dim,
@@ -454,7 +485,7 @@ pub(super) fn forward_kernel<F: Float, S: Float>(
 /// each query tile's share of `dq` to the f32 sums `dq` (atomically:
 /// every key tile adds to the same queries). `lse` and `dot = rowsum(do ⊙
 /// o)` are f32 `[b, h, s, 1]`.
-#[cube(launch, fast_math = FastMath::ReducedPrecision | FastMath::NotNaN | FastMath::NotInf)]
+#[cube(launch_unchecked, fast_math = FastMath::ReducedPrecision | FastMath::NotNaN | FastMath::NotInf)]
 pub(super) fn backward_kernel<F: Float, S: Float>(
     q: &Tensor<F>,
     k: &Tensor<F>,
@@ -492,11 +523,38 @@ pub(super) fn backward_kernel<F: Float, S: Float>(
     let mut lses = SharedMemory::<f32>::new(TILE);
     let mut dots = SharedMemory::<f32>::new(TILE);
     let mut scratch = SharedMemory::<f32>::new(scratch_len);
-    load_rows::<F, S>(k, &mut ks_, batch, kv_head, first_key, dim);
+    // Strides read once (see `load_rows`).
+    let (q_row, q_col, g_row, g_col) = (q.stride(2), q.stride(3), grad.stride(2), grad.stride(3));
+    let (lse_row, dot_row) = (lse.stride(2), dot.stride(2));
+    let (dq_row, dq_col) = (dq.stride(2), dq.stride(3));
+    let (q_batch, q_head) = (batch * q.stride(0), q.stride(1));
+    let (g_batch, g_head) = (batch * grad.stride(0), grad.stride(1));
+    let (lse_batch, lse_head) = (batch * lse.stride(0), lse.stride(1));
+    let (dot_batch, dot_head) = (batch * dot.stride(0), dot.stride(1));
+    let (dq_batch, dq_head) = (batch * dq.stride(0), dq.stride(1));
+    load_rows::<F, S>(
+        k,
+        &mut ks_,
+        batch * k.stride(0) + kv_head * k.stride(1),
+        k.stride(2),
+        k.stride(3),
+        seq,
+        first_key,
+        dim,
+    );
     // The values are only read as the planes' fragments, before the loop:
     // they pass through the output gradient's tile, which saves a tile of
     // shared memory (three cubes fit an SM instead of two at width 64).
-    load_rows::<F, S>(v, &mut gs, batch, kv_head, first_key, dim);
+    load_rows::<F, S>(
+        v,
+        &mut gs,
+        batch * v.stride(0) + kv_head * v.stride(1),
+        v.stride(2),
+        v.stride(3),
+        seq,
+        first_key,
+        dim,
+    );
     sync_cube();
     let k_frags = row_fragments::<S>(&ks_, plane * 16 * comptime!(dim + PAD), dim, ks);
     let v_frags = row_fragments::<S>(&gs, plane * 16 * comptime!(dim + PAD), dim, ks);
@@ -516,58 +574,63 @@ pub(super) fn backward_kernel<F: Float, S: Float>(
         while i < query_tiles {
             let first = i * TILE;
             sync_cube();
-            load_rows::<F, S>(q, &mut qs, batch, head, first, dim);
-            load_rows::<F, S>(grad, &mut gs, batch, head, first, dim);
+            load_rows::<F, S>(
+                q,
+                &mut qs,
+                q_batch + head * q_head,
+                q_row,
+                q_col,
+                seq,
+                first,
+                dim,
+            );
+            load_rows::<F, S>(
+                grad,
+                &mut gs,
+                g_batch + head * g_head,
+                g_row,
+                g_col,
+                seq,
+                first,
+                dim,
+            );
             // Past the end: p = exp(s − ∞) = 0.
             load_stats(
                 lse,
                 &mut lses,
-                batch,
-                head,
+                lse_batch + head * lse_head,
+                lse_row,
+                seq,
                 first,
-                f32::new(1.0),
                 f32::new(1.0e30),
             );
             load_stats(
                 dot,
                 &mut dots,
-                batch,
-                head,
+                dot_batch + head * dot_head,
+                dot_row,
+                seq,
                 first,
-                f32::new(1.0),
                 f32::new(0.0),
             );
             sync_cube();
             // sᵀ (keys × queries), then pᵀ in f32 and in the stage type.
-            #[unroll]
-            for n in 0..comptime!(TILE / 16) {
-                product_transposed::<S>(
-                    &k_frags,
-                    &qs,
-                    &mut scratch,
-                    n * 16,
-                    mine + n * 16,
-                    lp as u32,
-                    dim,
-                    ks,
-                );
-                product_transposed::<S>(
-                    &v_frags,
-                    &gs,
-                    &mut scratch,
-                    n * 16,
-                    half_scratch + mine + n * 16,
-                    lp as u32,
-                    dim,
-                    ks,
-                );
-            }
+            product_transposed::<S>(&k_frags, &qs, &mut scratch, mine, lp as u32, dim, ks);
+            product_transposed::<S>(
+                &v_frags,
+                &gs,
+                &mut scratch,
+                half_scratch + mine,
+                lp as u32,
+                dim,
+                ks,
+            );
             sync_plane();
             // Queries before the key (columns before `hidden`) do not see it.
             let hidden = visible_columns(key, first);
             #[unroll]
             for c in 0..comptime!(TILE / 2) {
-                let col = 2 * c + half;
+                let col = rotated(c, row, half, TILE);
                 let at = my_row + col;
                 let mut p = f32::new(0.0);
                 if col >= hidden {
@@ -581,7 +644,7 @@ pub(super) fn backward_kernel<F: Float, S: Float>(
             sync_plane();
             #[unroll]
             for c in 0..comptime!(TILE / 2) {
-                let col = 2 * c + half;
+                let col = rotated(c, row, half, TILE);
                 let at = my_row + col;
                 let ds = scratch[at] * (scratch[half_scratch + at] - dots[col]);
                 ps[at] = S::cast_from(ds);
@@ -624,8 +687,10 @@ pub(super) fn backward_kernel<F: Float, S: Float>(
                 &scratch,
                 dq,
                 plane * 16 * ld,
-                batch,
-                head,
+                dq_batch + head * dq_head,
+                dq_row,
+                dq_col,
+                seq,
                 first + plane * 16,
                 dim,
             );
@@ -641,8 +706,10 @@ pub(super) fn backward_kernel<F: Float, S: Float>(
         &scratch,
         dk,
         out,
-        batch,
-        kv_head,
+        batch * dk.stride(0) + kv_head * dk.stride(1),
+        dk.stride(2),
+        dk.stride(3),
+        seq,
         first_key + plane * 16,
         scale,
         dim,
@@ -654,8 +721,10 @@ pub(super) fn backward_kernel<F: Float, S: Float>(
         &scratch,
         dv,
         out,
-        batch,
-        kv_head,
+        batch * dv.stride(0) + kv_head * dv.stride(1),
+        dv.stride(2),
+        dv.stride(3),
+        seq,
         first_key + plane * 16,
         1.0,
         dim,

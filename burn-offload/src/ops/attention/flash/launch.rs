@@ -82,21 +82,26 @@ pub(crate) fn forward<B: Backend>(
     let lse = new_tensor(&q, vec![batch, heads, seq, 1], DType::F32);
     if batch * heads * seq > 0 {
         let (cubes, cube_dim) = launch_geometry(seq.div_ceil(TILE), heads, batch);
-        forward_kernel::launch::<CudaRuntime>(
-            &q.client,
-            cubes,
-            cube_dim,
-            q.clone().into_tensor_arg(),
-            k.into_tensor_arg(),
-            v.into_tensor_arg(),
-            out.clone().into_tensor_arg(),
-            lse.clone().into_tensor_arg(),
-            1.0 / (dim as f32).sqrt(),
-            dim,
-            ks,
-            q.dtype.into(),
-            stage_type,
-        );
+        // SAFETY: the kernels index in bounds by construction: the loads
+        // clamp positions past the sequence's end to its last row, and
+        // the stores are guarded by the sequence's length.
+        unsafe {
+            forward_kernel::launch_unchecked::<CudaRuntime>(
+                &q.client,
+                cubes,
+                cube_dim,
+                q.clone().into_tensor_arg(),
+                k.into_tensor_arg(),
+                v.into_tensor_arg(),
+                out.clone().into_tensor_arg(),
+                lse.clone().into_tensor_arg(),
+                1.0 / (dim as f32).sqrt(),
+                dim,
+                ks,
+                q.dtype.into(),
+                stage_type,
+            );
+        }
     }
     Some((as_float(out), as_float(lse)))
 }
@@ -132,25 +137,28 @@ pub(crate) fn backward<B: Backend>(
     if batch * heads * seq > 0 {
         let client = q.client.clone();
         let (cubes, cube_dim) = launch_geometry(seq.div_ceil(TILE), kv_heads, batch);
-        backward_kernel::launch::<CudaRuntime>(
-            &client,
-            cubes,
-            cube_dim,
-            q.into_tensor_arg(),
-            k.into_tensor_arg(),
-            v.into_tensor_arg(),
-            grad.into_tensor_arg(),
-            lse.into_tensor_arg(),
-            dot.into_tensor_arg(),
-            dq.clone().into_tensor_arg(),
-            dk.clone().into_tensor_arg(),
-            dv.clone().into_tensor_arg(),
-            scale,
-            dim,
-            ks,
-            dtype.into(),
-            stage_type,
-        );
+        // SAFETY: as for the forward.
+        unsafe {
+            backward_kernel::launch_unchecked::<CudaRuntime>(
+                &client,
+                cubes,
+                cube_dim,
+                q.into_tensor_arg(),
+                k.into_tensor_arg(),
+                v.into_tensor_arg(),
+                grad.into_tensor_arg(),
+                lse.into_tensor_arg(),
+                dot.into_tensor_arg(),
+                dq.clone().into_tensor_arg(),
+                dk.clone().into_tensor_arg(),
+                dv.clone().into_tensor_arg(),
+                scale,
+                dim,
+                ks,
+                dtype.into(),
+                stage_type,
+            );
+        }
     }
     let dq = cast_to(as_float::<B, 4>(dq) * scale, dtype);
     Some([dq, as_float(dk), as_float(dv)])
