@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{check_heads, check_positive, ConfigError};
 use crate::tokens::{forward_tokens, linear_tokens};
-use burn_offload::ops::attention::causal_attention;
+use burn_offload::ops::attention::{causal_attention, windowed_attention};
 use burn_offload::ops::mlp::swiglu_mlp;
 use burn_offload::ops::rotary::rotate_half;
 use burn_offload::ops::swiglu::swiglu;
@@ -59,8 +59,7 @@ pub struct LlamaConfig {
     #[serde(default, skip_serializing_if = "is_false")]
     pub tie_embeddings: bool,
     /// Each position attends to at most this many positions (itself
-    /// included; Mistral). Sequences longer than the window are refused:
-    /// within it the mask is the causal one.
+    /// included; Mistral): `burn_offload::ops::attention::windowed_attention`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sliding_window: Option<usize>,
     /// The Hugging Face family the model is exported as.
@@ -372,11 +371,10 @@ impl LlamaConfig {
         self.head_dim.unwrap_or(self.d_model / self.n_head.max(1))
     }
 
-    /// The longest sequence the model takes: its context, and within its
-    /// sliding window (longer sequences would need the windowed mask).
+    /// The longest sequence the model takes: its context (a sliding window
+    /// shorter than that limits what each position sees, not the sequence).
     pub fn max_seq_len(&self) -> usize {
-        self.sliding_window
-            .map_or(self.max_seq_len, |w| w.min(self.max_seq_len))
+        self.max_seq_len
     }
 
     /// The rotation's inverse frequencies, one per pair of head columns.
@@ -478,6 +476,7 @@ impl LlamaConfig {
                 n_head: self.n_head,
                 n_kv_head: self.n_kv_head,
                 inv_freqs: self.inv_freqs(),
+                sliding_window: self.sliding_window,
             },
             post_attention_layernorm: norm(d),
             mlp: LlamaMlp {
@@ -529,6 +528,9 @@ pub struct LlamaAttention<B: Backend> {
     /// The rotation's inverse frequencies ([`LlamaConfig::inv_freqs`]).
     #[module(skip)]
     pub inv_freqs: Vec<f64>,
+    /// [`LlamaConfig::sliding_window`].
+    #[module(skip)]
+    pub sliding_window: Option<usize>,
 }
 
 #[derive(Module, Debug)]
@@ -719,7 +721,10 @@ impl<B: Backend> LlamaAttention<B> {
 
         // Grouped-query attention: each key/value head serves `n_head /
         // n_kv_head` consecutive query heads.
-        let y = causal_attention(q, k, v);
+        let y = match self.sliding_window {
+            Some(window) => windowed_attention(q, k, v, window),
+            None => causal_attention(q, k, v),
+        };
         forward_tokens(
             &self.o_proj,
             y.swap_dims(1, 2)

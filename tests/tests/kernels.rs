@@ -11,7 +11,8 @@
 //!   softmax one kernel each way on CUDA, and the key tiles' combination and
 //!   sums one kernel each), and as `causal_attention` runs it (on CUDA the
 //!   fused FlashAttention kernels) for head widths 64 and 128 and lengths
-//!   that are not multiples of the kernels' 64-row tiles.
+//!   that are not multiples of the kernels' 64-row tiles, and with a sliding
+//!   window (`windowed_attention`) against the reference with that window.
 //! - The SwiGLU gate (`burn_offload::ops::swiglu`, one kernel each way on CUDA)
 //!   against burn's `silu(gate) * up`.
 //! - RMSNorm (`burn_offload::ops::rms_norm`, one kernel forward and two backward
@@ -24,7 +25,7 @@ use burn::prelude::*;
 use burn::tensor::{DType, Distribution, TensorData};
 use burn_offload::ops::attention::{
     causal_attention, causal_attention_fused, causal_attention_tiled, reference_causal_attention,
-    Tiling, FUSED_BACKWARD_UP_TO,
+    reference_windowed_attention, windowed_attention, Tiling, FUSED_BACKWARD_UP_TO,
 };
 use burn_offload::ops::cross_entropy::{nll_rows, nll_sum, reference_nll_rows};
 use burn_offload::ops::rms_norm::rms_norm;
@@ -187,12 +188,33 @@ fn compare_attention(dtype: DType, tolerance: f32) {
     }
 }
 
-/// `attention` against the reference: output and the gradients of `q`, `k`,
+type Attention<'a> = &'a dyn Fn(Tensor<AD, 4>, Tensor<AD, 4>, Tensor<AD, 4>) -> Tensor<AD, 4>;
+
+/// `attention` against the causal reference (see [`compare_with`]).
+fn compare_with_reference(
+    attention: Attention,
+    shapes: &[(usize, usize, usize, usize, usize)],
+    seed: u64,
+    dtype: DType,
+    tolerance: f32,
+) {
+    compare_with(
+        attention,
+        &reference_causal_attention,
+        shapes,
+        seed,
+        dtype,
+        tolerance,
+    );
+}
+
+/// `attention` against `reference`: output and the gradients of `q`, `k`,
 /// `v` under a random upstream gradient, for each `(batch, seq, heads,
 /// kv_heads, head width)` of `shapes`. `q`, `k`, `v` and the upstream
 /// gradient are drawn with seeds `seed..seed + 4`.
-fn compare_with_reference(
-    attention: &dyn Fn(Tensor<AD, 4>, Tensor<AD, 4>, Tensor<AD, 4>) -> Tensor<AD, 4>,
+fn compare_with(
+    attention: Attention,
+    reference: Attention,
     shapes: &[(usize, usize, usize, usize, usize)],
     seed: u64,
     dtype: DType,
@@ -224,7 +246,7 @@ fn compare_with_reference(
             [out, grad(&q), grad(&k), grad(&v)]
         };
         let fused = run(attention);
-        let reference = run(&reference_causal_attention);
+        let reference = run(reference);
         println!("{batch}×{seq} positions, {heads}/{kv_heads} heads of {dim}");
         assert_relatively_close(
             "attention",
@@ -265,6 +287,34 @@ fn fused_attention_matches_the_reference_in_bf16() {
 fn attention_past_the_fused_backward_matches_the_reference() {
     let shapes = [(1, FUSED_BACKWARD_UP_TO + 37, 2, 1, 64)];
     compare_with_reference(&causal_attention, &shapes, 5, DType::BF16, 5e-2);
+}
+
+/// A sliding window shorter than the sequence (on CUDA the fused kernels
+/// skip the tiles outside it and mask the rest): windows of 1 position, of
+/// 37 (inside a 64-row tile), 64 (a tile) and 100 (across tiles); where the
+/// sequence is no longer than the window, the causal attention.
+fn compare_windowed(dtype: DType, tolerance: f32) {
+    for window in [1, 37, 64, 100] {
+        println!("window {window}");
+        compare_with(
+            &|q, k, v| windowed_attention(q, k, v, window),
+            &|q, k, v| reference_windowed_attention(q, k, v, window),
+            &FUSED_SHAPES,
+            9,
+            dtype,
+            tolerance,
+        );
+    }
+}
+
+#[test]
+fn windowed_attention_matches_the_reference_in_f32() {
+    compare_windowed(DType::F32, 1e-2);
+}
+
+#[test]
+fn windowed_attention_matches_the_reference_in_bf16() {
+    compare_windowed(DType::BF16, 5e-2);
 }
 
 #[test]

@@ -337,19 +337,6 @@ fn resolve_config(opts: &TrainOptions, tokenizer: &Tokenizer) -> Result<ModelCon
             tokenizer.name()
         );
     }
-    if let ModelConfig::Llama(models::LlamaConfig {
-        sliding_window: Some(window),
-        ..
-    }) = &config
-    {
-        if opts.seq_len > *window {
-            bail!(
-                "--seq-len {} exceeds the model's sliding attention window {window}; \
-                 windowed attention is not implemented, so sequences must fit the window",
-                opts.seq_len
-            );
-        }
-    }
     if opts.seq_len > config.max_seq_len() {
         bail!(
             "--seq-len {} exceeds the model's context length {}",

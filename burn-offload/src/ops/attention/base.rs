@@ -28,7 +28,27 @@ pub fn causal_attention<B: Backend>(
     k: Tensor<B, 4>,
     v: Tensor<B, 4>,
 ) -> Tensor<B, 4> {
-    attention_by(q, k, v, Passes::Auto)
+    attention_by(q, k, v, Passes::Auto, None)
+}
+
+/// [`causal_attention`] where each position sees at most `window` positions:
+/// itself and the `window − 1` before it (Mistral's sliding window).
+///
+/// Past `window` positions, on CUDA where the fused kernels take the
+/// tensors, both passes are those kernels, which skip the tiles outside the
+/// window (time grows with `seq · window`, memory with `seq`); elsewhere the
+/// reference formulation runs, with its `[batch, heads, seq, seq]` scores.
+///
+/// # Panics
+/// As [`causal_attention`], and if `window` is 0.
+pub fn windowed_attention<B: Backend>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+    window: usize,
+) -> Tensor<B, 4> {
+    assert!(window > 0, "attention: a window of 0 positions");
+    attention_by(q, k, v, Passes::Auto, Some(window))
 }
 
 /// Longest sequence whose backward runs the fused kernels under
@@ -62,7 +82,7 @@ pub fn causal_attention_fused<B: Backend>(
     k: Tensor<B, 4>,
     v: Tensor<B, 4>,
 ) -> Tensor<B, 4> {
-    attention_by(q, k, v, Passes::Fused)
+    attention_by(q, k, v, Passes::Fused, None)
 }
 
 /// [`causal_attention`] through query blocks and key tiles cut by `tiling`,
@@ -78,7 +98,7 @@ pub fn causal_attention_tiled<B: Backend>(
     v: Tensor<B, 4>,
     tiling: Tiling,
 ) -> Tensor<B, 4> {
-    attention_by(q, k, v, Passes::Tiled(tiling))
+    attention_by(q, k, v, Passes::Tiled(tiling), None)
 }
 
 /// How attention's passes run.
@@ -96,14 +116,18 @@ enum Passes {
 }
 
 /// `passes` with [`causal_attention`]'s choice made for `q`, an inner
-/// tensor (autodiff's are not CUDA tensors): once, for both passes.
-fn resolved<B: Backend>(passes: Passes, q: &Tensor<B, 4>) -> Passes {
+/// tensor (autodiff's are not CUDA tensors): once, for both passes. `None`
+/// where only the reference formulation runs: a sliding `window` (shorter
+/// than the sequence) on tensors the fused kernels do not take, as the
+/// tiles have no window mask.
+fn resolved<B: Backend>(passes: Passes, q: &Tensor<B, 4>, window: Option<usize>) -> Option<Passes> {
     let [_, heads, seq, head_dim] = q.dims();
-    match passes {
+    Some(match passes {
+        _ if window.is_some() => fuses(q).then_some(Passes::Fused)?,
         Passes::Auto | Passes::Fused if !fuses(q) => Passes::Tiled(Tiling::new(heads, seq)),
         Passes::Auto => routed(heads, seq, head_dim),
         passes => passes,
-    }
+    })
 }
 
 /// Whether the fused kernels take `q` (and keys and values like it).
@@ -122,24 +146,28 @@ fn attention_by<B: Backend>(
     k: Tensor<B, 4>,
     v: Tensor<B, 4>,
     passes: Passes,
+    window: Option<usize>,
 ) -> Tensor<B, 4> {
     check_shapes(&q, &k, &v);
+    let [batch, heads, seq, head_dim] = q.dims();
+    // A window as long as the sequence hides nothing the causal mask shows.
+    let window = window.filter(|&w| w < seq);
     macro_rules! tracked_on {
         ($inner:ty) => {
             if same::<B, Autodiff<$inner>>() {
-                return cast(tracked::<$inner>(cast(q), cast(k), cast(v), passes));
+                return cast(tracked::<$inner>(cast(q), cast(k), cast(v), passes, window));
             }
         };
     }
     with_custom_backward!(tracked_on);
     if B::ad_enabled(&q.device()) {
-        reference_causal_attention(q, k, v)
-    } else {
-        let [batch, heads, seq, head_dim] = q.dims();
-        let passes = resolved(passes, &q);
-        attention_forward(q, k, v, passes)
+        return reference_attention(q, k, v, window);
+    }
+    match resolved(passes, &q, window) {
+        Some(passes) => attention_forward(q, k, v, passes, window)
             .0
-            .reshape([batch, heads, seq, head_dim])
+            .reshape([batch, heads, seq, head_dim]),
+        None => reference_attention(q, k, v, window),
     }
 }
 
@@ -371,13 +399,14 @@ fn attention_forward<B: Backend>(
     k: Tensor<B, 4>,
     v: Tensor<B, 4>,
     passes: Passes,
+    window: Option<usize>,
 ) -> (Tensor<B, 4>, Tensor<B, 4>) {
     // `Auto` is resolved before a pass runs; as a fallback it is `Fused`.
     let tiling = match passes {
         Passes::Tiled(tiling) => tiling,
         Passes::Auto | Passes::Fused | Passes::FusedForward(_) => {
             #[cfg(feature = "cuda")]
-            if let Some((output, lse)) = super::flash::forward(&q, &k, &v) {
+            if let Some((output, lse)) = super::flash::forward(&q, &k, &v, window) {
                 let kv_heads = k.dims()[1];
                 return (grouped(output, kv_heads), grouped(lse, kv_heads));
             }
@@ -385,6 +414,8 @@ fn attention_forward<B: Backend>(
             Tiling::new(heads, seq)
         }
     };
+    // `resolved` sends a window only to the fused kernels.
+    assert!(window.is_none(), "attention: the tiles have no window mask");
     let [_, heads, seq, head_dim] = q.dims();
     let groups = heads / k.dims()[1];
     let scale = 1.0 / (head_dim as f64).sqrt();
@@ -428,6 +459,7 @@ fn attention_backward<B: Backend>(
     [q, k, v, output, lse]: [Tensor<B, 4>; 5],
     grad: Tensor<B, 4>,
     passes: Passes,
+    window: Option<usize>,
 ) -> [Tensor<B, 4>; 3] {
     let [batch, heads, seq, head_dim] = q.dims();
     let tiling = match passes {
@@ -440,13 +472,15 @@ fn attention_backward<B: Backend>(
                 let dot =
                     (cast_to(grad4.clone(), DType::F32) * cast_to(output, DType::F32)).sum_dim(3);
                 let lse = heads_of(&lse, 1);
-                if let Some(grads) = super::flash::backward([&q, &k, &v, &grad4], &lse, &dot) {
+                let inputs = [&q, &k, &v, &grad4];
+                if let Some(grads) = super::flash::backward(inputs, &lse, &dot, window) {
                     return grads;
                 }
             }
             Tiling::new(heads, seq)
         }
     };
+    assert!(window.is_none(), "attention: the tiles have no window mask");
     let groups = heads / k.dims()[1];
     let scale = 1.0 / (head_dim as f64).sqrt();
     let dtype = q.dtype();
@@ -555,6 +589,7 @@ fn add_leading<B: Backend>(
 #[derive(Debug)]
 struct CausalAttention {
     passes: Passes,
+    window: Option<usize>,
 }
 
 impl<B: Backend> Backward<B, 3> for CausalAttention {
@@ -565,7 +600,7 @@ impl<B: Backend> Backward<B, 3> for CausalAttention {
         backward_each::<B, _, 3>(ops, grads, |state, grad| {
             let saved = state.map(tensor::<B, 4>);
             let grad = grouped(tensor::<B, 4>(grad), saved[1].dims()[1]);
-            attention_backward(saved, grad, self.passes).map(float)
+            attention_backward(saved, grad, self.passes, self.window).map(float)
         });
     }
 }
@@ -576,18 +611,22 @@ fn tracked<B: Backend>(
     k: Tensor<Autodiff<B>, 4>,
     v: Tensor<Autodiff<B>, 4>,
     passes: Passes,
+    window: Option<usize>,
 ) -> Tensor<Autodiff<B>, 4> {
     let [batch, heads, seq, head_dim] = q.dims();
+    let Some(passes) = resolved(passes, &q.clone().inner(), window) else {
+        return reference_attention(q, k, v, window);
+    };
     let (q, k, v) = (float(q), float(k), float(v));
-    let passes = resolved(passes, &tensor::<B, 4>(q.primitive.clone()));
     let (output, lse) = attention_forward::<B>(
         tensor(q.primitive.clone()),
         tensor(k.primitive.clone()),
         tensor(v.primitive.clone()),
         passes,
+        window,
     );
     let result = float(output.clone().reshape([batch, heads, seq, head_dim]));
-    let op = CausalAttention { passes };
+    let op = CausalAttention { passes, window };
     tensor(record(op, [q, k, v], result, |[q, k, v]| {
         [q, k, v, float(output), float(lse)]
     }))
@@ -605,16 +644,44 @@ pub fn reference_causal_attention<B: Backend>(
     k: Tensor<B, 4>,
     v: Tensor<B, 4>,
 ) -> Tensor<B, 4> {
+    reference_attention(q, k, v, None)
+}
+
+/// [`reference_causal_attention`] with [`windowed_attention`]'s sliding
+/// window: each position sees itself and the `window − 1` before it.
+///
+/// # Panics
+/// As [`causal_attention`], and if `window` is 0.
+pub fn reference_windowed_attention<B: Backend>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+    window: usize,
+) -> Tensor<B, 4> {
+    assert!(window > 0, "attention: a window of 0 positions");
+    reference_attention(q, k, v, Some(window))
+}
+
+fn reference_attention<B: Backend>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+    window: Option<usize>,
+) -> Tensor<B, 4> {
     check_shapes(&q, &k, &v);
     let [batch, heads, seq, head_dim] = q.dims();
     let (k, v) = (repeat_kv(k, heads), repeat_kv(v, heads));
     let device = q.device();
     let q = q * (1.0 / (head_dim as f64).sqrt());
     let scores = q.matmul(k.swap_dims(2, 3));
-    let future = Tensor::<B, 2, Bool>::tril_mask([seq, seq], 0, &device)
-        .unsqueeze::<4>()
-        .expand([batch, heads, seq, seq]);
-    let scores = scores.mask_fill(future, f32::NEG_INFINITY);
+    let mut hidden = Tensor::<B, 2, Bool>::tril_mask([seq, seq], 0, &device);
+    if let Some(window) = window {
+        // Keys `window` or more positions back: j < i − window + 1.
+        let past = Tensor::triu_mask([seq, seq], 1 - window as i64, &device);
+        hidden = hidden.bool_or(past);
+    }
+    let hidden = hidden.unsqueeze::<4>().expand([batch, heads, seq, seq]);
+    let scores = scores.mask_fill(hidden, f32::NEG_INFINITY);
     let max = scores.clone().detach().max_dim(3);
     let weights = (scores - max).exp();
     // `[v | 1 | 0…]`: the ones column yields the row sums; the zero columns

@@ -40,6 +40,11 @@
 //! fused at any length and [`causal_attention_tiled`] neither (the tests' and
 //! benchmarks' handles on each).
 //!
+//! [`windowed_attention`] adds a sliding window (Mistral's): each position
+//! sees itself and the `window − 1` positions before it. The fused kernels
+//! skip the tiles outside the window and mask the rest; where they do not
+//! run, the reference formulation does (the tiles have no window mask).
+//!
 //! Other autodiff backends get [`reference_causal_attention`], which burn
 //! differentiates op by op; graph-free backends get the forward alone.
 

@@ -1,7 +1,7 @@
 use super::*;
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
-use burn::tensor::Distribution;
+use burn::tensor::{Distribution, TensorData};
 
 type AD = Autodiff<Flex>;
 
@@ -30,10 +30,47 @@ fn burns(q: Tensor<AD, 4>, k: Tensor<AD, 4>, v: Tensor<AD, 4>) -> Tensor<AD, 4> 
     )
 }
 
-/// Values and gradients of `ours` against burn's causal attention: unit
-/// scale, scores in the thousands (where only the max shift keeps `exp`
-/// finite), grouped queries, a head width of 15, one sequence of one.
-fn check(ours: fn(Tensor<AD, 4>, Tensor<AD, 4>, Tensor<AD, 4>) -> Tensor<AD, 4>) {
+/// burn's causal attention with the keys `window` or more positions back
+/// masked as well: the mask written out position by position.
+fn burns_windowed(
+    q: Tensor<AD, 4>,
+    k: Tensor<AD, 4>,
+    v: Tensor<AD, 4>,
+    window: usize,
+) -> Tensor<AD, 4> {
+    let [batch, heads, seq, _] = q.dims();
+    let past: Vec<bool> = (0..seq)
+        .flat_map(|i| (0..seq).map(move |j| j + window <= i))
+        .collect();
+    let past = Tensor::<AD, 2, Bool>::from_data(TensorData::new(past, [seq, seq]), &q.device())
+        .unsqueeze::<4>()
+        .expand([batch, heads, seq, seq]);
+    let options = AttentionModuleOptions {
+        is_causal: true,
+        ..Default::default()
+    };
+    attention(
+        q,
+        repeat_kv(k, heads),
+        repeat_kv(v, heads),
+        Some(past),
+        None,
+        options,
+    )
+}
+
+type Attention = dyn Fn(Tensor<AD, 4>, Tensor<AD, 4>, Tensor<AD, 4>) -> Tensor<AD, 4>;
+
+/// Values and gradients of `ours` against burn's causal attention (see
+/// [`check_against`]).
+fn check(ours: &Attention) {
+    check_against(ours, &burns);
+}
+
+/// Values and gradients of `ours` against `want`: unit scale, scores in the
+/// thousands (where only the max shift keeps `exp` finite), grouped queries,
+/// a head width of 15, one sequence of one.
+fn check_against(ours: &Attention, want: &Attention) {
     for (shape, kv_heads, std) in [
         ([2, 3, 7, 8], 3, 1.0),
         ([2, 3, 7, 8], 3, 30.0),
@@ -50,7 +87,7 @@ fn check(ours: fn(Tensor<AD, 4>, Tensor<AD, 4>, Tensor<AD, 4>) -> Tensor<AD, 4>)
         );
         let weights = Tensor::<AD, 4>::random(shape, Distribution::Normal(0.0, 1.0), &q.device());
         let got = ours(q.clone(), k.clone(), v.clone());
-        let want = burns(q.clone(), k.clone(), v.clone());
+        let want = want(q.clone(), k.clone(), v.clone());
         // Scores grow as std² (q and k both have it), and so does the
         // f32 rounding of each score, which `exp` turns into a relative
         // error of the weights: about 1.5e-4 at std 30 (scores near 2500).
@@ -80,12 +117,29 @@ fn check(ours: fn(Tensor<AD, 4>, Tensor<AD, 4>, Tensor<AD, 4>) -> Tensor<AD, 4>)
 #[test]
 fn custom_backward_matches_burns_attention() {
     assert!(has_custom_backward::<AD>());
-    check(causal_attention);
+    check(&causal_attention);
 }
 
 #[test]
 fn reference_matches_burns_attention() {
-    check(reference_causal_attention);
+    check(&reference_causal_attention);
+}
+
+/// Windows of 1 (each position sees itself), 2, 4 and 6 positions, shorter
+/// than most of [`check_against`]'s sequences (5 to 9 positions), against
+/// burn's attention with the window's mask written out; one as long as a
+/// sequence or longer is the causal attention.
+#[test]
+fn windowed_attention_matches_burns_with_the_window_masked() {
+    for window in [1, 2, 4, 6, 9] {
+        let want = move |q, k, v| burns_windowed(q, k, v, window);
+        check_against(&move |q, k, v| windowed_attention(q, k, v, window), &want);
+        check_against(
+            &move |q, k, v| reference_windowed_attention(q, k, v, window),
+            &want,
+        );
+    }
+    check(&|q, k, v| windowed_attention(q, k, v, 9));
 }
 
 /// Both passes fused up to `FUSED_BACKWARD_UP_TO` positions; past it the
@@ -107,6 +161,10 @@ fn the_routing_follows_the_measurements() {
     assert!(
         matches!(long(128), Passes::Tiled(t) if t == Tiling::new(32, FUSED_BACKWARD_UP_TO + 1))
     );
+    // A sliding window runs only in the fused kernels, or else the reference.
+    let q = Tensor::<Flex, 4>::zeros([1, 2, 8, 16], &Default::default());
+    assert!(resolved(Passes::Auto, &q, Some(4)).is_none());
+    assert!(resolved(Passes::Auto, &q, None).is_some());
 }
 
 /// Chunked over the batch, cut into query blocks and key tiles, both
@@ -140,9 +198,9 @@ fn chunks_blocks_and_key_tiles_join_to_the_whole() {
                 key_tile: block * tiles,
             };
             let passes = Passes::Tiled(tiling);
-            let (o, lse) = attention_forward(q.clone(), k.clone(), v.clone(), passes);
+            let (o, lse) = attention_forward(q.clone(), k.clone(), v.clone(), passes, None);
             let saved = [q.clone(), k.clone(), v.clone(), o.clone(), lse.clone()];
-            let [dq, dk, dv] = attention_backward(saved, grad.clone(), passes);
+            let [dq, dk, dv] = attention_backward(saved, grad.clone(), passes, None);
             let lse = lse.cast(dtype);
             [o, lse, dq, dk, dv].map(|t| t.cast(DType::F32))
         };

@@ -85,9 +85,11 @@ fn load_stats(
     }
 }
 
-/// How many of a key tile's columns from `first_key` on a query may see:
-/// those before `limit` (the query's position plus one, at most the
-/// sequence's length).
+/// How many of a tile's columns from `first_key` on lie before position
+/// `limit` (`limit − first_key`, at least 0): for a query row, the keys up
+/// to the query's position (`limit` its position plus one), or those before
+/// its sliding window (`limit` its position plus one less the window); for
+/// a key row, the queries before the key or inside its window.
 #[cube]
 fn visible_columns(limit: usize, first_key: usize) -> usize {
     let mut visible = 0usize;
@@ -323,6 +325,7 @@ pub(super) fn forward_kernel<F: Float, S: Float>(
     out: &mut Tensor<F>,
     lse: &mut Tensor<f32>,
     scale: f32,
+    window: u32,
     #[comptime] dim: usize,
     #[comptime] ks: usize,
     #[define(F)] _input: StorageType,
@@ -370,6 +373,11 @@ pub(super) fn forward_kernel<F: Float, S: Float>(
     if limit > seq {
         limit = seq;
     }
+    // The row sees keys from `query + 1 − window` on; the cube's first
+    // query, keys from `first + 1 − window` (tiles before that are skipped).
+    let window = window as usize;
+    let earliest = visible_columns(query + 1, window);
+    let first_tile = visible_columns(first + 1, window) / TILE;
     let mine = plane * 16 * lw;
     let my_scores = mine + row * lw;
     let my_probs = (plane * 16 + row) * lp;
@@ -381,7 +389,7 @@ pub(super) fn forward_kernel<F: Float, S: Float>(
         last = seq;
     }
     let key_tiles = (last + TILE - 1) / TILE;
-    let mut j = 0usize;
+    let mut j = first_tile;
     while j < key_tiles {
         let first_key = j * TILE;
         sync_cube();
@@ -391,12 +399,13 @@ pub(super) fn forward_kernel<F: Float, S: Float>(
         product_transposed::<S>(&q_frags, &ks_, &mut scratch, mine, lw as u32, dim, ks);
         sync_plane();
         let visible = visible_columns(limit, first_key);
+        let before = visible_columns(earliest, first_key);
         let mut tile_max = f32::new(LOWEST);
         #[unroll]
         for c in 0..comptime!(TILE / 2) {
             let col = rotated(c, row, half, TILE);
             let s = scratch[my_scores + col] * scale;
-            if col < visible && s > tile_max {
+            if col >= before && col < visible && s > tile_max {
                 tile_max = s;
             }
         }
@@ -414,7 +423,7 @@ pub(super) fn forward_kernel<F: Float, S: Float>(
         for c in 0..comptime!(TILE / 2) {
             let col = rotated(c, row, half, TILE);
             let mut p = f32::new(0.0);
-            if col < visible {
+            if col >= before && col < visible {
                 p = (scratch[my_scores + col] * scale - new_max).exp();
             }
             tile_sum += p;
@@ -425,7 +434,7 @@ pub(super) fn forward_kernel<F: Float, S: Float>(
         max = new_max;
         sync_plane();
         // Unless no row's maximum moved (most tiles past the first few).
-        if j > 0 && plane_any(alpha < f32::new(1.0)) {
+        if j > first_tile && plane_any(alpha < f32::new(1.0)) {
             // The running output rescaled by the new maximum: through
             // shared memory, as WMMA fragments hide which lane holds
             // which row.
@@ -497,6 +506,7 @@ pub(super) fn backward_kernel<F: Float, S: Float>(
     dk: &mut Tensor<F>,
     dv: &mut Tensor<F>,
     scale: f32,
+    window: u32,
     #[comptime] dim: usize,
     #[comptime] ks: usize,
     #[define(F)] _input: StorageType,
@@ -566,7 +576,14 @@ pub(super) fn backward_kernel<F: Float, S: Float>(
     let my_row = mine + row * lp;
     let dk_acc = zeros(dim, ks);
     let dv_acc = zeros(dim, ks);
-    let query_tiles = (seq + TILE - 1) / TILE;
+    // The queries that see the cube's last key end at its position plus the
+    // window (past it, no query tile sees the cube's keys).
+    let window = window as usize;
+    let mut query_tiles = (seq + TILE - 1) / TILE;
+    let reach = (first_key + TILE - 1 + window + TILE - 1) / TILE;
+    if reach < query_tiles {
+        query_tiles = reach;
+    }
     let mut g = 0usize;
     while g < groups {
         let head = kv_head * groups + g;
@@ -626,14 +643,16 @@ pub(super) fn backward_kernel<F: Float, S: Float>(
                 ks,
             );
             sync_plane();
-            // Queries before the key (columns before `hidden`) do not see it.
+            // Queries before the key (columns before `hidden`) do not see
+            // it, nor those past its window (columns from `seen` on).
             let hidden = visible_columns(key, first);
+            let seen = visible_columns(key + window, first);
             #[unroll]
             for c in 0..comptime!(TILE / 2) {
                 let col = rotated(c, row, half, TILE);
                 let at = my_row + col;
                 let mut p = f32::new(0.0);
-                if col >= hidden {
+                if col >= hidden && col < seen {
                     p = (scratch[at] * scale - lses[col]).exp();
                 }
                 scratch[at] = p;

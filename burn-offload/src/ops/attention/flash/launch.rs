@@ -30,6 +30,13 @@ fn supports(dtype: DType, head_dim: usize) -> bool {
     stage(dtype).is_some() && head_dim.is_multiple_of(16) && UNITS.is_multiple_of(head_dim)
 }
 
+/// The kernels' window: positions a query sees, the sequence's length
+/// where there is no window (then every earlier key is in it); `None` past
+/// what the kernels' 32-bit argument holds.
+fn window_arg(window: Option<usize>, seq: usize) -> Option<u32> {
+    u32::try_from(window.unwrap_or(seq).min(seq)).ok()
+}
+
 fn launch_geometry(tiles: usize, heads: usize, batch: usize) -> (CubeCount, CubeDim) {
     (
         CubeCount::Static(tiles as u32, heads as u32, batch as u32),
@@ -68,16 +75,19 @@ fn cubes<B: Backend, const N: usize>(
 }
 
 /// The output `[b, h, s, d]` and each row's log-sum-exp (f32 `[b, h, s, 1]`)
-/// of causal attention of `q: [b, h, s, d]` over `k, v: [b, kv, s, d]`;
+/// of causal attention of `q: [b, h, s, d]` over `k, v: [b, kv, s, d]`,
+/// each position seeing at most `window` positions where there is one;
 /// `None` unless these are CUDA tensors the kernels take.
 pub(crate) fn forward<B: Backend>(
     q: &Tensor<B, 4>,
     k: &Tensor<B, 4>,
     v: &Tensor<B, 4>,
+    window: Option<usize>,
 ) -> Option<(Tensor<B, 4>, Tensor<B, 4>)> {
     let [q, k, v] = cubes([q, k, v])?;
     let [batch, heads, seq, dim] = <[usize; 4]>::try_from(q.meta.shape().to_vec()).ok()?;
     let (stage_type, ks) = stage(q.dtype)?;
+    let window = window_arg(window, seq)?;
     let out = new_tensor(&q, vec![batch, heads, seq, dim], q.dtype);
     let lse = new_tensor(&q, vec![batch, heads, seq, 1], DType::F32);
     if batch * heads * seq > 0 {
@@ -96,6 +106,7 @@ pub(crate) fn forward<B: Backend>(
                 out.clone().into_tensor_arg(),
                 lse.clone().into_tensor_arg(),
                 1.0 / (dim as f32).sqrt(),
+                window,
                 dim,
                 ks,
                 q.dtype.into(),
@@ -108,12 +119,13 @@ pub(crate) fn forward<B: Backend>(
 
 /// `[dq, dk, dv]` of [`forward`] for the output gradient `grad: [b, h, s,
 /// d]`, from its inputs, the forward's log-sum-exp and `dot = rowsum(grad ⊙
-/// output)` (f32 `[b, h, s, 1]` each); `None` unless these are CUDA tensors
-/// the kernels take.
+/// output)` (f32 `[b, h, s, 1]` each), and the forward's `window`; `None`
+/// unless these are CUDA tensors the kernels take.
 pub(crate) fn backward<B: Backend>(
     [q, k, v, grad]: [&Tensor<B, 4>; 4],
     lse: &Tensor<B, 4>,
     dot: &Tensor<B, 4>,
+    window: Option<usize>,
 ) -> Option<[Tensor<B, 4>; 3]> {
     let [q, k, v, grad] = cubes([q, k, v, grad])?;
     let (lse, dot) = (float_cube(lse)?, float_cube(dot)?);
@@ -123,6 +135,7 @@ pub(crate) fn backward<B: Backend>(
     let [batch, heads, seq, dim] = <[usize; 4]>::try_from(q.meta.shape().to_vec()).ok()?;
     let kv_heads = k.meta.shape()[1];
     let (stage_type, ks) = stage(q.dtype)?;
+    let window = window_arg(window, seq)?;
     let dtype = q.dtype;
     // The query gradients are sums over key tiles: f32, from zero.
     let dq = zeros_client(
@@ -153,6 +166,7 @@ pub(crate) fn backward<B: Backend>(
                 dk.clone().into_tensor_arg(),
                 dv.clone().into_tensor_arg(),
                 scale,
+                window,
                 dim,
                 ks,
                 dtype.into(),
