@@ -290,11 +290,15 @@ fn attention_past_the_fused_backward_matches_the_reference() {
 }
 
 /// A sliding window shorter than the sequence (on CUDA the fused kernels
-/// skip the tiles outside it and mask the rest): windows of 1 position, of
+/// skip the tiles outside it and mask the rest): windows of 2 positions, of
 /// 37 (inside a 64-row tile), 64 (a tile) and 100 (across tiles); where the
-/// sequence is no longer than the window, the causal attention.
+/// sequence is no longer than the window, the causal attention. (With a
+/// window of 1 each position sees only itself: `dq` and `dk` are zero in
+/// exact arithmetic and both sides' are rounding noise, which an error
+/// relative to the reference's largest magnitude cannot judge; the CPU
+/// suite checks that window against burn's attention.)
 fn compare_windowed(dtype: DType, tolerance: f32) {
-    for window in [1, 37, 64, 100] {
+    for window in [2, 37, 64, 100] {
         println!("window {window}");
         compare_with(
             &|q, k, v| windowed_attention(q, k, v, window),

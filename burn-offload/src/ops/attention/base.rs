@@ -9,17 +9,22 @@ use burn::tensor::{Bool, DType, Tensor};
 use crate::ops::record::{backward_each, cast, float, record, same, tensor, with_custom_backward};
 use crate::precision::cast_to;
 
+use super::route::{routed, Passes};
 use super::tiling::{KeyTile, QueryBlock, Tiling, QUERY_BLOCKS};
 
 /// `softmax(q·kᵀ / √d + causal mask) · v` for `q: [batch, heads, seq, d]` and
 /// `k, v: [batch, kv_heads, seq, d]`, each key/value head serving
 /// `heads / kv_heads` consecutive query heads.
 ///
-/// On CUDA, for head widths the fused kernels take (16, 32, 64, 128), both
-/// passes are those kernels up to [`FUSED_BACKWARD_UP_TO`] positions, and
-/// past it the forward is for heads of at most 64 values; the rest runs the
-/// query blocks and key tiles of [`Tiling::new`] (where those measured
-/// faster on the H100).
+/// On CUDA, for head widths the fused kernels take (16, 32, 64, 128): in
+/// bf16 and f16 both passes are those kernels, except the backward of heads
+/// wider than [`MMA_BACKWARD_MAX_WIDTH`] past [`FUSED_BACKWARD_UP_TO`]
+/// positions; in f32 both passes up to [`FUSED_BACKWARD_UP_TO`] and past it
+/// the forward for heads of at most 64 values. The rest runs the query
+/// blocks and key tiles of [`Tiling::new`].
+///
+/// [`MMA_BACKWARD_MAX_WIDTH`]: super::MMA_BACKWARD_MAX_WIDTH
+/// [`FUSED_BACKWARD_UP_TO`]: super::FUSED_BACKWARD_UP_TO
 ///
 /// # Panics
 /// If the shapes disagree or `heads` is not a multiple of `kv_heads`.
@@ -51,29 +56,6 @@ pub fn windowed_attention<B: Backend>(
     attention_by(q, k, v, Passes::Auto, Some(window))
 }
 
-/// Longest sequence whose backward runs the fused kernels under
-/// [`causal_attention`]. Past it the query blocks and key tiles' backward,
-/// whose products are cuBLAS calls, measured faster on the H100 (at 4k, 16k
-/// and 64k positions); so did their forward for heads of 128 values (at
-/// 16k), while for heads of 64 the fused forward ran 1.8–4.8 times as fast at
-/// every length measured (1k to 64k).
-pub const FUSED_BACKWARD_UP_TO: usize = 2048;
-
-/// Widest head whose forward stays fused past [`FUSED_BACKWARD_UP_TO`].
-const FUSED_FORWARD_MAX_WIDTH: usize = 64;
-
-/// [`causal_attention`]'s passes for sequences of `seq` positions and heads
-/// of `head_dim` values, where the fused kernels take the tensors.
-fn routed(heads: usize, seq: usize, head_dim: usize) -> Passes {
-    if seq <= FUSED_BACKWARD_UP_TO {
-        Passes::Fused
-    } else if head_dim <= FUSED_FORWARD_MAX_WIDTH {
-        Passes::FusedForward(Tiling::new(heads, seq))
-    } else {
-        Passes::Tiled(Tiling::new(heads, seq))
-    }
-}
-
 /// [`causal_attention`] with both passes in the fused kernels at any length
 /// (where they take the tensors; otherwise as [`causal_attention`]): the
 /// kernels' tests and benchmarks.
@@ -101,20 +83,6 @@ pub fn causal_attention_tiled<B: Backend>(
     attention_by(q, k, v, Passes::Tiled(tiling), None)
 }
 
-/// How attention's passes run.
-#[derive(Debug, Clone, Copy)]
-enum Passes {
-    /// [`causal_attention`]'s choice, made on the inner tensors.
-    Auto,
-    /// Both in the fused kernels where they take the tensors (CUDA), else
-    /// the tiling of the shape.
-    Fused,
-    /// The forward fused, the backward through the tiling.
-    FusedForward(Tiling),
-    /// Query blocks and key tiles in tensor ops.
-    Tiled(Tiling),
-}
-
 /// `passes` with [`causal_attention`]'s choice made for `q`, an inner
 /// tensor (autodiff's are not CUDA tensors): once, for both passes. `None`
 /// where only the reference formulation runs: a sliding `window` (shorter
@@ -125,7 +93,7 @@ fn resolved<B: Backend>(passes: Passes, q: &Tensor<B, 4>, window: Option<usize>)
     Some(match passes {
         _ if window.is_some() => fuses(q).then_some(Passes::Fused)?,
         Passes::Auto | Passes::Fused if !fuses(q) => Passes::Tiled(Tiling::new(heads, seq)),
-        Passes::Auto => routed(heads, seq, head_dim),
+        Passes::Auto => routed(heads, seq, head_dim, q.dtype()),
         passes => passes,
     })
 }

@@ -31,14 +31,18 @@
 //! one matmul serves the group (its key and value gradients come out summed
 //! over the group).
 //!
-//! On CUDA, for head widths of 16, 32, 64 or 128, both passes up to
-//! [`FUSED_BACKWARD_UP_TO`] positions, and past that the forward for heads of
-//! at most 64 values, are instead fused FlashAttention-2-style CubeCL kernels
-//! on tensor cores (`flash`): the scores stay in shared memory, and one cube
-//! walks a tile of 64 queries (or keys) across the tiles of the other side.
-//! [`causal_attention_fused`] runs both passes
-//! fused at any length and [`causal_attention_tiled`] neither (the tests' and
-//! benchmarks' handles on each).
+//! On CUDA, for head widths of 16, 32, 64 or 128, the passes are instead
+//! fused FlashAttention-2-style CubeCL kernels on tensor cores (`flash`),
+//! one cube walking a tile of 64 queries (or keys) across the tiles of the
+//! other side: for bf16 and f16 on `mma.sync` with the scores in registers,
+//! both passes at every length (the backward for heads of at most
+//! [`MMA_BACKWARD_MAX_WIDTH`]; wider heads' backward up to
+//! [`FUSED_BACKWARD_UP_TO`] positions); for f32 on WMMA with the scores in
+//! shared memory, both passes up to [`FUSED_BACKWARD_UP_TO`] and past that
+//! the forward for heads of at most 64 values (`route.rs` says where each
+//! runs). [`causal_attention_fused`] runs both passes fused at any length
+//! and [`causal_attention_tiled`] neither (the tests' and benchmarks'
+//! handles on each).
 //!
 //! [`windowed_attention`] adds a sliding window (Mistral's): each position
 //! sees itself and the `window − 1` positions before it. The fused kernels
@@ -53,7 +57,9 @@ mod base;
 mod cuda;
 #[cfg(feature = "cuda")]
 mod flash;
+mod route;
 mod tiling;
 
 pub use base::*;
+pub use route::{FUSED_BACKWARD_UP_TO, MMA_BACKWARD_MAX_WIDTH};
 pub use tiling::{Tiling, QUERY_BLOCKS, SCORE_CHUNK_ELEMENTS};

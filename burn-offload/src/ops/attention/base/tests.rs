@@ -1,4 +1,5 @@
 use super::*;
+use crate::ops::attention::FUSED_BACKWARD_UP_TO;
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Distribution, TensorData};
@@ -149,18 +150,25 @@ fn the_routing_follows_the_measurements() {
     let fused_forward = |p: Passes| !matches!(p, Passes::Tiled(_));
     let fused_backward = |p: Passes| matches!(p, Passes::Fused);
     for width in [16, 64, 128] {
-        let short = routed(32, FUSED_BACKWARD_UP_TO, width);
+        let short = routed(32, FUSED_BACKWARD_UP_TO, width, DType::F32);
         assert!(
             fused_forward(short) && fused_backward(short),
             "{width}: {short:?}"
         );
     }
-    let long = |width| routed(32, FUSED_BACKWARD_UP_TO + 1, width);
+    let long = |width| routed(32, FUSED_BACKWARD_UP_TO + 1, width, DType::F32);
     assert!(fused_forward(long(64)) && !fused_backward(long(64)));
     assert!(!fused_forward(long(128)) && !fused_backward(long(128)));
     assert!(
         matches!(long(128), Passes::Tiled(t) if t == Tiling::new(32, FUSED_BACKWARD_UP_TO + 1))
     );
+    // In bf16 (the mma.sync kernels) both passes at any length for heads
+    // of at most 64 values; past that the forward.
+    for dtype in [DType::BF16, DType::F16] {
+        let long = |width| routed(32, 1 << 18, width, dtype);
+        assert!(fused_forward(long(64)) && fused_backward(long(64)));
+        assert!(fused_forward(long(128)) && !fused_backward(long(128)));
+    }
     // A sliding window runs only in the fused kernels, or else the reference.
     let q = Tensor::<Flex, 4>::zeros([1, 2, 8, 16], &Default::default());
     assert!(resolved(Passes::Auto, &q, Some(4)).is_none());

@@ -14,12 +14,12 @@ pub(super) const TILE: usize = 16 * PLANES;
 pub(super) const UNITS: usize = 32 * PLANES;
 /// Padding of a shared row, in elements: shifts consecutive rows across
 /// banks (WMMA needs rows on 16-byte boundaries: 8 halves or 4 floats).
-const PAD: usize = 8;
+pub(super) const PAD: usize = 8;
 /// Large negative stand-in for −∞ as a running maximum: `exp` of the
 /// difference of two of them is 1, not NaN. The kernels see no infinity
 /// (past the sequence the log-sum-exp is 1e30), which lets `exp` be
 /// CUDA's `__expf` (fast math: an `ex2` instruction, not `expf`'s ~20).
-const LOWEST: f32 = -1.0e30;
+pub(super) const LOWEST: f32 = -1.0e30;
 
 /// `TILE` rows of `dim` values of `t` (a `[b, h, s, d]` tensor) from
 /// position `first` on, of the head at offset `base` (rows `row_stride`
@@ -32,7 +32,7 @@ const LOWEST: f32 = -1.0e30;
 /// again at every use.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn load_rows<F: Float, S: Float>(
+pub(super) fn load_rows<F: Float, S: Float>(
     t: &Tensor<F>,
     tile: &mut SharedMemory<S>,
     base: usize,
@@ -67,7 +67,7 @@ fn load_rows<F: Float, S: Float>(
 /// (of the head at offset `base`, rows `row_stride` apart) into `out`;
 /// `past` past the sequence's end (`seq`).
 #[cube]
-fn load_stats(
+pub(super) fn load_stats(
     t: &Tensor<f32>,
     out: &mut SharedMemory<f32>,
     base: usize,
@@ -91,7 +91,7 @@ fn load_stats(
 /// its sliding window (`limit` its position plus one less the window); for
 /// a key row, the queries before the key or inside its window.
 #[cube]
-fn visible_columns(limit: usize, first_key: usize) -> usize {
+pub(super) fn visible_columns(limit: usize, first_key: usize) -> usize {
     let mut visible = 0usize;
     if limit > first_key {
         visible = limit - first_key;

@@ -8,7 +8,9 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::ir::{ElemType, FloatKind, StorageType};
 use cubecl::{CubeCount, CubeDim};
 
+use super::super::route::{half_precision, MMA_BACKWARD_MAX_WIDTH};
 use super::kernels::{backward_kernel, forward_kernel, PLANES, TILE, UNITS};
+use super::mma::{backward_mma_kernel, forward_mma_kernel};
 use crate::cuda::{as_float, float_cube};
 use crate::precision::cast_to;
 
@@ -35,6 +37,14 @@ fn supports(dtype: DType, head_dim: usize) -> bool {
 /// what the kernels' 32-bit argument holds.
 fn window_arg(window: Option<usize>, seq: usize) -> Option<u32> {
     u32::try_from(window.unwrap_or(seq).min(seq)).ok()
+}
+
+/// Whether the passes of inputs of `dtype` with heads of `head_dim` values
+/// run the `mma.sync` kernels rather than the WMMA ones: `(forward,
+/// backward)`.
+fn on_mma(dtype: DType, head_dim: usize) -> (bool, bool) {
+    let half = half_precision(dtype);
+    (half, half && head_dim <= MMA_BACKWARD_MAX_WIDTH)
 }
 
 fn launch_geometry(tiles: usize, heads: usize, batch: usize) -> (CubeCount, CubeDim) {
@@ -95,7 +105,25 @@ pub(crate) fn forward<B: Backend>(
         // SAFETY: the kernels index in bounds by construction: the loads
         // clamp positions past the sequence's end to its last row, and
         // the stores are guarded by the sequence's length.
+        let scale = 1.0 / (dim as f32).sqrt();
         unsafe {
+            if on_mma(q.dtype, dim).0 {
+                forward_mma_kernel::launch_unchecked::<CudaRuntime>(
+                    &q.client,
+                    cubes,
+                    cube_dim,
+                    q.clone().into_tensor_arg(),
+                    k.into_tensor_arg(),
+                    v.into_tensor_arg(),
+                    out.clone().into_tensor_arg(),
+                    lse.clone().into_tensor_arg(),
+                    scale,
+                    window,
+                    dim,
+                    q.dtype.into(),
+                );
+                return Some((as_float(out), as_float(lse)));
+            }
             forward_kernel::launch_unchecked::<CudaRuntime>(
                 &q.client,
                 cubes,
@@ -105,7 +133,7 @@ pub(crate) fn forward<B: Backend>(
                 v.into_tensor_arg(),
                 out.clone().into_tensor_arg(),
                 lse.clone().into_tensor_arg(),
-                1.0 / (dim as f32).sqrt(),
+                scale,
                 window,
                 dim,
                 ks,
@@ -152,26 +180,47 @@ pub(crate) fn backward<B: Backend>(
         let (cubes, cube_dim) = launch_geometry(seq.div_ceil(TILE), kv_heads, batch);
         // SAFETY: as for the forward.
         unsafe {
-            backward_kernel::launch_unchecked::<CudaRuntime>(
-                &client,
-                cubes,
-                cube_dim,
-                q.into_tensor_arg(),
-                k.into_tensor_arg(),
-                v.into_tensor_arg(),
-                grad.into_tensor_arg(),
-                lse.into_tensor_arg(),
-                dot.into_tensor_arg(),
-                dq.clone().into_tensor_arg(),
-                dk.clone().into_tensor_arg(),
-                dv.clone().into_tensor_arg(),
-                scale,
-                window,
-                dim,
-                ks,
-                dtype.into(),
-                stage_type,
-            );
+            if on_mma(dtype, dim).1 {
+                backward_mma_kernel::launch_unchecked::<CudaRuntime>(
+                    &client,
+                    cubes,
+                    cube_dim,
+                    q.into_tensor_arg(),
+                    k.into_tensor_arg(),
+                    v.into_tensor_arg(),
+                    grad.into_tensor_arg(),
+                    lse.into_tensor_arg(),
+                    dot.into_tensor_arg(),
+                    dq.clone().into_tensor_arg(),
+                    dk.clone().into_tensor_arg(),
+                    dv.clone().into_tensor_arg(),
+                    scale,
+                    window,
+                    dim,
+                    dtype.into(),
+                );
+            } else {
+                backward_kernel::launch_unchecked::<CudaRuntime>(
+                    &client,
+                    cubes,
+                    cube_dim,
+                    q.into_tensor_arg(),
+                    k.into_tensor_arg(),
+                    v.into_tensor_arg(),
+                    grad.into_tensor_arg(),
+                    lse.into_tensor_arg(),
+                    dot.into_tensor_arg(),
+                    dq.clone().into_tensor_arg(),
+                    dk.clone().into_tensor_arg(),
+                    dv.clone().into_tensor_arg(),
+                    scale,
+                    window,
+                    dim,
+                    ks,
+                    dtype.into(),
+                    stage_type,
+                );
+            }
         }
     }
     let dq = cast_to(as_float::<B, 4>(dq) * scale, dtype);

@@ -18,8 +18,15 @@
 //! f32, two lanes a row. Whole key tiles above the diagonal are never
 //! visited; rows past the sequence's end are zeros, so any length works.
 //! The backward runs FlashAttention-2's five products a tile.
+//!
+//! For bf16 and f16 (the training compute types), `mma` holds the same two
+//! passes on `mma.sync` with the scores, probabilities and their gradients
+//! in registers, FlashAttention-2's own layout (the backward for heads of at
+//! most 64 values); the WMMA kernels above run f32 (as tf32) and the 16-bit
+//! backward of wider heads.
 
 mod kernels;
 mod launch;
+mod mma;
 
 pub(crate) use launch::{backward, forward, takes};

@@ -1,0 +1,635 @@
+//! The fused kernels for bf16 and f16 on `mma.sync` (16×8×16), with the
+//! scores in registers as FlashAttention-2 keeps them.
+//!
+//! A plane's product leaves lane `l` holding rows `g = l / 4` and `g + 8` of
+//! its 16, columns `2t` and `2t + 1` (`t = l % 4`) of every 8-column block:
+//! the place where the next product wants them as its left operand. So the
+//! scores, probabilities and their gradients never leave the registers
+//! (only the backward's `dsᵀ` goes through shared memory, transposed, for
+//! `dq`). Operands come from shared memory through `ldmatrix`, which also
+//! transposes. Register fragments are flat arrays of pairs indexed by
+//! constants (registers after unrolling): a left operand is 4 pairs, a right
+//! operand 2, an accumulator 2 (rows `g` and `g + 8`).
+// Kernel code: cubecl's integers have no `div_ceil`.
+#![allow(clippy::manual_div_ceil)]
+
+use cubecl::cmma::MmaDefinition;
+use cubecl::ir::{FastMath, MatrixIdent};
+use cubecl::prelude::*;
+
+use super::kernels::{load_rows, load_stats, visible_columns, LOWEST, PAD, TILE};
+
+/// Two consecutive values of a row: one 32-bit register of bf16 or f16, or
+/// two of f32 (an accumulator's).
+type Pair<E> = Vector<E, Const<2>>;
+
+/// Above every masked score, below every real one: a row whose keys are all
+/// masked so far keeps [`LOWEST`] as its maximum and must not take
+/// `exp(LOWEST − LOWEST) = 1` for them.
+const MASKED_BELOW: f32 = -1.0e29;
+
+/// Four 8×8 matrices of `tile` (rows `ld` apart) through `ldmatrix`: lane
+/// `l` gives the address of its row, at `row`, `col`, of matrix `l / 8`;
+/// `transpose` hands each lane a column's values instead of a row's.
+#[cube]
+fn ldmatrix<F: Float>(
+    tile: &SharedMemory<F>,
+    row: usize,
+    col: usize,
+    #[comptime] ld: usize,
+    #[comptime] transpose: bool,
+) -> Array<Pair<F>> {
+    let def = MmaDefinition::<F, F, f32>::new(16usize, 8usize, 16usize);
+    let at = row * ld + col;
+    def.load_matrix::<F, Const<2>>(&tile.slice(at, at + 8), MatrixIdent::A, 4usize, transpose)
+}
+
+/// `c[c_at..c_at + 2] += a[a_at..a_at + 4] · b[b_at..b_at + 2]`: one
+/// 16×8×16 product on fragments held in larger arrays.
+#[cube]
+fn mma<F: Float>(
+    a: &Array<Pair<F>>,
+    #[comptime] a_at: usize,
+    b: &Array<Pair<F>>,
+    #[comptime] b_at: usize,
+    c: &mut Array<Pair<f32>>,
+    #[comptime] c_at: usize,
+) {
+    let def = MmaDefinition::<F, F, f32>::new(16usize, 8usize, 16usize);
+    let mut fa = Array::<Pair<F>>::new(4usize);
+    #[unroll]
+    for i in 0..4usize {
+        fa[i] = a[comptime!(a_at + i)];
+    }
+    let mut fb = Array::<Pair<F>>::new(2usize);
+    fb[0] = b[b_at];
+    fb[1] = b[comptime!(b_at + 1)];
+    let mut fc = Array::<Pair<f32>>::new(2usize);
+    fc[0] = c[c_at];
+    fc[1] = c[comptime!(c_at + 1)];
+    def.execute_inplace(&fa, &fb, &mut fc);
+    c[c_at] = fc[0];
+    c[comptime!(c_at + 1)] = fc[1];
+}
+
+/// `len` zeroed pairs of f32.
+#[cube]
+fn zeros(#[comptime] len: usize) -> Array<Pair<f32>> {
+    let mut acc = Array::<Pair<f32>>::new(len);
+    #[unroll]
+    for i in 0..len {
+        acc[i] = Pair::<f32>::new(0.0);
+    }
+    acc
+}
+
+/// The plane's 16 rows from `row` of `width` columns of `tile` as left
+/// operands (4 pairs for each 16 columns).
+#[cube]
+fn left_operands<F: Float>(
+    tile: &SharedMemory<F>,
+    row: usize,
+    #[comptime] width: usize,
+    #[comptime] ld: usize,
+) -> Array<Pair<F>> {
+    let lane = UNIT_POS_X as usize;
+    let mut frag = Array::<Pair<F>>::new(comptime!(width / 4));
+    #[unroll]
+    for kk in 0..comptime!(width / 16) {
+        let regs = ldmatrix::<F>(
+            tile,
+            row + lane % 16,
+            comptime!(kk * 16) + (lane / 16) * 8,
+            ld,
+            false,
+        );
+        #[unroll]
+        for i in 0..4usize {
+            frag[comptime!(4 * kk + i)] = regs[i];
+        }
+    }
+    frag
+}
+
+/// `a · tileᵀ` for the plane's left operands `a` (16 rows of `dim`
+/// columns) and the `TILE` rows of `tile` (the right operand's columns):
+/// 16 × `TILE` scores as `TILE / 8` accumulators.
+#[cube]
+fn times_transposed<F: Float>(
+    a: &Array<Pair<F>>,
+    tile: &SharedMemory<F>,
+    #[comptime] dim: usize,
+    #[comptime] ld: usize,
+) -> Array<Pair<f32>> {
+    let lane = UNIT_POS_X as usize;
+    let mut s = zeros(comptime!(2 * TILE / 8));
+    #[unroll]
+    for kk in 0..comptime!(dim / 16) {
+        #[unroll]
+        for nb in 0..comptime!(TILE / 16) {
+            // Matrices: rows 0–7 and 8–15 of the 16, each at columns 0–7
+            // and 8–15 of the step: the right operands of two 8-row blocks.
+            let b = ldmatrix::<F>(
+                tile,
+                comptime!(nb * 16) + lane % 8 + (lane / 16) * 8,
+                comptime!(kk * 16) + ((lane / 8) % 2) * 8,
+                ld,
+                false,
+            );
+            mma::<F>(a, comptime!(4 * kk), &b, 0usize, &mut s, comptime!(4 * nb));
+            mma::<F>(
+                a,
+                comptime!(4 * kk),
+                &b,
+                2usize,
+                &mut s,
+                comptime!(4 * nb + 2),
+            );
+        }
+    }
+    s
+}
+
+/// `acc += a · tile` for left operands `a` (16 rows of `TILE` columns) and
+/// the `TILE` rows of `dim` columns of `tile`.
+#[cube]
+fn accumulate<F: Float>(
+    a: &Array<Pair<F>>,
+    tile: &SharedMemory<F>,
+    acc: &mut Array<Pair<f32>>,
+    #[comptime] dim: usize,
+    #[comptime] ld: usize,
+) {
+    let lane = UNIT_POS_X as usize;
+    #[unroll]
+    for kk in 0..comptime!(TILE / 16) {
+        #[unroll]
+        for nd in 0..comptime!(dim / 16) {
+            // Transposed: rows 0–15 of the step at columns 0–7, then 8–15.
+            let b = ldmatrix::<F>(
+                tile,
+                comptime!(kk * 16) + lane % 16,
+                comptime!(nd * 16) + (lane / 16) * 8,
+                ld,
+                true,
+            );
+            mma::<F>(a, comptime!(4 * kk), &b, 0usize, acc, comptime!(4 * nd));
+            mma::<F>(a, comptime!(4 * kk), &b, 2usize, acc, comptime!(4 * nd + 2));
+        }
+    }
+}
+
+/// Accumulator pairs `s` (rows `g`, `g + 8` of `TILE / 8` column blocks)
+/// as left operands: block `n`'s pairs are the `n % 2` half of step `n / 2`.
+#[cube]
+fn as_left<F: Float>(s: &Array<Pair<f32>>) -> Array<Pair<F>> {
+    let mut a = Array::<Pair<F>>::new(comptime!(2 * TILE / 8));
+    #[unroll]
+    for n in 0..comptime!(TILE / 8) {
+        #[unroll]
+        for h in 0..2usize {
+            a[comptime!(4 * (n / 2) + 2 * (n % 2) + h)] =
+                Pair::<F>::cast_from(s[comptime!(2 * n + h)]);
+        }
+    }
+    a
+}
+
+/// The larger of `x` and the values of the lane's quad (the four lanes of
+/// a row).
+#[cube]
+fn quad_max(x: f32) -> f32 {
+    let mut m = x;
+    let o = plane_shuffle_xor(m, 1);
+    if o > m {
+        m = o;
+    }
+    let o = plane_shuffle_xor(m, 2);
+    if o > m {
+        m = o;
+    }
+    m
+}
+
+/// The sum of `x` over the lane's quad.
+#[cube]
+fn quad_sum(x: f32) -> f32 {
+    let s = x + plane_shuffle_xor(x, 1);
+    s + plane_shuffle_xor(s, 2)
+}
+
+/// The forward for bf16 and f16 (see `forward_kernel`): a cube per `TILE`
+/// queries (the last tiles first) of head `CUBE_POS_Y` of sequence
+/// `CUBE_POS_Z`; each plane's 16 rows keep their scores, probabilities and
+/// output in registers.
+#[cube(launch_unchecked, fast_math = FastMath::ReducedPrecision | FastMath::NotNaN | FastMath::NotInf)]
+pub(super) fn forward_mma_kernel<F: Float>(
+    q: &Tensor<F>,
+    k: &Tensor<F>,
+    v: &Tensor<F>,
+    out: &mut Tensor<F>,
+    lse: &mut Tensor<f32>,
+    scale: f32,
+    window: u32,
+    #[comptime] dim: usize,
+    #[define(F)] _input: StorageType,
+) {
+    let seq = q.shape(2);
+    let tile = (seq + TILE - 1) / TILE - 1 - CUBE_POS_X as usize;
+    let (head, batch) = (CUBE_POS_Y as usize, CUBE_POS_Z as usize);
+    let kv_head = head / (q.shape(1) / k.shape(1));
+    let (plane, lane) = (UNIT_POS_Y as usize, UNIT_POS_X as usize);
+    let t = lane % 4;
+    let first = tile * TILE;
+    let ld = comptime!(dim + PAD);
+    let window = window as usize;
+
+    let mut qs = SharedMemory::<F>::new(comptime!(TILE * (dim + PAD)));
+    let mut ks_ = SharedMemory::<F>::new(comptime!(TILE * (dim + PAD)));
+    let mut vs = SharedMemory::<F>::new(comptime!(TILE * (dim + PAD)));
+    let k_base = batch * k.stride(0) + kv_head * k.stride(1);
+    let v_base = batch * v.stride(0) + kv_head * v.stride(1);
+    let (k_row, k_col, v_row, v_col) = (k.stride(2), k.stride(3), v.stride(2), v.stride(3));
+    load_rows::<F, F>(
+        q,
+        &mut qs,
+        batch * q.stride(0) + head * q.stride(1),
+        q.stride(2),
+        q.stride(3),
+        seq,
+        first,
+        dim,
+    );
+    sync_cube();
+    let q_frag = left_operands::<F>(&qs, plane * 16, dim, ld);
+
+    // The lane's rows, `row` and `row + 8`: the keys each sees end before
+    // `end_*` and start at `start_*` (its window).
+    let row = first + plane * 16 + lane / 4;
+    let (end_0, end_1) = (
+        select(row + 1 < seq, row + 1, seq),
+        select(row + 9 < seq, row + 9, seq),
+    );
+    let (start_0, start_1) = (
+        visible_columns(row + 1, window),
+        visible_columns(row + 9, window),
+    );
+    let (mut max_0, mut max_1) = (f32::new(LOWEST), f32::new(LOWEST));
+    // The lane's share of each row's sum (the quad's are added at the end).
+    let (mut sum_0, mut sum_1) = (f32::new(0.0), f32::new(0.0));
+    let mut o = zeros(comptime!(2 * dim / 8));
+    let mut last = first + TILE;
+    if last > seq {
+        last = seq;
+    }
+    let key_tiles = (last + TILE - 1) / TILE;
+    let first_tile = visible_columns(first + 1, window) / TILE;
+    let mut j = first_tile;
+    while j < key_tiles {
+        let first_key = j * TILE;
+        sync_cube();
+        load_rows::<F, F>(k, &mut ks_, k_base, k_row, k_col, seq, first_key, dim);
+        load_rows::<F, F>(v, &mut vs, v_base, v_row, v_col, seq, first_key, dim);
+        sync_cube();
+        let mut s = times_transposed::<F>(&q_frag, &ks_, dim, ld);
+        // Whether some row of the cube must not see some key of the tile:
+        // the diagonal, the window's start, or the sequence's end.
+        let masks = first_key + TILE > first + 1
+            || first_key + window < first + TILE
+            || first_key + TILE > seq;
+        let (mut tile_max_0, mut tile_max_1) = (f32::new(LOWEST), f32::new(LOWEST));
+        #[unroll]
+        for n in 0..comptime!(TILE / 8) {
+            let mut a = s[comptime!(2 * n)] * Pair::<f32>::new(scale);
+            let mut b = s[comptime!(2 * n + 1)] * Pair::<f32>::new(scale);
+            if masks {
+                #[unroll]
+                for e in 0..2usize {
+                    let key = first_key + comptime!(8 * n + e) + 2 * t;
+                    a[e] = select(key >= start_0 && key < end_0, a[e], f32::new(LOWEST));
+                    b[e] = select(key >= start_1 && key < end_1, b[e], f32::new(LOWEST));
+                }
+            }
+            #[unroll]
+            for e in 0..2usize {
+                if a[e] > tile_max_0 {
+                    tile_max_0 = a[e];
+                }
+                if b[e] > tile_max_1 {
+                    tile_max_1 = b[e];
+                }
+            }
+            s[comptime!(2 * n)] = a;
+            s[comptime!(2 * n + 1)] = b;
+        }
+        let (tile_max_0, tile_max_1) = (quad_max(tile_max_0), quad_max(tile_max_1));
+        let mut new_0 = max_0;
+        if tile_max_0 > new_0 {
+            new_0 = tile_max_0;
+        }
+        let mut new_1 = max_1;
+        if tile_max_1 > new_1 {
+            new_1 = tile_max_1;
+        }
+        let (alpha_0, alpha_1) = ((max_0 - new_0).exp(), (max_1 - new_1).exp());
+        max_0 = new_0;
+        max_1 = new_1;
+        let shift_0 = select(new_0 > MASKED_BELOW, new_0, f32::new(0.0));
+        let shift_1 = select(new_1 > MASKED_BELOW, new_1, f32::new(0.0));
+        let (mut tile_sum_0, mut tile_sum_1) = (f32::new(0.0), f32::new(0.0));
+        #[unroll]
+        for n in 0..comptime!(TILE / 8) {
+            let mut a = s[comptime!(2 * n)];
+            let mut b = s[comptime!(2 * n + 1)];
+            #[unroll]
+            for e in 0..2usize {
+                a[e] = (a[e] - shift_0).exp();
+                b[e] = (b[e] - shift_1).exp();
+                tile_sum_0 += a[e];
+                tile_sum_1 += b[e];
+            }
+            s[comptime!(2 * n)] = a;
+            s[comptime!(2 * n + 1)] = b;
+        }
+        sum_0 = sum_0 * alpha_0 + tile_sum_0;
+        sum_1 = sum_1 * alpha_1 + tile_sum_1;
+        #[unroll]
+        for nd in 0..comptime!(dim / 8) {
+            o[comptime!(2 * nd)] = o[comptime!(2 * nd)] * Pair::<f32>::new(alpha_0);
+            o[comptime!(2 * nd + 1)] = o[comptime!(2 * nd + 1)] * Pair::<f32>::new(alpha_1);
+        }
+        let p = as_left::<F>(&s);
+        accumulate::<F>(&p, &vs, &mut o, dim, ld);
+        j += 1;
+    }
+
+    let (sum_0, sum_1) = (quad_sum(sum_0), quad_sum(sum_1));
+    let out_base = batch * out.stride(0) + head * out.stride(1);
+    let (out_row, out_col) = (out.stride(2), out.stride(3));
+    #[unroll]
+    for nd in 0..comptime!(dim / 8) {
+        let a = o[comptime!(2 * nd)];
+        let b = o[comptime!(2 * nd + 1)];
+        #[unroll]
+        for e in 0..2usize {
+            let col = comptime!(8 * nd + e) + 2 * t;
+            let (x, y) = (F::cast_from(a[e] / sum_0), F::cast_from(b[e] / sum_1));
+            if row < seq {
+                out[out_base + row * out_row + col * out_col] = x;
+            }
+            if row + 8 < seq {
+                out[out_base + (row + 8) * out_row + col * out_col] = y;
+            }
+        }
+    }
+    if t == 0 {
+        let base = batch * lse.stride(0) + head * lse.stride(1);
+        let (x, y) = (max_0 + sum_0.ln(), max_1 + sum_1.ln());
+        if row < seq {
+            lse[base + row * lse.stride(2)] = x;
+        }
+        if row + 8 < seq {
+            lse[base + (row + 8) * lse.stride(2)] = y;
+        }
+    }
+}
+
+/// The backward for bf16 and f16 with heads of at most 64 values (see
+/// `backward_kernel`): a cube per `TILE` keys of key/value head
+/// `CUBE_POS_Y` of sequence `CUBE_POS_Z`, each plane's 16 keys keeping
+/// their fragments of `k` and `v`, `sᵀ`, `dpᵀ`, and the sums `dk`, `dv` in
+/// registers. `dsᵀ` goes through shared memory once a query tile: each
+/// plane then adds its 16 queries' `ds·k` to the f32 sums `dq` atomically.
+#[cube(launch_unchecked, fast_math = FastMath::ReducedPrecision | FastMath::NotNaN | FastMath::NotInf)]
+pub(super) fn backward_mma_kernel<F: Float>(
+    q: &Tensor<F>,
+    k: &Tensor<F>,
+    v: &Tensor<F>,
+    grad: &Tensor<F>,
+    lse: &Tensor<f32>,
+    dot: &Tensor<f32>,
+    dq: &mut Tensor<Atomic<f32>>,
+    dk: &mut Tensor<F>,
+    dv: &mut Tensor<F>,
+    scale: f32,
+    window: u32,
+    #[comptime] dim: usize,
+    #[define(F)] _input: StorageType,
+) {
+    let seq = q.shape(2);
+    let groups = q.shape(1) / k.shape(1);
+    let (kv_head, batch) = (CUBE_POS_Y as usize, CUBE_POS_Z as usize);
+    let (plane, lane) = (UNIT_POS_Y as usize, UNIT_POS_X as usize);
+    let t = lane % 4;
+    let first_key = CUBE_POS_X as usize * TILE;
+    let ld = comptime!(dim + PAD);
+    let lp = comptime!(TILE + PAD);
+    let window = window as usize;
+
+    let mut qs = SharedMemory::<F>::new(comptime!(TILE * (dim + PAD)));
+    let mut gs = SharedMemory::<F>::new(comptime!(TILE * (dim + PAD)));
+    let mut ks_ = SharedMemory::<F>::new(comptime!(TILE * (dim + PAD)));
+    let mut dst = SharedMemory::<F>::new(comptime!(TILE * (TILE + PAD)));
+    let mut lses = SharedMemory::<f32>::new(TILE);
+    let mut dots = SharedMemory::<f32>::new(TILE);
+    // Strides read once (see `load_rows`).
+    let (q_row, q_col, g_row, g_col) = (q.stride(2), q.stride(3), grad.stride(2), grad.stride(3));
+    let (lse_row, dot_row) = (lse.stride(2), dot.stride(2));
+    let (dq_row, dq_col) = (dq.stride(2), dq.stride(3));
+    let (q_batch, q_head) = (batch * q.stride(0), q.stride(1));
+    let (g_batch, g_head) = (batch * grad.stride(0), grad.stride(1));
+    let (lse_batch, lse_head) = (batch * lse.stride(0), lse.stride(1));
+    let (dot_batch, dot_head) = (batch * dot.stride(0), dot.stride(1));
+    let (dq_batch, dq_head) = (batch * dq.stride(0), dq.stride(1));
+    load_rows::<F, F>(
+        k,
+        &mut ks_,
+        batch * k.stride(0) + kv_head * k.stride(1),
+        k.stride(2),
+        k.stride(3),
+        seq,
+        first_key,
+        dim,
+    );
+    // The values are only read as fragments, before the loop: they pass
+    // through the output gradient's tile.
+    load_rows::<F, F>(
+        v,
+        &mut gs,
+        batch * v.stride(0) + kv_head * v.stride(1),
+        v.stride(2),
+        v.stride(3),
+        seq,
+        first_key,
+        dim,
+    );
+    sync_cube();
+    let k_frag = left_operands::<F>(&ks_, plane * 16, dim, ld);
+    let v_frag = left_operands::<F>(&gs, plane * 16, dim, ld);
+
+    // The lane's keys, `key` and `key + 8`.
+    let key = first_key + plane * 16 + lane / 4;
+    let mut dk_acc = zeros(comptime!(2 * dim / 8));
+    let mut dv_acc = zeros(comptime!(2 * dim / 8));
+    // The queries that see the cube's last key end at its position plus
+    // the window.
+    let mut query_tiles = (seq + TILE - 1) / TILE;
+    let reach = (first_key + TILE - 1 + window + TILE - 1) / TILE;
+    if reach < query_tiles {
+        query_tiles = reach;
+    }
+    let mut g = 0usize;
+    while g < groups {
+        let head = kv_head * groups + g;
+        let mut i = CUBE_POS_X as usize;
+        while i < query_tiles {
+            let first = i * TILE;
+            sync_cube();
+            load_rows::<F, F>(
+                q,
+                &mut qs,
+                q_batch + head * q_head,
+                q_row,
+                q_col,
+                seq,
+                first,
+                dim,
+            );
+            load_rows::<F, F>(
+                grad,
+                &mut gs,
+                g_batch + head * g_head,
+                g_row,
+                g_col,
+                seq,
+                first,
+                dim,
+            );
+            // Past the end: p = exp(s − 1e30) = 0.
+            load_stats(
+                lse,
+                &mut lses,
+                lse_batch + head * lse_head,
+                lse_row,
+                seq,
+                first,
+                f32::new(1.0e30),
+            );
+            load_stats(
+                dot,
+                &mut dots,
+                dot_batch + head * dot_head,
+                dot_row,
+                seq,
+                first,
+                f32::new(0.0),
+            );
+            sync_cube();
+            // sᵀ and dpᵀ (keys × queries), then pᵀ and dsᵀ in place.
+            let mut s = times_transposed::<F>(&k_frag, &qs, dim, ld);
+            let mut dp = times_transposed::<F>(&v_frag, &gs, dim, ld);
+            // Whether some query of the tile must not see some key of the
+            // cube: the diagonal or the window's end (queries past the
+            // sequence's end have p = 0 through their log-sum-exp).
+            let masks = first < first_key + TILE - 1 || first + TILE > first_key + window;
+            #[unroll]
+            for n in 0..comptime!(TILE / 8) {
+                #[unroll]
+                for h in 0..2usize {
+                    let mut p = s[comptime!(2 * n + h)];
+                    let mut d = dp[comptime!(2 * n + h)];
+                    let mine = key + comptime!(8 * h);
+                    #[unroll]
+                    for e in 0..2usize {
+                        let col = comptime!(8 * n + e) + 2 * t;
+                        let mut x = (p[e] * scale - lses[col]).exp();
+                        if masks {
+                            let query = first + col;
+                            x = select(query >= mine && query < mine + window, x, f32::new(0.0));
+                        }
+                        p[e] = x;
+                        d[e] = x * (d[e] - dots[col]);
+                    }
+                    s[comptime!(2 * n + h)] = p;
+                    dp[comptime!(2 * n + h)] = d;
+                }
+            }
+            let p = as_left::<F>(&s);
+            let ds = as_left::<F>(&dp);
+            accumulate::<F>(&p, &gs, &mut dv_acc, dim, ld);
+            accumulate::<F>(&ds, &qs, &mut dk_acc, dim, ld);
+            // dsᵀ into shared memory, rows the cube's keys.
+            #[unroll]
+            for n in 0..comptime!(TILE / 8) {
+                #[unroll]
+                for h in 0..2usize {
+                    let d = Pair::<F>::cast_from(dp[comptime!(2 * n + h)]);
+                    let at =
+                        (plane * 16 + lane / 4 + comptime!(8 * h)) * lp + comptime!(8 * n) + 2 * t;
+                    dst[at] = d[0];
+                    dst[at + 1] = d[1];
+                }
+            }
+            sync_cube();
+            // The plane's 16 queries' ds·k over the cube's keys: ds as left
+            // operands, transposed out of dsᵀ.
+            let mut ds_rows = Array::<Pair<F>>::new(comptime!(4 * TILE / 16));
+            #[unroll]
+            for kk in 0..comptime!(TILE / 16) {
+                let regs = ldmatrix::<F>(
+                    &dst,
+                    comptime!(kk * 16) + lane % 8 + (lane / 16) * 8,
+                    plane * 16 + ((lane / 8) % 2) * 8,
+                    lp,
+                    true,
+                );
+                #[unroll]
+                for r in 0..4usize {
+                    ds_rows[comptime!(4 * kk + r)] = regs[r];
+                }
+            }
+            let mut dq_part = zeros(comptime!(2 * dim / 8));
+            accumulate::<F>(&ds_rows, &ks_, &mut dq_part, dim, ld);
+            let query = first + plane * 16 + lane / 4;
+            let base = dq_batch + head * dq_head;
+            #[unroll]
+            for nd in 0..comptime!(dim / 8) {
+                #[unroll]
+                for h in 0..2usize {
+                    let x = dq_part[comptime!(2 * nd + h)];
+                    let row = query + comptime!(8 * h);
+                    #[unroll]
+                    for e in 0..2usize {
+                        let col = comptime!(8 * nd + e) + 2 * t;
+                        if row < seq {
+                            dq[base + row * dq_row + col * dq_col].fetch_add(x[e]);
+                        }
+                    }
+                }
+            }
+            i += 1;
+        }
+        g += 1;
+    }
+    let dk_base = batch * dk.stride(0) + kv_head * dk.stride(1);
+    let dv_base = batch * dv.stride(0) + kv_head * dv.stride(1);
+    let (dk_row, dk_col, dv_row, dv_col) = (dk.stride(2), dk.stride(3), dv.stride(2), dv.stride(3));
+    #[unroll]
+    for nd in 0..comptime!(dim / 8) {
+        #[unroll]
+        for h in 0..2usize {
+            let a = dk_acc[comptime!(2 * nd + h)];
+            let b = dv_acc[comptime!(2 * nd + h)];
+            let row = key + comptime!(8 * h);
+            #[unroll]
+            for e in 0..2usize {
+                let col = comptime!(8 * nd + e) + 2 * t;
+                let (x, y) = (F::cast_from(a[e] * scale), F::cast_from(b[e]));
+                if row < seq {
+                    dk[dk_base + row * dk_row + col * dk_col] = x;
+                    dv[dv_base + row * dv_row + col * dv_col] = y;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,62 @@
+//! Which implementation runs attention's passes, by dtype, head width and
+//! length: the fused kernels where they measured faster than the tiles on
+//! the H100 (`bench/results/cuda-bench/README.md` holds the measurements).
+
+use burn::tensor::DType;
+
+use super::tiling::Tiling;
+
+/// How attention's passes run.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Passes {
+    /// [`causal_attention`](super::causal_attention)'s choice, made on the
+    /// inner tensors.
+    Auto,
+    /// Both in the fused kernels where they take the tensors (CUDA), else
+    /// the tiling of the shape.
+    Fused,
+    /// The forward fused, the backward through the tiling.
+    FusedForward(Tiling),
+    /// Query blocks and key tiles in tensor ops.
+    Tiled(Tiling),
+}
+
+/// Longest sequence whose backward runs the WMMA fused kernel (f32, or
+/// 16-bit heads wider than [`MMA_BACKWARD_MAX_WIDTH`]) under
+/// [`causal_attention`](super::causal_attention). Past it the query blocks
+/// and key tiles' backward, whose products are cuBLAS calls, measured faster
+/// on the H100 (at 4k, 16k and 64k positions); so did their forward for
+/// heads of 128 values (at 16k), while for heads of 64 the fused forward ran
+/// 1.8–4.8 times as fast at every length measured (1k to 64k).
+pub const FUSED_BACKWARD_UP_TO: usize = 2048;
+
+/// Widest head whose forward stays fused past [`FUSED_BACKWARD_UP_TO`] in
+/// f32 (the WMMA kernels).
+const FUSED_FORWARD_MAX_WIDTH: usize = 64;
+
+/// Widest head whose backward runs the 16-bit fused kernel (`mma.sync`),
+/// whose registers hold a plane's keys' `k`, `v`, `dk` and `dv`.
+pub const MMA_BACKWARD_MAX_WIDTH: usize = 64;
+
+/// Whether inputs of `dtype` run the 16-bit fused kernels (`mma.sync`, the
+/// scores in registers) rather than the WMMA ones.
+pub(super) fn half_precision(dtype: DType) -> bool {
+    matches!(dtype, DType::BF16 | DType::F16)
+}
+
+/// [`causal_attention`](super::causal_attention)'s passes for sequences of
+/// `seq` positions and heads of `head_dim` values in `dtype`, where the
+/// fused kernels take the tensors: in bf16 and f16 both passes fused (past
+/// [`MMA_BACKWARD_MAX_WIDTH`] the backward only up to
+/// [`FUSED_BACKWARD_UP_TO`]); in f32 the WMMA kernels where they measured
+/// faster than the tiles.
+pub(super) fn routed(heads: usize, seq: usize, head_dim: usize, dtype: DType) -> Passes {
+    let half = half_precision(dtype);
+    if seq <= FUSED_BACKWARD_UP_TO || (half && head_dim <= MMA_BACKWARD_MAX_WIDTH) {
+        Passes::Fused
+    } else if half || head_dim <= FUSED_FORWARD_MAX_WIDTH {
+        Passes::FusedForward(Tiling::new(heads, seq))
+    } else {
+        Passes::Tiled(Tiling::new(heads, seq))
+    }
+}
