@@ -65,7 +65,8 @@ import json, re, statistics, sys
 w, name, status = sys.argv[1:]
 rows = []
 try:
-    rows = [json.loads(l) for l in open(f"{w}/{name}.jsonl") if l.strip()]
+    # Step rows only (a resumed run's first line says where it resumed from).
+    rows = [r for r in (json.loads(l) for l in open(f"{w}/{name}.jsonl") if l.strip()) if "step_s" in r]
 except OSError:
     pass
 err = open(f"{w}/{name}.err", errors="replace").read()
