@@ -1,7 +1,9 @@
 //! Causal attention as two fused CubeCL kernels on CUDA, in the manner of
-//! FlashAttention-2: the scores never leave shared memory, so a pass keeps
-//! `O(tokens)` values and reads `q`, `k`, `v` once per tile instead of
-//! writing and reading a score tile per elementwise step.
+//! FlashAttention-2: the scores never leave the multiprocessor, so a pass
+//! keeps `O(tokens)` values and reads `q`, `k`, `v` once per tile instead of
+//! writing and reading a score tile per elementwise step. A sliding window
+//! (the `window` argument; the sequence's length for none) skips the tiles
+//! outside it and masks the rest.
 //! - `forward_kernel`: a cube per 64 queries of one head walks the key tiles
 //!   up to the diagonal with an online softmax, and writes the output and
 //!   each row's log-sum-exp (f32);
