@@ -23,7 +23,7 @@
 //! The test checks residency where burn-train hands the model to us: at
 //! every training step and in the model `launch` returns.
 //!
-//! Run: `cargo run -p trainer --example learner` (about a second of training
+//! Run: `cargo run -p learner` (about a second of training
 //! on a CPU).
 
 use std::path::Path;
