@@ -1,11 +1,17 @@
 //! Tokenized corpora on disk. A text corpus is cut into documents (files,
-//! JSONL records, and large text files at blank lines every few MB), the
-//! documents are tokenized in parallel (rayon) a batch at a time, and the ids
-//! are written to `tokens.bin` (u16 where the vocabulary fits, else u32) in a
-//! cache folder keyed by the data files (path, size, modification time) and
-//! the tokenizer. Later runs and resumes map the file instead of tokenizing
-//! again, and the batcher reads windows from the map: the corpus never sits
-//! in memory as one string or one `Vec`.
+//! JSONL records, and large text files at blank lines every few MB), each
+//! document into pieces of about 64 KiB at places where the tokenizer splits
+//! anyway ([`pieces`]), the pieces are tokenized in parallel (rayon) a batch at
+//! a time, and the ids are written to `tokens.bin` (u16 where the vocabulary
+//! fits, else u32) in a cache folder keyed by the data files (path, size,
+//! modification time) and the tokenizer. Later runs and resumes map the file
+//! instead of tokenizing again, and the batcher reads windows from the map:
+//! the corpus never sits in memory as one string or one `Vec`.
+//!
+//! Pieces bound the tokenizer's working memory: a Hugging Face tokenizer keeps
+//! offsets, alignments and a string per token while it encodes, about 100
+//! bytes per byte of text, so a document encoded whole (a 50 MB file without
+//! blank lines) would need gigabytes.
 //!
 //! Documents are separated by the tokens of a blank line, as
 //! [`crate::data::read_corpus`] joins them.
@@ -21,12 +27,22 @@ use serde::{Deserialize, Serialize};
 use crate::data::{corpus_files, has_extension, read_corpus_file, DataError, DOC_SEPARATOR};
 use crate::tokenizer::Tokenizer;
 
-/// Text handed to the tokenizer per batch of documents (bounds memory).
-const BATCH_BYTES: usize = 64 << 20;
+/// Text tokenized per batch of pieces: bounds the ids held before they are
+/// written.
+const BATCH_BYTES: usize = 8 << 20;
 /// Large text files are cut at the first blank line after this many bytes.
 pub const CHUNK_BYTES: usize = 4 << 20;
+/// A document is cut into pieces at the first clean cut after this many bytes.
+pub const PIECE_BYTES: usize = 16 << 10;
+/// A piece that has found no clean cut by this many bytes (text without
+/// spaces or line breaks) is cut at a character boundary, and counted.
+pub const MAX_PIECE_BYTES: usize = 1 << 20;
+/// Bytes of text on each side of a cut that [`Tokenizer::cuts_cleanly`] checks.
+const CUT_CHECK_BYTES: usize = 256;
+/// Places a piece checks for a clean cut before it gives up.
+const MAX_CUT_CHECKS: usize = 8;
 /// Bumped when the file layout or the cutting rules change.
-const CACHE_VERSION: u32 = 1;
+const CACHE_VERSION: u32 = 2;
 
 /// A memory-mapped token file.
 pub struct TokenFile {
@@ -82,6 +98,9 @@ struct Meta {
     /// record, whatever the width on disk).
     crc32: u32,
     sources: Vec<String>,
+    /// See [`Tokenized::forced_cuts`].
+    #[serde(default)]
+    forced_cuts: usize,
 }
 
 /// A tokenized corpus, from the cache or made now.
@@ -94,6 +113,10 @@ pub struct Tokenized {
     pub folder: PathBuf,
     /// Tokens per second of tokenization; `None` when read from the cache.
     pub tokens_per_s: Option<f64>,
+    /// Pieces cut where the text had neither a space nor a line break for
+    /// [`MAX_PIECE_BYTES`] (the ids there may differ from encoding the
+    /// document whole); recorded in the cache.
+    pub forced_cuts: usize,
 }
 
 /// The default cache root: `$XDG_CACHE_HOME/burn-offload/tokens`, else
@@ -150,7 +173,11 @@ pub fn tokenize(data: &Path, tokenizer: &Tokenizer, root: &Path) -> Result<Token
     let bin = tmp.join("tokens.bin");
     let started = Instant::now();
     let written = write_tokens(&files, tokenizer, width, &bin);
-    let (count, crc32) = match written {
+    let Written {
+        count,
+        crc32,
+        forced_cuts,
+    } = match written {
         Ok(done) => done,
         Err(e) => {
             let _ = fs::remove_dir_all(&tmp);
@@ -169,6 +196,7 @@ pub fn tokenize(data: &Path, tokenizer: &Tokenizer, root: &Path) -> Result<Token
         width,
         crc32,
         sources,
+        forced_cuts,
     };
     let meta_path = tmp.join("meta.json");
     fs::write(
@@ -204,17 +232,25 @@ fn open_cached(folder: &Path, tokenizer: &Tokenizer) -> Option<Tokenized> {
         crc32: meta.crc32,
         folder: folder.to_path_buf(),
         tokens_per_s: None,
+        forced_cuts: meta.forced_cuts,
     })
 }
 
-/// Tokenizes the documents of `files` in order into `bin`; returns the
-/// number of tokens and their CRC32.
+/// What [`write_tokens`] wrote.
+struct Written {
+    count: usize,
+    crc32: u32,
+    forced_cuts: usize,
+}
+
+/// Tokenizes the documents of `files` in order into `bin`, each cut into
+/// [`pieces`] and a batch of pieces encoded in parallel.
 fn write_tokens(
     files: &[PathBuf],
     tokenizer: &Tokenizer,
     width: usize,
     bin: &Path,
-) -> Result<(usize, u32), DataError> {
+) -> Result<Written, DataError> {
     let mut out = BufWriter::new(File::create(bin).map_err(|e| cache_error(bin, e))?);
     let separator = tokenizer.encode(DOC_SEPARATOR);
     let mut crc = crc32fast::Hasher::new();
@@ -230,6 +266,7 @@ fn write_tokens(
         Ok(())
     };
     let mut first = true;
+    let mut forced_cuts = 0;
     for file in files {
         // JSONL records are gathered into text; a text file is mapped, not read.
         let (owned, mapped);
@@ -246,19 +283,128 @@ fn write_tokens(
             })?;
             text.strip_prefix('\u{feff}').unwrap_or(text)
         };
-        let chunks: Vec<&str> = cut(text, CHUNK_BYTES).filter(|c| !c.is_empty()).collect();
-        for group in chunks.chunks((BATCH_BYTES / CHUNK_BYTES).max(1)) {
-            let encoded: Vec<Vec<u32>> = group.par_iter().map(|c| tokenizer.encode(c)).collect();
-            for ids in encoded {
-                if !std::mem::take(&mut first) {
+        // (starts a document, piece), a batch of BATCH_BYTES at a time.
+        let mut batch: Vec<(bool, &str)> = Vec::new();
+        let mut batch_bytes = 0;
+        let mut flush = |batch: &mut Vec<(bool, &str)>| -> Result<(), DataError> {
+            let encoded: Vec<Vec<u32>> =
+                batch.par_iter().map(|(_, p)| tokenizer.encode(p)).collect();
+            for ((starts, _), ids) in batch.iter().zip(&encoded) {
+                if *starts && !std::mem::take(&mut first) {
                     write(&separator)?;
                 }
-                write(&ids)?;
+                write(ids)?;
             }
+            batch.clear();
+            Ok(())
+        };
+        for document in cut(text, CHUNK_BYTES).filter(|c| !c.is_empty()) {
+            let mut cuts = pieces(document, tokenizer);
+            let mut starts = true;
+            for piece in cuts.by_ref() {
+                batch.push((std::mem::take(&mut starts), piece));
+                batch_bytes += piece.len();
+                if batch_bytes >= BATCH_BYTES {
+                    flush(&mut batch)?;
+                    batch_bytes = 0;
+                }
+            }
+            forced_cuts += cuts.forced;
         }
+        flush(&mut batch)?;
     }
     out.flush().map_err(|e| cache_error(bin, e))?;
-    Ok((count, crc.finalize()))
+    Ok(Written {
+        count,
+        crc32: crc.finalize(),
+        forced_cuts,
+    })
+}
+
+/// `text` cut into pieces of at least [`PIECE_BYTES`] whose encodings,
+/// joined, are the encoding of `text`: each cut is made before a space that
+/// follows a character other than whitespace, or after a line break that
+/// precedes one (where byte-level and whitespace pre-tokenizers split anyway),
+/// and only where [`Tokenizer::cuts_cleanly`] confirms it, which a piece asks
+/// at [`MAX_CUT_CHECKS`] places at most. A piece that finds no such place
+/// within [`MAX_PIECE_BYTES`] is cut at a character boundary there, and
+/// counted in [`Pieces::forced`].
+pub fn pieces<'a>(text: &'a str, tokenizer: &'a Tokenizer) -> Pieces<'a> {
+    Pieces {
+        rest: text,
+        tokenizer,
+        forced: 0,
+    }
+}
+
+/// The iterator [`pieces`] returns.
+pub struct Pieces<'a> {
+    rest: &'a str,
+    tokenizer: &'a Tokenizer,
+    /// Cuts made at a character boundary for want of a clean one.
+    pub forced: usize,
+}
+
+impl<'a> Iterator for Pieces<'a> {
+    type Item = &'a str;
+
+    fn next(&mut self) -> Option<&'a str> {
+        let rest = self.rest;
+        if rest.is_empty() {
+            return None;
+        }
+        if rest.len() <= PIECE_BYTES {
+            self.rest = "";
+            return Some(rest);
+        }
+        let bytes = rest.as_bytes();
+        let limit = MAX_PIECE_BYTES.min(rest.len());
+        let candidate = |at: usize| match bytes[at] {
+            // Before a space that follows a non-space character.
+            b' ' => rest[..at]
+                .chars()
+                .next_back()
+                .is_some_and(|c| !c.is_whitespace()),
+            // After a line break that precedes a non-space character.
+            _ if bytes[at - 1] == b'\n' => rest[at..]
+                .chars()
+                .next()
+                .is_some_and(|c| !c.is_whitespace()),
+            _ => false,
+        };
+        // A tokenizer that changes its ids at one place where text splits
+        // into words does so at the next: a few refusals, spread apart, end
+        // the search (each check encodes a few hundred bytes three times).
+        let mut checks = 0;
+        let mut at = PIECE_BYTES;
+        let mut clean = None;
+        while at < limit && checks < MAX_CUT_CHECKS {
+            if candidate(at) {
+                checks += 1;
+                if self.tokenizer.cuts_cleanly(rest, at, CUT_CHECK_BYTES) {
+                    clean = Some(at);
+                    break;
+                }
+                at += CUT_CHECK_BYTES;
+            } else {
+                at += 1;
+            }
+        }
+        let at = match clean {
+            Some(at) => at,
+            None if limit == rest.len() => limit,
+            None => {
+                self.forced += 1;
+                (0..=limit)
+                    .rev()
+                    .find(|&i| rest.is_char_boundary(i))
+                    .unwrap_or(limit)
+            }
+        };
+        let (piece, tail) = rest.split_at(at);
+        self.rest = tail;
+        Some(piece)
+    }
 }
 
 /// `text` cut at the first blank line after every `size` bytes (the blank

@@ -94,8 +94,14 @@ impl HfTokenizer {
             reason,
         };
         let bytes = std::fs::read(&file).map_err(|e| invalid(e.to_string()))?;
-        let inner =
+        let mut inner =
             tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| invalid(e.to_string()))?;
+        // A tokenizer.json may carry the truncation and padding its model was
+        // served with (e.g. 512 tokens); a corpus is tokenized whole.
+        inner
+            .with_truncation(None)
+            .map_err(|e| invalid(e.to_string()))?
+            .with_padding(None);
         // Added tokens may sit above the model's own vocabulary.
         let vocab_size = inner
             .get_vocab(true)
@@ -194,8 +200,9 @@ impl HfTokenizer {
     /// Ids of `text`, with the special tokens the post-processor adds when
     /// `special` (a BOS, for Llama 3's).
     pub fn encode(&self, text: &str, special: bool) -> Vec<u32> {
+        // `encode_fast`: the ids of `encode`, without converting offsets.
         self.inner
-            .encode(text, special)
+            .encode_fast(text, special)
             .map(|e| e.get_ids().to_vec())
             .unwrap_or_default()
     }
@@ -296,6 +303,32 @@ impl Tokenizer {
             Tokenizer::Gpt2(bpe) => bpe.encode_ordinary(text),
             Tokenizer::HuggingFace(t) => t.encode(text, false),
         }
+    }
+
+    /// Whether encoding `text[..at]` and `text[at..]` apart gives the ids of
+    /// encoding `text` whole, judged on the `margin` bytes on each side of
+    /// `at` (a char boundary): a tokenizer that splits its input before it
+    /// merges (byte-level BPE, whitespace pre-tokenizers) gives the same ids
+    /// on either side of such a split; one that prefixes every input (a
+    /// SentencePiece `▁`) does not.
+    pub fn cuts_cleanly(&self, text: &str, at: usize, margin: usize) -> bool {
+        // Bytes are tokens; GPT-2 encodes the pieces its regex splits the
+        // text into one by one, and none of them holds a non-space followed
+        // by a space, or a line break followed by a non-space.
+        if let Tokenizer::Byte | Tokenizer::Gpt2(_) = self {
+            return true;
+        }
+        let mut from = at.saturating_sub(margin);
+        while !text.is_char_boundary(from) {
+            from -= 1;
+        }
+        let mut to = (at + margin).min(text.len());
+        while !text.is_char_boundary(to) {
+            to += 1;
+        }
+        let mut apart = self.encode(&text[from..at]);
+        apart.extend(self.encode(&text[at..to]));
+        apart == self.encode(&text[from..to])
     }
 
     /// [`Tokenizer::encode`] with the byte offset in `text` where each

@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use trainer::data::read_corpus;
-use trainer::token_cache::{tokenize, CHUNK_BYTES};
+use trainer::token_cache::{pieces, tokenize, CHUNK_BYTES, MAX_PIECE_BYTES, PIECE_BYTES};
 use trainer::tokenizer::Tokenizer;
 
 mod common;
@@ -138,4 +138,117 @@ fn train_tokenizes_into_the_cache_once_and_reports_the_rate() {
         !ok && err.contains("--data-cache holds tokenized text corpora"),
         "{err}"
     );
+}
+
+/// Text of about `bytes`: words, numbers, punctuation, runs of spaces, tabs
+/// and non-ASCII letters, on `line`-character lines (one line when 0).
+fn varied_text(bytes: usize, line: usize) -> String {
+    const WORDS: [&str; 16] = [
+        "the",
+        "river's",
+        "ran",
+        "42",
+        "boats.",
+        "Zürich",
+        "東京",
+        "  double",
+        "\ttab",
+        "(quietly)",
+        "naïve",
+        "said:",
+        "\"look!\"",
+        "1997,",
+        "it'll",
+        "—dash",
+    ];
+    let mut state = 7u64;
+    let mut text = String::with_capacity(bytes + 64);
+    let mut width = 0;
+    while text.len() < bytes {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let word = WORDS[(state >> 33) as usize % WORDS.len()];
+        if line > 0 && width + word.len() > line {
+            text.push('\n');
+            width = 0;
+        } else if width > 0 {
+            text.push(' ');
+        }
+        text.push_str(word);
+        width += word.len() + 1;
+    }
+    text
+}
+
+/// A document is cut into pieces only where the ids do not change: the
+/// corpus's ids are those of the whole text encoded at once (the ids before
+/// documents were cut), for GPT-2 and a Hugging Face tokenizer, on one line
+/// and on short lines.
+#[test]
+fn pieces_give_the_ids_of_the_whole_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tokenizer");
+    let tokenizers = [
+        Tokenizer::from_name("gpt2").unwrap(),
+        Tokenizer::from_name(fixture.to_str().unwrap()).unwrap(),
+    ];
+    for (i, line) in [0, 80].into_iter().enumerate() {
+        let text = varied_text(12 * PIECE_BYTES, line);
+        let file = dir.path().join(format!("text-{i}.txt"));
+        write(&file, &text);
+        for tokenizer in &tokenizers {
+            let pieces: Vec<&str> = pieces(&text, tokenizer).collect();
+            assert!(
+                pieces.len() >= 10,
+                "{}: {} pieces",
+                tokenizer.name(),
+                pieces.len()
+            );
+            assert_eq!(pieces.concat(), text);
+            let tokenized = tokenize(&file, tokenizer, &dir.path().join("cache")).unwrap();
+            assert_eq!(tokenized.forced_cuts, 0);
+            assert!(
+                ids(&tokenized.tokens) == tokenizer.encode(&text),
+                "{} on lines of {line}: ids differ from the whole text's",
+                tokenizer.name()
+            );
+        }
+    }
+}
+
+/// A tokenizer that prefixes every input (SentencePiece's `▁`, as Llama 2's
+/// tokenizer.json does with a `Prepend` normalizer and no pre-tokenizer)
+/// gives other ids on either side of a cut: no cut is made below
+/// MAX_PIECE_BYTES, and past it a cut is made anyway and counted.
+#[test]
+fn a_tokenizer_that_prefixes_its_input_is_not_cut() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = r#"{
+      "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+      "normalizer": {"type": "Sequence", "normalizers": [
+        {"type": "Prepend", "prepend": "▁"},
+        {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}]},
+      "pre_tokenizer": null, "post_processor": null, "decoder": null,
+      "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>",
+        "continuing_subword_prefix": null, "end_of_word_suffix": null,
+        "fuse_unk": false, "byte_fallback": false,
+        "vocab": {"<unk>": 0, "▁": 1, "a": 2, "b": 3, "▁a": 4, "▁b": 5},
+        "merges": ["▁ a", "▁ b"]}
+    }"#;
+    let path = dir.path().join("tokenizer.json");
+    write(&path, json);
+    let prefixing = Tokenizer::from_name(path.to_str().unwrap()).unwrap();
+    let words = ["ab", "ba", "a", "bb"];
+    let text: String = (0..MAX_PIECE_BYTES / 2)
+        .map(|i| words[i % words.len()])
+        .collect::<Vec<_>>()
+        .join(" ");
+    let mut cut = pieces(&text[..3 * PIECE_BYTES], &prefixing);
+    assert_eq!(cut.by_ref().count(), 1, "cut although the ids change");
+    assert_eq!(cut.forced, 0);
+    let long = &text[..MAX_PIECE_BYTES + 10];
+    let mut cut = pieces(long, &prefixing);
+    assert_eq!(cut.by_ref().count(), 2);
+    assert_eq!(cut.forced, 1, "a cut past MAX_PIECE_BYTES is counted");
 }
