@@ -235,8 +235,9 @@ fn too_little_host_memory_is_refused_before_anything_is_created() {
     .unwrap_err()
     .to_string();
     assert!(err.contains("not enough host memory"), "{err}");
+    // Less than the runtime and the OS's headroom: no model setting helps.
     assert!(
-        err.contains("16 B/param") && err.contains("--fused"),
+        err.contains("16 B/param") && err.contains("the runtime and the OS's headroom alone take"),
         "{err}"
     );
     assert!(

@@ -2,6 +2,7 @@
 
 pub mod chat;
 pub mod data;
+pub mod error_line;
 pub mod instruct;
 pub mod links;
 pub mod outputs;

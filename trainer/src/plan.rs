@@ -318,6 +318,22 @@ impl Job {
         if self.resident {
             return "resident (plain burn)".into();
         }
+        let layout = if self.compact() { "compact" } else { "full" };
+        let mode = if self.fused { "fused" } else { "buffered" };
+        let exact = if self.fused {
+            "clipping or the guard run the backward twice"
+        } else {
+            "exact clipping and guard with one backward"
+        };
+        format!(
+            "{mode}, host layout {layout}, {} Adam state: {} B/param in the store ({exact})",
+            self.optim_state,
+            self.store_bytes_per_param()
+        )
+    }
+
+    /// Host bytes per parameter of the engine's store in this job's mode.
+    pub fn store_bytes_per_param(&self) -> u64 {
         let copy = if self.compute != Compute::Fp32 && !self.compact() {
             2
         } else {
@@ -328,22 +344,11 @@ impl Job {
             (false, true) => 2,
             (false, false) => 4,
         };
-        let layout = if self.compact() { "compact" } else { "full" };
-        let mode = if self.fused { "fused" } else { "buffered" };
-        let exact = if self.fused {
-            "clipping or the guard run the backward twice"
-        } else {
-            "exact clipping and guard with one backward"
-        };
         let moments = match self.optim_state {
             OptimState::Fp32 => 8,
             OptimState::EightBit => 2,
         };
-        format!(
-            "{mode}, host layout {layout}, {} Adam state: {} B/param in the store ({exact})",
-            self.optim_state,
-            4 + moments + copy + gradients
-        )
+        4 + moments + copy + gradients
     }
 
     /// The job with [`BlockInputs::Auto`] decided for `machine`: on a GPU the
@@ -798,11 +803,7 @@ impl Plan {
         // Libraries, the token stream, the CUDA driver's host side.
         host.push(Item::held(
             "runtime (libraries, corpus, driver)",
-            if job.gpu {
-                (1.5 * GIB) as u64
-            } else {
-                (0.25 * GIB) as u64
-            },
+            host_runtime(job.gpu),
         ));
         // A job that fills the host to the last page thrashes the page cache
         // (a 7.4B run at 16 B/param on 125 GiB did not finish a step).
@@ -946,9 +947,13 @@ impl Plan {
         let mut problems = Vec::new();
         if host > machine.host_bytes {
             let store = if job.resident {
-                String::new()
+                " (the model, the runtime and the OS's headroom; --plan lists them)".to_string()
             } else {
-                format!(" ({}; plus buffers)", job.store_mode())
+                format!(
+                    " ({} B/param in the store, buffers, the runtime and the OS's headroom; \
+                     --plan lists them)",
+                    job.store_bytes_per_param()
+                )
             };
             // The lent GPU hosts grow RAM on demand: MemAvailable at start can understate.
             let grows = if machine.host_source == "MemAvailable" {
@@ -984,10 +989,33 @@ impl Plan {
     }
 }
 
+/// Host bytes of the libraries, the token stream and the CUDA driver's host
+/// side.
+fn host_runtime(gpu: bool) -> u64 {
+    if gpu {
+        (1.5 * GIB) as u64
+    } else {
+        (0.25 * GIB) as u64
+    }
+}
+
+/// Host bytes any run needs before its model: the runtime and the OS's
+/// headroom (at least 1 GiB).
+fn host_floor(gpu: bool) -> u64 {
+    host_runtime(gpu) + GIB as u64
+}
+
 /// What would fit: fewer kept graphs, fused mode, the engine instead of
 /// resident, a smaller batch.
 fn suggestion(job: &Job, machine: &Machine) -> String {
     let fits = |j: &Job| Plan::new(j).check_quiet(machine);
+    let floor = host_floor(job.gpu);
+    if machine.host_bytes < floor {
+        return format!(
+            "the runtime and the OS's headroom alone take {:.2} GiB",
+            floor as f64 / GIB
+        );
+    }
     let mut tries = Vec::new();
     if !job.resident && job.kept_graphs.count() > 0 {
         let fewer = Job {

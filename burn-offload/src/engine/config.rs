@@ -134,12 +134,13 @@ pub enum EngineError {
     /// An optimizer setting or learning rate out of range.
     #[error(transparent)]
     Optimizer(#[from] OptimizerError),
-    /// A setting of the engine that cannot work.
+    /// A setting of the engine that cannot work (its message holds the
+    /// cause, which is therefore not also its `source`).
     #[error("invalid engine config: {0}")]
-    Config(#[from] ConfigError),
+    Config(ConfigError),
     /// Micro-batches the engine cannot train on.
     #[error("bad batch: {0}")]
-    Batch(#[from] BatchError),
+    Batch(BatchError),
     /// The run's processes could not exchange what they must, or disagree.
     #[error(transparent)]
     Processes(#[from] ProcessError),
@@ -153,6 +154,18 @@ pub enum EngineError {
         /// Its input's.
         want: Vec<usize>,
     },
+}
+
+impl From<ConfigError> for EngineError {
+    fn from(error: ConfigError) -> Self {
+        EngineError::Config(error)
+    }
+}
+
+impl From<BatchError> for EngineError {
+    fn from(error: BatchError) -> Self {
+        EngineError::Batch(error)
+    }
 }
 
 /// A setting of [`EngineConfig`] (or a use of the engine) that cannot work.
