@@ -19,14 +19,32 @@ pub(crate) const DOC_SEPARATOR: &str = "\n\n";
 /// print them as-is.
 #[derive(Debug, thiserror::Error)]
 pub enum DataError {
-    #[error("data path `{}` does not exist", .0.display())]
+    #[error("`{}` does not exist", .0.display())]
     NotFound(PathBuf),
 
-    #[error("data path `{}` is empty", .0.display())]
+    #[error("`{}` is empty", .0.display())]
     Empty(PathBuf),
 
-    #[error("directory `{}` contains no .txt or .jsonl files", .0.display())]
-    NoCorpusFiles(PathBuf),
+    #[error("`{}` is neither a file nor a folder", .0.display())]
+    NotAFile(PathBuf),
+
+    #[error(
+        "`{}` is a Parquet file, which is not read yet; convert it to JSON Lines (with pandas: \
+         `pandas.read_parquet(path).to_json(out, orient=\"records\", lines=True)`)",
+        .0.display()
+    )]
+    Parquet(PathBuf),
+
+    #[error(
+        "`{}` contains no .txt or .jsonl files{}",
+        path.display(),
+        if *parquet > 0 {
+            format!(" ({parquet} Parquet files, which are not read yet; convert them to JSON Lines)")
+        } else {
+            String::new()
+        }
+    )]
+    NoCorpusFiles { path: PathBuf, parquet: usize },
 
     #[error("`{}` is not UTF-8 text (invalid byte at offset {offset})", path.display())]
     NotUtf8 { path: PathBuf, offset: usize },
@@ -107,16 +125,38 @@ pub fn corpus_files(path: &Path) -> Result<Vec<PathBuf>, DataError> {
         io::ErrorKind::NotFound => DataError::NotFound(path.to_path_buf()),
         _ => DataError::io(path, e),
     })?;
-    if !meta.is_dir() {
+    if meta.is_file() {
+        if is_parquet(path) {
+            return Err(DataError::Parquet(path.to_path_buf()));
+        }
         return Ok(vec![path.to_path_buf()]);
     }
+    if !meta.is_dir() {
+        return Err(DataError::NotAFile(path.to_path_buf()));
+    }
     let mut files = Vec::new();
-    collect_corpus_files(path, &mut files)?;
+    let mut parquet = 0;
+    collect_corpus_files(path, &mut files, &mut parquet)?;
     if files.is_empty() {
-        return Err(DataError::NoCorpusFiles(path.to_path_buf()));
+        return Err(DataError::NoCorpusFiles {
+            path: path.to_path_buf(),
+            parquet,
+        });
     }
     files.sort();
     Ok(files)
+}
+
+/// Whether `path` is a Parquet file: its extension, or the `PAR1` magic its
+/// files start with.
+pub(crate) fn is_parquet(path: &Path) -> bool {
+    if has_extension(path, "parquet") {
+        return true;
+    }
+    let mut magic = [0u8; 4];
+    fs::File::open(path)
+        .and_then(|mut f| io::Read::read_exact(&mut f, &mut magic))
+        .is_ok_and(|()| &magic == b"PAR1")
 }
 
 pub(crate) fn has_extension(path: &Path, ext: &str) -> bool {
@@ -125,8 +165,13 @@ pub(crate) fn has_extension(path: &Path, ext: &str) -> bool {
         .is_some_and(|e| e.eq_ignore_ascii_case(ext))
 }
 
-/// Recursively gathers `.txt` / `.jsonl` files under `dir`.
-fn collect_corpus_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), DataError> {
+/// Recursively gathers `.txt` / `.jsonl` files under `dir`, counting the
+/// Parquet files it passes over.
+fn collect_corpus_files(
+    dir: &Path,
+    out: &mut Vec<PathBuf>,
+    parquet: &mut usize,
+) -> Result<(), DataError> {
     let entries = fs::read_dir(dir).map_err(|e| DataError::io(dir, e))?;
     for entry in entries {
         let entry = entry.map_err(|e| DataError::io(dir, e))?;
@@ -135,8 +180,11 @@ fn collect_corpus_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), DataEr
         if file_type.is_dir() {
             // Only real directories are descended into (`file_type` does not
             // follow symlinks), which rules out symlink cycles.
-            collect_corpus_files(&path, out)?;
+            collect_corpus_files(&path, out, parquet)?;
             continue;
+        }
+        if has_extension(&path, "parquet") {
+            *parquet += 1;
         }
         if !(has_extension(&path, "txt") || has_extension(&path, "jsonl")) {
             continue;
@@ -558,6 +606,27 @@ impl Windows {
     pub fn count(&self) -> usize {
         self.inputs.len() / self.seq_len.max(1)
     }
+
+    /// The windows with at least one trained target, and how many were
+    /// dropped for having none.
+    pub fn without_untrained(self) -> (Windows, usize) {
+        let seq = self.seq_len.max(1);
+        let mut kept = Windows {
+            seq_len: self.seq_len,
+            inputs: Vec::with_capacity(self.inputs.len()),
+            targets: Vec::with_capacity(self.targets.len()),
+        };
+        let mut dropped = 0;
+        for (inputs, targets) in self.inputs.chunks(seq).zip(self.targets.chunks(seq)) {
+            if targets.iter().any(|&t| t >= 0) {
+                kept.inputs.extend_from_slice(inputs);
+                kept.targets.extend_from_slice(targets);
+            } else {
+                dropped += 1;
+            }
+        }
+        (kept, dropped)
+    }
 }
 
 impl Batcher {
@@ -703,7 +772,7 @@ mod tests {
         assert!(matches!(err, DataError::NotFound(ref p) if p == &path));
         assert_eq!(
             err.to_string(),
-            format!("data path `{}` does not exist", path.display())
+            format!("`{}` does not exist", path.display())
         );
     }
 
@@ -722,7 +791,7 @@ mod tests {
         let dir = tempdir().expect("tempdir");
         write(&dir.path().join("notes.md"), b"not corpus");
         let err = read_corpus(dir.path()).unwrap_err();
-        assert!(matches!(err, DataError::NoCorpusFiles(_)), "{err}");
+        assert!(matches!(err, DataError::NoCorpusFiles { .. }), "{err}");
         assert!(err.to_string().contains("contains no .txt or .jsonl files"));
     }
 

@@ -56,7 +56,7 @@ impl fmt::Display for DataFormat {
 /// Why instruction data could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum InstructError {
-    #[error("data path `{}` does not exist", .0.display())]
+    #[error("`{}` does not exist", .0.display())]
     NotFound(PathBuf),
     #[error("cannot read `{}`: {error}", path.display())]
     Io {
@@ -83,12 +83,43 @@ pub enum InstructError {
         at: String,
         reason: String,
     },
-    #[error("`{}` {at}: {error}", path.display())]
+    #[error("{}", chat_message(template, path, at, error))]
     Chat {
+        /// Which template: its file and the flag that named it.
+        template: String,
         path: PathBuf,
         at: String,
         error: ChatError,
     },
+    #[error(
+        "--seq-len {seq_len} leaves no token to train on in {} (the longest, {at}, has \
+         {longest} tokens); raise --seq-len",
+        if *emptied == *examples { format!("any of the {examples} examples") }
+        else { format!("{emptied} of the {examples} examples") }
+    )]
+    CutBeforeTraining {
+        seq_len: usize,
+        emptied: usize,
+        examples: usize,
+        longest: usize,
+        at: String,
+    },
+}
+
+/// One line: the template, the record it failed on, and why.
+fn chat_message(template: &str, path: &Path, at: &str, error: &ChatError) -> String {
+    match error {
+        ChatError::Compile(why) => format!("{template} does not compile: {why}"),
+        ChatError::Render(why) => {
+            format!("{template} fails on `{}` {at}: {why}", path.display())
+        }
+        ChatError::NotIncremental => format!(
+            "{template} does not render `{}` {at} as the rendering of its first turns followed \
+             by the next one, so the assistant's tokens cannot be told apart; use \
+             --train-on-prompt",
+            path.display()
+        ),
+    }
 }
 
 /// How examples become windows.
@@ -105,17 +136,44 @@ pub struct Shaping {
 /// Instruction data made into windows, with what happened on the way.
 #[derive(Debug, Clone)]
 pub struct Prepared {
+    /// The windows with at least one trained target (the others would train
+    /// on nothing).
     pub windows: Windows,
     pub format: DataFormat,
     pub examples: usize,
     /// Examples cut to the window length.
     pub truncated: usize,
+    /// Examples that had tokens to train on and lost every one of them to
+    /// the cut.
+    pub emptied: usize,
+    /// Windows dropped for holding no trained target.
+    pub dropped_windows: usize,
+    /// The example with the most tokens: how many, and where it is.
+    pub longest: (usize, String),
     /// Tokens of all examples (before truncation).
     pub tokens: usize,
     /// Targets trained on, over all windows.
     pub trained: usize,
     /// Tokens tokenized per second.
     pub tokens_per_s: f64,
+}
+
+impl Prepared {
+    /// Refuses data that would train on nothing, or on less than half of its
+    /// examples, because `--seq-len` cuts them before their first trained
+    /// token.
+    pub fn check_trains(&self) -> Result<(), InstructError> {
+        if self.emptied * 2 > self.examples || self.windows.count() == 0 {
+            return Err(InstructError::CutBeforeTraining {
+                seq_len: self.windows.seq_len,
+                emptied: self.emptied,
+                examples: self.examples,
+                longest: self.longest.0,
+                at: self.longest.1.clone(),
+            });
+        }
+        Ok(())
+    }
 }
 
 /// One record, where it came from, and its JSON.
@@ -171,14 +229,17 @@ pub fn prepare(
     let template =
         ChatTemplate::new(tokenizer.chat_template(), &tokenizer.specials()).map_err(|error| {
             InstructError::Chat {
+                template: tokenizer.template_origin(),
                 path: path.to_path_buf(),
-                at: "(the tokenizer's chat template)".into(),
+                at: String::new(),
                 error,
             }
         })?;
     let eos = tokenizer.specials().eos.map(|s| s.id);
     let started = std::time::Instant::now();
-    let examples: Vec<(Vec<u32>, Vec<bool>)> = records
+    // Every record is tried, and the first bad one in the files' order is
+    // reported, whichever thread met it.
+    let examples: Vec<Result<Example, InstructError>> = records
         .par_iter()
         .map(|record| {
             let messages = conversation(record, format)?;
@@ -192,23 +253,35 @@ pub fn prepare(
                 template.render_with_spans(&messages)
             }
             .map_err(|error| InstructError::Chat {
+                template: tokenizer.template_origin(),
                 path: record.path.clone(),
                 at: record.at.clone(),
                 error,
             })?;
             Ok(tokenize(tokenizer, &text, &spans, eos))
         })
-        .collect::<Result<_, InstructError>>()?;
+        .collect();
+    let examples: Vec<Example> = examples.into_iter().collect::<Result<_, _>>()?;
     let tokens: usize = examples.iter().map(|(ids, _)| ids.len()).sum();
     let tokens_per_s = tokens as f64 / started.elapsed().as_secs_f64().max(1e-9);
     let pad = tokenizer.specials().pad.map(|s| s.id).or(eos).unwrap_or(0);
-    let (windows, truncated) = pack(&examples, shaping.seq_len, shaping.packing, pad);
+    let packed = pack(&examples, shaping.seq_len, shaping.packing, pad);
+    let (windows, dropped_windows) = packed.windows.without_untrained();
     let trained = windows.targets.iter().filter(|&&t| t >= 0).count();
+    let longest = examples
+        .iter()
+        .zip(&records)
+        .max_by_key(|((ids, _), _)| ids.len())
+        .map(|((ids, _), r)| (ids.len(), format!("`{}` {}", r.path.display(), r.at)))
+        .unwrap_or_default();
     Ok(Prepared {
         windows,
         format,
         examples: examples.len(),
-        truncated,
+        truncated: packed.truncated,
+        emptied: packed.emptied,
+        dropped_windows,
+        longest,
         tokens,
         trained,
         tokens_per_s,
@@ -236,23 +309,29 @@ fn tokenize(
     (ids, trained)
 }
 
+/// An example's token ids and whether each is trained on.
+type Example = (Vec<u32>, Vec<bool>);
+
+/// What [`pack`] made.
+struct Packed {
+    windows: Windows,
+    /// Examples truncated to a window.
+    truncated: usize,
+    /// Examples with trained tokens none of which is a target in its window.
+    emptied: usize,
+}
+
 /// Windows of `seq_len` inputs: examples appended while they fit in
 /// `seq_len + 1` tokens (one per window without `packing`), the rest `pad`;
-/// a target is the next token where that token is trained on. Returns the
-/// windows and how many examples were truncated.
-fn pack(
-    examples: &[(Vec<u32>, Vec<bool>)],
-    seq_len: usize,
-    packing: bool,
-    pad: u32,
-) -> (Windows, usize) {
+/// a target is the next token where that token is trained on.
+fn pack(examples: &[Example], seq_len: usize, packing: bool, pad: u32) -> Packed {
     let span = seq_len + 1;
     let mut windows = Windows {
         seq_len,
         inputs: Vec::new(),
         targets: Vec::new(),
     };
-    let mut truncated = 0;
+    let (mut truncated, mut emptied) = (0, 0);
     let mut tokens: Vec<u32> = Vec::with_capacity(span);
     let mut trained: Vec<bool> = Vec::with_capacity(span);
     let mut flush = |tokens: &mut Vec<u32>, trained: &mut Vec<bool>| {
@@ -282,11 +361,20 @@ fn pack(
         if !packing || tokens.len() + n > span {
             flush(&mut tokens, &mut trained);
         }
+        // A window's first token is no one's target.
+        let first_target = usize::from(tokens.is_empty());
+        if marks.contains(&true) && !marks[first_target.min(n)..n].contains(&true) {
+            emptied += 1;
+        }
         tokens.extend_from_slice(&ids[..n]);
         trained.extend_from_slice(&marks[..n]);
     }
     flush(&mut tokens, &mut trained);
-    (windows, truncated)
+    Packed {
+        windows,
+        truncated,
+        emptied,
+    }
 }
 
 /// The conversation a record holds, in `format`.
@@ -455,15 +543,45 @@ mod tests {
             ex(&[4, 5, 6], &[false, false, true]),
             ex(&[7, 8, 9, 10, 11, 12, 13], &[true; 7]),
         ];
-        let (w, truncated) = pack(&examples, 5, true, 0);
-        assert_eq!(truncated, 1);
+        let Packed {
+            windows: w,
+            truncated,
+            emptied,
+        } = pack(&examples, 5, true, 0);
+        assert_eq!((truncated, emptied), (1, 0));
         assert_eq!(w.count(), 2);
         let ig = IGNORE_INDEX;
         assert_eq!(w.inputs, [1, 2, 3, 4, 5, 7, 8, 9, 10, 11]);
         assert_eq!(w.targets, [2, 3, ig, ig, 6, 8, 9, 10, 11, 12]);
-        let (w, truncated) = pack(&examples, 5, false, 99);
+        let Packed {
+            windows: w,
+            truncated,
+            ..
+        } = pack(&examples, 5, false, 99);
         assert_eq!((w.count(), truncated), (3, 1));
         assert_eq!(&w.inputs[..5], [1, 2, 3, 99, 99]);
         assert_eq!(&w.targets[..5], [2, 3, ig, ig, ig]);
+    }
+
+    #[test]
+    fn examples_cut_before_their_first_trained_token_are_counted_and_their_windows_dropped() {
+        let ex = |ids: &[u32], trained: &[bool]| (ids.to_vec(), trained.to_vec());
+        // A prompt of 6 tokens and a reply of 2: a window of 4 inputs holds
+        // the prompt only; the second example fits whole.
+        let examples = [
+            ex(
+                &[1, 2, 3, 4, 5, 6, 7, 8],
+                &[false, false, false, false, false, false, true, true],
+            ),
+            ex(&[9, 10, 11], &[false, true, true]),
+        ];
+        let packed = pack(&examples, 4, false, 0);
+        assert_eq!((packed.truncated, packed.emptied), (1, 1));
+        let (kept, dropped) = packed.windows.without_untrained();
+        assert_eq!((kept.count(), dropped), (1, 1));
+        assert_eq!(kept.inputs, [9, 10, 11, 0]);
+        // An example whose only trained token opens a window trains on nothing.
+        let packed = pack(&[ex(&[5, 6], &[true, false])], 4, true, 0);
+        assert_eq!(packed.emptied, 1);
     }
 }

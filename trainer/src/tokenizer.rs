@@ -74,6 +74,11 @@ pub struct HfTokenizer {
     vocab_size: usize,
     specials: SpecialTokens,
     chat_template: Option<String>,
+    /// The file the chat template was read from.
+    template_file: Option<PathBuf>,
+    /// The flag that named the tokenizer: `--tokenizer`, or `--init-from`
+    /// for the checkpoint's own.
+    origin: &'static str,
 }
 
 impl HfTokenizer {
@@ -165,7 +170,20 @@ impl HfTokenizer {
             eos: special("eos_token", "eos_token")?,
             pad: special("pad_token", "pad_token")?,
         };
-        let chat_template = tokenizer_config
+        // transformers writes the template to its own file (and reads it
+        // from there first); older checkpoints keep it in the config.
+        let jinja = dir.join("chat_template.jinja");
+        let from_jinja = match std::fs::read_to_string(&jinja) {
+            Ok(text) => Some(text),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => {
+                return Err(TokenizerError::Invalid {
+                    path: jinja,
+                    reason: e.to_string(),
+                })
+            }
+        };
+        let from_config = tokenizer_config
             .as_ref()
             .and_then(|c| c.get("chat_template"))
             .and_then(|t| match t {
@@ -179,12 +197,21 @@ impl HfTokenizer {
                     .map(str::to_owned),
                 _ => None,
             });
+        let (chat_template, template_file) = match (from_jinja, from_config) {
+            (Some(text), _) => (Some(text), Some(jinja)),
+            (None, Some(text)) => (Some(text), Some(config_path.clone())),
+            (None, None) => (None, None),
+        };
         let files = std::iter::once(file.clone())
             .chain(
-                ["tokenizer_config.json", "special_tokens_map.json"]
-                    .map(|name| dir.join(name))
-                    .into_iter()
-                    .filter(|p| p.is_file()),
+                [
+                    "tokenizer_config.json",
+                    "special_tokens_map.json",
+                    "chat_template.jinja",
+                ]
+                .map(|name| dir.join(name))
+                .into_iter()
+                .filter(|p| p.is_file()),
             )
             .collect();
         Ok(Self {
@@ -194,6 +221,8 @@ impl HfTokenizer {
             vocab_size,
             specials,
             chat_template,
+            template_file,
+            origin: "--tokenizer",
         })
     }
 
@@ -241,7 +270,12 @@ impl Tokenizer {
         match (name, init_from) {
             (Some(name), _) => Self::from_name(name),
             (None, Some(dir)) if dir.join(TOKENIZER_FILE).is_file() => {
-                HfTokenizer::open(dir).map(|t| Tokenizer::HuggingFace(Box::new(t)))
+                HfTokenizer::open(dir).map(|t| {
+                    Tokenizer::HuggingFace(Box::new(HfTokenizer {
+                        origin: "--init-from",
+                        ..t
+                    }))
+                })
             }
             (None, _) => Ok(Tokenizer::Byte),
         }
@@ -285,11 +319,35 @@ impl Tokenizer {
         }
     }
 
-    /// The checkpoint's chat template (`tokenizer_config.json`), if any.
+    /// The checkpoint's chat template (`chat_template.jinja`, else
+    /// `tokenizer_config.json`'s), if any.
     pub fn chat_template(&self) -> Option<&str> {
         match self {
             Tokenizer::HuggingFace(t) => t.chat_template.as_deref(),
             _ => None,
+        }
+    }
+
+    /// Which chat template a conversation is rendered with, for messages:
+    /// its file and the flag that named it, or the plain template.
+    pub fn template_origin(&self) -> String {
+        match self {
+            Tokenizer::HuggingFace(t) => match &t.template_file {
+                Some(file) => format!(
+                    "the chat template of `{}` (from {})",
+                    file.display(),
+                    t.origin
+                ),
+                None => format!(
+                    "the plain chat template (`{}` from {} has none)",
+                    t.files[0].display(),
+                    t.origin
+                ),
+            },
+            _ => format!(
+                "the plain chat template (the {} tokenizer has none)",
+                self.name()
+            ),
         }
     }
 
