@@ -56,7 +56,7 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> HfError + '_ {
     }
 }
 
-fn read_json(path: &Path) -> Result<Value, HfError> {
+pub fn read_json(path: &Path) -> Result<Value, HfError> {
     let text = std::fs::read_to_string(path).map_err(io(path))?;
     let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
     serde_json::from_str(text).map_err(|e| HfError::Config {
@@ -677,6 +677,19 @@ pub fn save<B: Backend, M: Module<B>>(
     config: &ModelConfig,
     dir: &Path,
 ) -> Result<(), HfError> {
+    save_weights(model, config, dir)?;
+    let config_path = dir.join("config.json");
+    let text = serde_json::to_string_pretty(&hf_config(config)).expect("config serialises");
+    std::fs::write(&config_path, text).map_err(io(&config_path))
+}
+
+/// Writes `model`'s weights under HF's names into `dir/model.safetensors`
+/// (f32), creating `dir`.
+pub fn save_weights<B: Backend, M: Module<B>>(
+    model: &M,
+    config: &ModelConfig,
+    dir: &Path,
+) -> Result<(), HfError> {
     std::fs::create_dir_all(dir).map_err(io(dir))?;
     let mut gather = Gather {
         config,
@@ -693,8 +706,5 @@ pub fn save<B: Backend, M: Module<B>>(
     safetensors::serialize_to_file(views, metadata, &path).map_err(|e| HfError::Io {
         path: path.clone(),
         error: std::io::Error::other(e.to_string()),
-    })?;
-    let config_path = dir.join("config.json");
-    let text = serde_json::to_string_pretty(&hf_config(config)).expect("config serialises");
-    std::fs::write(&config_path, text).map_err(io(&config_path))
+    })
 }

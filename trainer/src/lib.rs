@@ -3,6 +3,7 @@
 pub mod chat;
 pub mod data;
 pub mod error_line;
+pub mod export;
 pub mod instruct;
 pub mod links;
 pub mod outputs;
