@@ -10,6 +10,7 @@ pub mod outputs;
 pub mod plan;
 pub mod preflight;
 pub mod processes;
+pub mod progress;
 pub mod schedule;
 pub mod signals;
 pub mod token_cache;

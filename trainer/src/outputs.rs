@@ -1,12 +1,12 @@
-//! Where a run writes: the checkpoint folder, the `--export-hf` folder and
-//! the `--metrics` file, each checked (and the first two locked or probed)
-//! before the first step, so a bad path costs no training.
+//! Where a run writes: the checkpoint folder and the `--metrics` file, each
+//! checked (the folder locked) before the first step, so a bad path costs no
+//! training (the `--export-hf` folder: [`crate::export`]).
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use anyhow::{anyhow, bail, Result};
+use anyhow::{anyhow, Result};
 use burn_offload::checkpoint::{CheckpointDir, CheckpointError};
 use serde::Serialize;
 
@@ -23,38 +23,6 @@ pub fn checkpoint_dir(dir: &Path, run: &str, keep: usize) -> Result<CheckpointDi
             anyhow!("--checkpoint-dir: {err}; wait for it to end or choose another folder")
         }
         err => anyhow!("--checkpoint-dir: {err}"),
-    })
-}
-
-/// Checks that `path` can become (or already is) a folder this process can
-/// write into, without leaving anything behind.
-pub fn check_writable_folder(flag: &str, path: &Path) -> Result<()> {
-    let shown = path.display();
-    if path.exists() && !path.is_dir() {
-        bail!("{flag} `{shown}` is a file, not a folder");
-    }
-    // The folder itself, or the nearest existing folder it would be made in.
-    let mut existing = path;
-    while !existing.exists() {
-        existing = match existing.parent() {
-            Some(parent) if !parent.as_os_str().is_empty() => parent,
-            _ => Path::new("."),
-        };
-    }
-    if !existing.is_dir() {
-        bail!(
-            "{flag} `{shown}`: `{}` is a file, not a folder",
-            existing.display()
-        );
-    }
-    let probe = existing.join(format!(".burn-offload-probe-{}", std::process::id()));
-    let written = File::create(&probe).and_then(|mut f| f.write_all(b"probe"));
-    let _ = std::fs::remove_file(&probe);
-    written.map_err(|err| {
-        anyhow!(
-            "{flag} `{shown}`: cannot write into `{}`: {err}",
-            existing.display()
-        )
     })
 }
 

@@ -21,19 +21,20 @@ use burn_offload::checkpoint::{CheckpointDir, CheckpointError};
 use burn_offload::{
     BlockModel, Compute, DecoderBlock, Engine, EngineConfig, HostOptimizerConfig, OptimizerConfig,
 };
-use indicatif::{ProgressBar, ProgressStyle};
 use models::{cross_entropy, ModelConfig};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use crate::data::{default_corpus, Batcher};
+use crate::export;
 use crate::instruct::{self, DataFormat};
-use crate::outputs::{check_writable_folder, MetricsFile, ResumeMarker};
+use crate::outputs::{MetricsFile, ResumeMarker};
 use crate::plan::{
     BlockInputs, HostLayout, Job as PlanJob, KeptGraphs, Machine, OptimState, ParamCache, Plan,
     GRADIENT_BLOCKS_IN_FLIGHT,
 };
 use crate::processes::{agree_on_signal, RankOptions};
+use crate::progress::{human_count, Progress, StepLine};
 use crate::schedule::WarmupCosine;
 use crate::signals;
 use crate::token_cache;
@@ -135,6 +136,9 @@ pub struct TrainOptions {
     pub init_from: Option<PathBuf>,
     /// After training, write the model as a Hugging Face checkpoint here.
     pub export_hf: Option<PathBuf>,
+    /// Let `export_hf` replace a folder that holds files or that the run
+    /// starts from.
+    pub overwrite: bool,
     /// Stop (with a checkpoint, if a folder is set) once this many steps are
     /// done, keeping `--steps` as the schedule's length (time-sliced jobs).
     pub stop_after: Option<usize>,
@@ -154,14 +158,26 @@ pub struct TrainOptions {
     pub poison_at_step: Option<usize>,
 }
 
+/// Optimizer steps of a run that names none: the built-in demo's (about a
+/// minute on two cores, after which its sample reads as text).
+pub const DEFAULT_STEPS: usize = 600;
+/// Peak learning rate of a run from scratch that names none: the built-in
+/// tiny model's.
+pub const DEFAULT_LR: f64 = 1e-2;
+/// Peak learning rate of a fine-tune (`--init-from`) that names none: the
+/// usual full fine-tuning rate of pretrained models.
+pub const DEFAULT_FINETUNE_LR: f64 = 2e-5;
+/// Temperature of the sample after training.
+pub const DEFAULT_TEMPERATURE: f64 = 0.7;
+
 impl Default for TrainOptions {
     fn default() -> Self {
         Self {
             model: "tiny".into(),
-            steps: 300,
+            steps: DEFAULT_STEPS,
             batch: 16,
             seq_len: 64,
-            lr: 3e-3,
+            lr: DEFAULT_LR,
             warmup: 20,
             min_lr_ratio: 0.1,
             weight_decay: 0.01,
@@ -171,7 +187,7 @@ impl Default for TrainOptions {
             tokenizer: None,
             metrics: None,
             sample_tokens: 200,
-            temperature: 0.0,
+            temperature: DEFAULT_TEMPERATURE,
             progress: false,
             resident: false,
             host_params: false,
@@ -200,6 +216,7 @@ impl Default for TrainOptions {
             gpu_mem_gib: None,
             init_from: None,
             export_hf: None,
+            overwrite: false,
             stop_after: None,
             data_format: DataFormat::Auto,
             data_cache: None,
@@ -214,7 +231,11 @@ impl Default for TrainOptions {
 #[derive(Debug, Clone, Serialize)]
 pub struct StepMetrics {
     pub step: usize,
+    /// Mean over the step's trained tokens.
     pub loss: f32,
+    /// Targets the step trained on (instruction data trains on the
+    /// assistant's tokens only).
+    pub trained_tokens: usize,
     pub lr: f64,
     pub tokens_per_s: f64,
     /// Wall time of the step.
@@ -316,6 +337,8 @@ pub struct TrainReport {
     pub interrupted: Option<i32>,
     /// The last checkpoint written, if any.
     pub checkpoint: Option<PathBuf>,
+    /// The Hugging Face folder written, if any.
+    pub exported: Option<PathBuf>,
     pub skipped_total: usize,
 }
 
@@ -325,6 +348,11 @@ fn resolve_config(opts: &TrainOptions, tokenizer: &Tokenizer) -> Result<ModelCon
     let from_hf = opts.init_from.is_some();
     let mut config = match &opts.init_from {
         Some(dir) => models::hf::load_config(dir)?,
+        None if Path::new(&opts.model).is_dir() => bail!(
+            "--model `{}` is a folder; --model takes a preset name or a config .json file \
+             (a Hugging Face checkpoint folder goes to --init-from)",
+            opts.model
+        ),
         None => ModelConfig::from_arg(&opts.model)?,
     };
     let vocab = tokenizer.vocab_size();
@@ -439,6 +467,16 @@ fn validate(opts: &TrainOptions) -> Result<()> {
     if opts.resident && (opts.checkpoint_dir.is_some() || opts.resume.is_some()) {
         bail!("checkpoints are written from the offload engine's host store; drop --resident");
     }
+    if opts.fused && opts.accum > 1 {
+        bail!(
+            "--fused cannot accumulate --accum {} micro-batches: it applies each block's update \
+             as the backward reaches it; drop --fused or --accum",
+            opts.accum
+        );
+    }
+    if opts.overwrite && opts.export_hf.is_none() {
+        bail!("--overwrite lets --export-hf replace a folder; add --export-hf or drop it");
+    }
     if opts.checkpoint_every > 0 && opts.checkpoint_dir.is_none() {
         bail!("--checkpoint-every needs --checkpoint-dir (the folder to write them into)");
     }
@@ -464,18 +502,31 @@ fn validate(opts: &TrainOptions) -> Result<()> {
     Ok(())
 }
 
-/// Runs a training job on the default backend.
-pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
+/// What a run reads, each part checked against the others; nothing is
+/// allocated or written to find it out.
+pub struct Checked {
+    pub tokenizer: Tokenizer,
+    pub config: ModelConfig,
+    /// What `--data` holds.
+    pub format: DataFormat,
+}
+
+/// The options, the tokenizer and the model config, checked.
+fn checked_model(opts: &TrainOptions) -> Result<(Tokenizer, ModelConfig)> {
     validate(opts)?;
-    // Before the first CUDA tensor: pages of the pools sized to the budget.
-    #[cfg(feature = "cuda")]
-    if let Some(gib) = opts.gpu_mem_gib {
-        burn_offload::cuda_backend::limit_memory_pages((gib * GIB) as u64);
-    }
     let tokenizer = Tokenizer::for_run(opts.tokenizer.as_deref(), opts.init_from.as_deref())?;
     let config = resolve_config(opts, &tokenizer)?;
+    Ok((tokenizer, config))
+}
+
+/// Everything about a run that can be checked before anything is built:
+/// the options, the tokenizer, the model config, what `--data` holds and
+/// where the export goes. The launcher of several processes runs it before
+/// starting any, and every run before its memory plan.
+pub fn preflight(opts: &TrainOptions) -> Result<Checked> {
+    let (tokenizer, config) = checked_model(opts)?;
     let format = match (&opts.data, opts.data_format) {
-        (Some(path), DataFormat::Auto) => instruct::detect(path)?,
+        (Some(path), DataFormat::Auto) => instruct::detect(path).map_err(flagged("--data"))?,
         (None, DataFormat::Auto) => DataFormat::Text,
         (_, format) => format,
     };
@@ -485,7 +536,59 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
     if opts.data_cache.is_some() && (format != DataFormat::Text || opts.data.is_none()) {
         bail!("--data-cache holds tokenized text corpora; --data is not a text corpus");
     }
-    let placed = check_memory(opts)?;
+    if let Some(dir) = opts.export_hf.as_ref().filter(|_| writes_outputs(opts)) {
+        let sources: Vec<export::Source<'_>> = [
+            ("--init-from", &opts.init_from),
+            ("--resume", &opts.resume),
+            ("--checkpoint-dir", &opts.checkpoint_dir),
+        ]
+        .into_iter()
+        .filter_map(|(flag, path)| path.as_deref().map(|path| export::Source { flag, path }))
+        .collect();
+        export::check(dir, opts.overwrite, &sources)?;
+    }
+    Ok(Checked {
+        tokenizer,
+        config,
+        format,
+    })
+}
+
+/// An error about the file a flag names, said as `--flag `path` …` when the
+/// message starts with the path (others name their subject themselves).
+pub fn flagged<E: std::fmt::Display>(flag: &'static str) -> impl Fn(E) -> anyhow::Error {
+    move |err| {
+        let text = err.to_string();
+        if text.starts_with('`') {
+            anyhow::anyhow!("{flag} {text}")
+        } else {
+            anyhow::anyhow!(text)
+        }
+    }
+}
+
+/// Runs a training job on the default backend.
+pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
+    let Checked {
+        tokenizer,
+        config,
+        format,
+    } = preflight(opts)?;
+    // Before the first CUDA tensor: pages of the pools sized to the budget.
+    #[cfg(feature = "cuda")]
+    if let Some(gib) = opts.gpu_mem_gib {
+        burn_offload::cuda_backend::limit_memory_pages((gib * GIB) as u64);
+    }
+    if opts.progress {
+        if let (None, Some(dir), Tokenizer::Byte) = (&opts.tokenizer, &opts.init_from, &tokenizer) {
+            eprintln!(
+                "warning: --init-from `{}` has no tokenizer.json: tokenizing as bytes (256 ids); \
+                 give --tokenizer the model's tokenizer.json",
+                dir.display()
+            );
+        }
+    }
+    let placed = check_memory(opts, &config)?;
     if opts.progress && !opts.resident {
         let mlp = match placed.mlp_tile {
             Some(tile) => format!("; MLP over tiles of {tile} tokens"),
@@ -511,7 +614,9 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
                 train_on_prompt: opts.train_on_prompt,
                 packing: opts.packing,
             };
-            let prepared = instruct::prepare(path, shaping, &tokenizer)?;
+            let prepared =
+                instruct::prepare(path, shaping, &tokenizer).map_err(flagged("--data"))?;
+            prepared.check_trains()?;
             if opts.progress {
                 eprintln!(
                     "{} data: {} examples, {} tokens ({:.0} tok/s tokenized), {} truncated to \
@@ -525,6 +630,19 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
                     if opts.packing { " (packed)" } else { "" },
                     prepared.trained,
                 );
+                if prepared.emptied > 0 {
+                    eprintln!(
+                        "warning: --seq-len {} leaves no token to train on in {} of the {} \
+                         examples (the longest, {}, has {} tokens); {} windows without a trained \
+                         token dropped",
+                        opts.seq_len,
+                        prepared.emptied,
+                        prepared.examples,
+                        prepared.longest.1,
+                        prepared.longest.0,
+                        prepared.dropped_windows
+                    );
+                }
             }
             let windows = prepared.windows;
             // The inputs, then the targets (ignored ones as their u32 bits).
@@ -541,21 +659,29 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
                 .data_cache
                 .clone()
                 .unwrap_or_else(token_cache::default_root);
-            let tokenized = token_cache::tokenize(path, &tokenizer, &root)?;
+            let tokenized =
+                token_cache::tokenize(path, &tokenizer, &root).map_err(flagged("--data"))?;
             if opts.progress {
                 let how = match tokenized.tokens_per_s {
                     Some(rate) => format!("tokenized at {rate:.0} tok/s into"),
                     None => "read from".to_string(),
                 };
+                let forced = match tokenized.forced_cuts {
+                    0 => String::new(),
+                    n => format!(
+                        " ({n} pieces cut inside a run of 1 MiB without a space or line break)"
+                    ),
+                };
                 eprintln!(
-                    "corpus: {} tokens, {how} `{}`",
+                    "corpus: {} tokens, {how} `{}`{forced}",
                     tokenized.tokens.len(),
                     tokenized.folder.display()
                 );
             }
             let corpus = (tokenized.tokens.len(), tokenized.crc32);
             (
-                Batcher::mapped(tokenized.tokens, opts.seq_len, opts.seed)?,
+                Batcher::mapped(tokenized.tokens, opts.seq_len, opts.seed)
+                    .map_err(flagged("--data"))?,
                 corpus,
             )
         }
@@ -603,17 +729,15 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
             resumed_from: Some(resume.path.clone()),
             interrupted: None,
             checkpoint: None,
+            exported: None,
             skipped_total: resume.state.skipped_total,
         });
     }
 
-    // Every output is checked (and the checkpoint folder locked) before the
-    // model is built: a bad path costs no training. Of several processes,
-    // rank 0 writes them.
+    // Every output is checked (the export folder in `preflight`, the
+    // checkpoint folder locked here) before the model is built: a bad path
+    // costs no training. Of several processes, rank 0 writes them.
     let outputs = writes_outputs(opts);
-    if let Some(dir) = opts.export_hf.as_ref().filter(|_| outputs) {
-        check_writable_folder("--export-hf", dir)?;
-    }
     let run_id = match &resume {
         Some(resume) => resume.run.clone(),
         None => format!("{:016x}", rand::random::<u64>()),
@@ -745,6 +869,7 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
         resumed_from,
         interrupted: outcome.interrupted,
         checkpoint: outcome.checkpoint,
+        exported: outcome.exported,
         skipped_total: outcome.skipped_total,
     })
 }
@@ -800,6 +925,7 @@ struct Outcome {
     start_step: usize,
     interrupted: Option<i32>,
     checkpoint: Option<PathBuf>,
+    exported: Option<PathBuf>,
     skipped_total: usize,
 }
 
@@ -1040,10 +1166,7 @@ fn gpu_reserved_bytes(opts: &TrainOptions) -> Option<u64> {
 }
 
 /// The memory plan of this job on `machine` (nothing is allocated).
-pub fn plan(opts: &TrainOptions, machine: &Machine) -> Result<(Plan, PlanJob)> {
-    validate(opts)?;
-    let tokenizer = Tokenizer::for_run(opts.tokenizer.as_deref(), opts.init_from.as_deref())?;
-    let config = resolve_config(opts, &tokenizer)?;
+pub fn plan(opts: &TrainOptions, config: ModelConfig, machine: &Machine) -> (Plan, PlanJob) {
     let job = PlanJob {
         config,
         batch: opts.batch,
@@ -1068,7 +1191,7 @@ pub fn plan(opts: &TrainOptions, machine: &Machine) -> Result<(Plan, PlanJob)> {
         },
     };
     let job = placed(job, machine);
-    Ok((Plan::new(&job), job))
+    (Plan::new(&job), job)
 }
 
 /// `job` with every choice the plan makes for `machine` made.
@@ -1120,8 +1243,9 @@ pub fn longest_sequence(job: &PlanJob, machine: &Machine) -> Option<usize> {
 /// `train --plan`: the table of predicted memory against the machine, and
 /// the longest sequence these settings fit.
 pub fn plan_table(opts: &TrainOptions) -> Result<String> {
+    let (_, config) = checked_model(opts)?;
     let machine = machine(opts)?;
-    let (plan, job) = plan(opts, &machine)?;
+    let (plan, job) = plan(opts, config, &machine);
     let mut table = plan.table(&machine);
     match plan.check(&job, &machine) {
         Ok(()) => table.push_str("fits\n"),
@@ -1146,9 +1270,9 @@ pub fn plan_table(opts: &TrainOptions) -> Result<String> {
 /// Refuses, before anything is allocated, a job that does not fit the
 /// machine; otherwise the job with its block inputs placed and its kept
 /// graphs counted.
-fn check_memory(opts: &TrainOptions) -> Result<PlanJob> {
+fn check_memory(opts: &TrainOptions, config: &ModelConfig) -> Result<PlanJob> {
     let machine = machine(opts)?;
-    let (plan, job) = plan(opts, &machine)?;
+    let (plan, job) = plan(opts, config.clone(), &machine);
     plan.check(&job, &machine).map_err(anyhow::Error::msg)?;
     Ok(job)
 }
@@ -1286,13 +1410,21 @@ impl Job<'_> {
                     step: outcome.start_step,
                 })?;
             }
+            if opts.progress {
+                eprintln!(
+                    "resumed from `{}` at step {} of {}",
+                    resume.path.display(),
+                    outcome.start_step,
+                    opts.steps
+                );
+            }
         }
         // Every process holds the same store from here on (checked).
         if let Some(group) = &self.group {
             engine.join_processes(group.clone())?;
         }
         let schedule = self.schedule();
-        let bar = progress_bar(opts, &self.config, outcome.start_step);
+        let mut progress = self.progress(outcome.start_step);
         let lanes = devices.len() * world_size(opts);
         let tokens_per_step = (opts.batch * opts.seq_len * opts.accum * lanes) as f64;
         let params = engine.store().num_params() as u64;
@@ -1347,8 +1479,14 @@ impl Job<'_> {
             let lr = schedule.lr(step);
             // Rounds of one micro-batch per lane of the run, each drawn on
             // its device (every process draws them all).
+            let mut trained_tokens = 0;
             let batches: Vec<_> = (0..opts.accum * lanes)
-                .map(|i| self.batch_tensors::<B>(&devices[i % devices.len()]))
+                .map(|i| {
+                    let (inputs, targets, trained) =
+                        self.batch_tensors::<B>(&devices[i % devices.len()]);
+                    trained_tokens += trained;
+                    (inputs, targets)
+                })
                 .collect();
             if opts.poison_at_step == Some(step) {
                 engine.store_mut().groups[0]
@@ -1380,6 +1518,7 @@ impl Job<'_> {
             self.log(&StepMetrics {
                 step,
                 loss: report.loss,
+                trained_tokens,
                 lr,
                 tokens_per_s,
                 step_s,
@@ -1410,8 +1549,12 @@ impl Job<'_> {
                 );
             }
             trace::mark(format_args!("step {step}: logged"));
-            bar.set_message(format!("loss {:.4} · {tokens_per_s:.0} tok/s", report.loss));
-            bar.inc(1);
+            progress.step(StepLine {
+                done: step + 1,
+                loss: report.loss,
+                tokens_per_s,
+                trained_tokens,
+            });
             step += 1;
             unsaved = true;
             signals::update(|progress| progress.steps_done = step);
@@ -1423,7 +1566,7 @@ impl Job<'_> {
                 unsaved = false;
             }
         }
-        bar.finish();
+        progress.finish();
         if outcome.interrupted.is_some() {
             // Stop promptly: the run is not finished, so neither export nor sample.
             return Ok(outcome);
@@ -1433,7 +1576,7 @@ impl Job<'_> {
         }
         if self.opts.export_hf.is_some() {
             // The export needs the whole model as burn modules on the device.
-            self.export(&engine.model())?;
+            outcome.exported = self.export(&engine.model())?;
         }
         if !outcome.losses.is_empty() {
             // Sampling streams the blocks like training does: a model larger
@@ -1463,24 +1606,35 @@ impl Job<'_> {
         Ok(Some(path))
     }
 
-    /// Writes `model` to `--export-hf` as a Hugging Face checkpoint, with the
-    /// run's tokenizer files beside it (a folder `transformers` loads whole).
-    fn export<B: Backend, M: burn::module::Module<B>>(&self, model: &M) -> Result<()> {
+    /// Writes `model` to `--export-hf` as a whole Hugging Face folder (see
+    /// [`export`]); returns where it went.
+    fn export<B: Backend, M: burn::module::Module<B>>(&self, model: &M) -> Result<Option<PathBuf>> {
         let Some(dir) = &self.opts.export_hf else {
-            return Ok(());
+            return Ok(None);
         };
-        models::hf::save(model, &self.config, dir)?;
-        for file in self.tokenizer.files() {
-            let name = file.file_name().expect("a file");
-            std::fs::copy(file, dir.join(name)).map_err(|e| {
-                anyhow::anyhow!(
-                    "--export-hf `{}`: cannot copy `{}`: {e}",
-                    dir.display(),
-                    file.display()
-                )
-            })?;
-        }
-        Ok(())
+        let init_from = self.opts.init_from.as_deref();
+        let source_config = match init_from {
+            Some(dir) => Some(models::hf::read_json(&dir.join("config.json"))?),
+            None => None,
+        };
+        let ids = export::special_token_ids(source_config.as_ref(), self.tokenizer);
+        export::write(dir, |staging| {
+            models::hf::save_weights(model, &self.config, staging)?;
+            export::write_configs(
+                staging,
+                models::hf::hf_config(&self.config),
+                &ids,
+                init_from,
+            )?;
+            for file in self.tokenizer.files() {
+                let name = file.file_name().expect("a file");
+                std::fs::copy(file, staging.join(name)).map_err(|e| {
+                    anyhow::anyhow!("--export-hf: cannot copy `{}`: {e}", file.display())
+                })?;
+            }
+            Ok(())
+        })?;
+        Ok(Some(dir.clone()))
     }
 
     /// The resident model's export and sample.
@@ -1488,9 +1642,10 @@ impl Job<'_> {
         &mut self,
         model: &M,
         device: &B::Device,
-    ) -> Result<String> {
-        self.export(model)?;
-        self.sample(device, |tokens| Ok(last_logits(model, tokens)))
+    ) -> Result<(Option<PathBuf>, String)> {
+        let exported = self.export(model)?;
+        let sample = self.sample(device, |tokens| Ok(last_logits(model, tokens)))?;
+        Ok((exported, sample))
     }
 
     /// Text generated from "The " with `logits` (last-position logits of a batch of one).
@@ -1531,7 +1686,7 @@ impl Job<'_> {
     {
         let opts = self.opts;
         let schedule = self.schedule();
-        let bar = progress_bar(opts, &self.config, 0);
+        let mut progress = self.progress(0);
         let tokens_per_step = (opts.batch * opts.seq_len * opts.accum) as f64;
         let params = model.num_params() as u64;
         let flops = 6.0 * params as f64 * tokens_per_step;
@@ -1561,7 +1716,7 @@ impl Job<'_> {
         for step in 0..opts.steps {
             if let Some(signal) = signals::requested() {
                 // No checkpoints in this mode: stop, without export or sample.
-                bar.finish();
+                progress.finish();
                 return Ok(Outcome {
                     losses,
                     interrupted: Some(signal),
@@ -1581,7 +1736,8 @@ impl Job<'_> {
                 .map(|_| self.batcher.next_batch(opts.batch))
                 .collect();
             let kept = |targets: &[i64]| targets.iter().filter(|&&t| t >= 0).count();
-            let kept_total = micro_batches.iter().map(|(_, t)| kept(t)).sum::<usize>();
+            let trained_tokens = micro_batches.iter().map(|(_, t)| kept(t)).sum::<usize>();
+            let kept_total = trained_tokens;
             for (inputs, targets) in micro_batches {
                 let scale = kept(&targets) as f64 / kept_total.max(1) as f64;
                 let tensor = |v: Vec<i64>| {
@@ -1612,6 +1768,7 @@ impl Job<'_> {
             let line = StepMetrics {
                 step,
                 loss: loss_value,
+                trained_tokens,
                 lr,
                 tokens_per_s,
                 step_s,
@@ -1637,27 +1794,45 @@ impl Job<'_> {
                 skipped_total: 0,
             };
             self.log(&line)?;
-            bar.set_message(format!("loss {loss_value:.4} · {tokens_per_s:.0} tok/s"));
-            bar.inc(1);
+            progress.step(StepLine {
+                done: step + 1,
+                loss: loss_value,
+                tokens_per_s,
+                trained_tokens,
+            });
             signals::update(|progress| progress.steps_done = step + 1);
         }
-        bar.finish();
-        let sample = self.finish(&model.valid(), device)?;
+        progress.finish();
+        let (exported, sample) = self.finish(&model.valid(), device)?;
         Ok(Outcome {
             losses,
             sample,
+            exported,
             ..Outcome::default()
         })
     }
 
+    /// The next micro-batch on `device`, with the number of targets it
+    /// trains on.
     fn batch_tensors<AB: Backend>(
         &mut self,
         device: &AB::Device,
-    ) -> (Tensor<AB, 2, Int>, Tensor<AB, 2, Int>) {
+    ) -> (Tensor<AB, 2, Int>, Tensor<AB, 2, Int>, usize) {
         let (batch, seq) = (self.opts.batch, self.opts.seq_len);
         let (inputs, targets) = self.batcher.next_batch(batch);
+        let trained = targets.iter().filter(|&&t| t >= 0).count();
         let tensor = |v: Vec<i64>| Tensor::from_data(TensorData::new(v, [batch, seq]), device);
-        (tensor(inputs), tensor(targets))
+        (tensor(inputs), tensor(targets), trained)
+    }
+
+    /// The run's progress display from step `start`.
+    fn progress(&self, start: usize) -> Progress {
+        Progress::new(
+            self.opts.progress,
+            format!("{} params", human_count(self.config.num_params())),
+            start,
+            self.opts.steps,
+        )
     }
 
     fn log(&mut self, line: &StepMetrics) -> Result<()> {
@@ -1738,53 +1913,4 @@ fn pick_token(logits: &[f32], temperature: f64, rng: &mut StdRng) -> u32 {
         }
     }
     argmax()
-}
-
-/// The progress bar of a run that starts at step `start` (after a resume).
-fn progress_bar(opts: &TrainOptions, config: &ModelConfig, start: usize) -> ProgressBar {
-    if !opts.progress {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::new(opts.steps as u64);
-    // indicatif's own ETA would count the resumed steps as done in no time.
-    let style =
-        ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg} · ETA {run_eta}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .with_key(
-                "run_eta",
-                move |state: &indicatif::ProgressState, out: &mut dyn std::fmt::Write| {
-                    let len = state.len().unwrap_or(0) as usize;
-                    let _ = match eta(start, state.pos() as usize, len, state.elapsed()) {
-                        Some(left) => write!(out, "{}", indicatif::HumanDuration(left)),
-                        None => write!(out, "?"),
-                    };
-                },
-            )
-            .progress_chars("=> ");
-    bar.set_style(style);
-    bar.set_prefix(format!("{} params", human_count(config.num_params())));
-    bar.set_position(start as u64);
-    bar
-}
-
-/// Time left at step `pos` of `len` when the steps since `start` took
-/// `elapsed`; `None` before the first of them ends.
-pub fn eta(
-    start: usize,
-    pos: usize,
-    len: usize,
-    elapsed: std::time::Duration,
-) -> Option<std::time::Duration> {
-    let done = pos.checked_sub(start).filter(|&d| d > 0)?;
-    Some(elapsed.mul_f64(len.saturating_sub(pos) as f64 / done as f64))
-}
-
-/// `124.4M`, `6.74B`.
-pub fn human_count(n: usize) -> String {
-    match n {
-        n if n >= 1_000_000_000 => format!("{:.2}B", n as f64 / 1e9),
-        n if n >= 1_000_000 => format!("{:.1}M", n as f64 / 1e6),
-        n if n >= 1_000 => format!("{:.1}K", n as f64 / 1e3),
-        n => n.to_string(),
-    }
 }

@@ -330,7 +330,7 @@ fn a_byte_order_mark_starts_a_jsonl_file_or_a_config_without_error() {
 #[test]
 fn the_eta_counts_only_the_steps_this_process_ran() {
     use std::time::Duration;
-    use trainer::train::eta;
+    use trainer::progress::eta;
     // Resumed at step 90 of 100; 2 steps in 10 s: 8 left take 40 s.
     assert_eq!(
         eta(90, 92, 100, Duration::from_secs(10)),

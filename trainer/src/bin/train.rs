@@ -9,6 +9,7 @@ use std::process::ExitCode;
 use burn_offload::Compute;
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
+use trainer::error_line::print_error;
 use trainer::processes::RankOptions;
 use trainer::signals;
 use trainer::train::{run, TrainOptions};
@@ -17,7 +18,10 @@ use trainer::train::{run, TrainOptions};
 #[command(
     version,
     about = "Train a GPT-2 or Llama decoder (burn-offload)",
-    args_override_self = true
+    args_override_self = true,
+    // `--lr -1` is a value (refused by the checks as not positive), not an
+    // unknown flag `-1`.
+    allow_negative_numbers = true
 )]
 struct Cli {
     /// Model preset (tiny, gpt2-tiny, llama-tiny, gpt2-124m, gpt2-xl, llama-1b,
@@ -25,7 +29,7 @@ struct Cli {
     #[arg(long, default_value = "tiny")]
     model: String,
     /// Optimizer steps.
-    #[arg(long, default_value_t = 300)]
+    #[arg(long, default_value_t = trainer::train::DEFAULT_STEPS)]
     steps: usize,
     /// Sequences per step.
     #[arg(long, default_value_t = 16)]
@@ -34,8 +38,10 @@ struct Cli {
     #[arg(long, default_value_t = 64)]
     seq_len: usize,
     /// Peak learning rate (after warm-up; cosine decay afterwards).
-    #[arg(long, default_value_t = 3e-3)]
-    lr: f64,
+    /// Default: 1e-2 from scratch (the built-in tiny model's), 2e-5 with
+    /// --init-from (fine-tuning a pretrained model).
+    #[arg(long)]
+    lr: Option<f64>,
     /// Warm-up steps.
     #[arg(long, default_value_t = 20)]
     warmup: usize,
@@ -84,8 +90,9 @@ struct Cli {
     /// Tokens to generate after training.
     #[arg(long, default_value_t = 200)]
     sample_tokens: usize,
-    /// Sampling temperature (0 = greedy).
-    #[arg(long, default_value_t = 0.0)]
+    /// Sampling temperature (0 = greedy, which repeats itself on small
+    /// models).
+    #[arg(long, default_value_t = trainer::train::DEFAULT_TEMPERATURE)]
     temperature: f64,
     /// Train with plain burn (whole model under Autodiff, burn-optim AdamW with
     /// per-tensor clipping) instead of the block-streamed offload engine.
@@ -226,9 +233,17 @@ struct Cli {
     /// model.safetensors or shards); its config replaces --model.
     #[arg(long)]
     init_from: Option<PathBuf>,
-    /// After training, write the model as a Hugging Face checkpoint folder.
+    /// After training, write the model as a Hugging Face checkpoint folder
+    /// (config.json with the special tokens' ids, generation_config.json,
+    /// model.safetensors and the tokenizer's files). A folder that holds
+    /// files, or is (or is inside) --init-from, --resume or
+    /// --checkpoint-dir, is refused before the first step.
     #[arg(long)]
     export_hf: Option<PathBuf>,
+    /// Let --export-hf replace a folder that holds files or that the run
+    /// starts from (the new folder takes its place once it is complete).
+    #[arg(long)]
+    overwrite: bool,
     /// Stop after this many steps (checkpointing if --checkpoint-dir is set),
     /// keeping --steps as the length of the learning-rate schedule.
     #[arg(long)]
@@ -250,7 +265,19 @@ struct Cli {
 /// in `TrainOptions`' validation.)
 fn refuse_ignored_flags(matches: &ArgMatches, cli: &Cli) -> Result<(), String> {
     let given = |id: &str| matches.value_source(id) == Some(ValueSource::CommandLine);
-    let rules: [(&str, &str, bool, &str); 12] = [
+    let rules: [(&str, &str, bool, &str); 14] = [
+        (
+            "processes",
+            "--processes",
+            cli.resident,
+            "is an option of the offload engine; drop it or --resident",
+        ),
+        (
+            "processes",
+            "--processes",
+            cli.gpus > 1,
+            "starts one process per GPU; drop --gpus",
+        ),
         (
             "rendezvous",
             "--rendezvous",
@@ -340,7 +367,7 @@ fn main() -> ExitCode {
         Err(err) => err.exit(),
     };
     if let Err(why) = refuse_ignored_flags(&matches, &cli) {
-        eprintln!("error: {why}");
+        print_error("", &anyhow::anyhow!(why));
         return ExitCode::FAILURE;
     }
     let opts = TrainOptions {
@@ -348,7 +375,11 @@ fn main() -> ExitCode {
         steps: cli.steps,
         batch: cli.batch,
         seq_len: cli.seq_len,
-        lr: cli.lr,
+        lr: cli.lr.unwrap_or(if cli.init_from.is_some() {
+            trainer::train::DEFAULT_FINETUNE_LR
+        } else {
+            trainer::train::DEFAULT_LR
+        }),
         warmup: cli.warmup,
         min_lr_ratio: cli.min_lr_ratio,
         weight_decay: cli.weight_decay,
@@ -397,6 +428,7 @@ fn main() -> ExitCode {
         gpu_mem_gib: cli.gpu_mem_gib,
         init_from: cli.init_from,
         export_hf: cli.export_hf,
+        overwrite: cli.overwrite,
         stop_after: cli.stop_after,
         data_format: cli.data_format,
         data_cache: cli.data_cache,
@@ -406,39 +438,52 @@ fn main() -> ExitCode {
     };
     #[cfg(feature = "cuda")]
     if let Err(err) = trainer::preflight::cuda_driver() {
-        eprintln!("error: {err}");
+        print_error("", &anyhow::anyhow!(err));
         return ExitCode::FAILURE;
     }
     if let Some(n) = cli.processes {
+        if n < 2 {
+            print_error(
+                "",
+                &anyhow::anyhow!("--processes must be at least 2, got {n}"),
+            );
+            return ExitCode::FAILURE;
+        }
+        // Rank 0's options: one process's share of the host, the plan and
+        // the checks each rank makes.
+        let opts = TrainOptions {
+            processes: Some(RankOptions {
+                rank: 0,
+                world_size: n,
+                rendezvous: cli.rendezvous,
+                local_rank: 0,
+                local_world_size: n,
+            }),
+            ..opts
+        };
         if cli.plan {
-            // One process's share of the host, the plan each rank checks.
-            let opts = TrainOptions {
-                processes: Some(RankOptions {
-                    rank: 0,
-                    world_size: n,
-                    rendezvous: cli.rendezvous,
-                    local_rank: 0,
-                    local_world_size: n,
-                }),
-                ..opts
-            };
             return match trainer::train::plan_table(&opts) {
                 Ok(table) => {
                     print!("{table}");
                     ExitCode::SUCCESS
                 }
                 Err(err) => {
-                    eprintln!("error: {err:#}");
+                    print_error("", &err);
                     ExitCode::FAILURE
                 }
             };
+        }
+        // What every rank would refuse is refused once, before any starts.
+        if let Err(err) = trainer::train::preflight(&opts) {
+            print_error("", &err);
+            return ExitCode::FAILURE;
         }
         let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
         return match trainer::processes::launch(n, &args) {
             Ok(status) if status.success() => ExitCode::SUCCESS,
             Ok(status) => ExitCode::from(status.code().map_or(1, |c| c.clamp(1, 255) as u8)),
             Err(err) => {
-                eprintln!("error: {err:#}");
+                print_error("", &err);
                 ExitCode::FAILURE
             }
         };
@@ -450,13 +495,13 @@ fn main() -> ExitCode {
                 ExitCode::SUCCESS
             }
             Err(err) => {
-                eprintln!("error: {err:#}");
+                print_error("", &err);
                 ExitCode::FAILURE
             }
         };
     }
     if let Err(err) = signals::install() {
-        eprintln!("error: {err:#}");
+        print_error("", &err);
         return ExitCode::FAILURE;
     }
     // Of several processes, rank 0 reports the run; the others only their errors.
@@ -500,14 +545,20 @@ fn main() -> ExitCode {
                 report.start_step,
                 opts.steps
             );
-            if let Some(dir) = &opts.export_hf {
-                println!("exported: {}", dir.display());
+            if let Some(dir) = &report.exported {
+                println!("export: {} (a Hugging Face folder)", dir.display());
             }
             ExitCode::SUCCESS
         }
         Ok(report) => {
             if let Some(path) = &report.checkpoint {
                 println!("checkpoint: {}", path.display());
+            }
+            if let Some(dir) = &report.exported {
+                println!("export: {} (a Hugging Face folder)", dir.display());
+            }
+            if let Some(path) = &opts.metrics {
+                println!("metrics: {}", path.display());
             }
             if report.skipped_total > 0 {
                 println!(
@@ -521,13 +572,15 @@ fn main() -> ExitCode {
                 "loss {first:.4} -> {last:.4} over {} steps",
                 report.losses.len()
             );
-            println!("--- sample ---\n{}", report.sample);
+            if opts.sample_tokens > 0 {
+                println!("--- sample ---\n{}", report.sample);
+            }
             ExitCode::SUCCESS
         }
         Err(err) => {
             match cli.rank {
-                Some(rank) => eprintln!("error: rank {rank}: {err:#}"),
-                None => eprintln!("error: {err:#}"),
+                Some(rank) => print_error(&format!("rank {rank}: "), &err),
+                None => print_error("", &err),
             }
             ExitCode::FAILURE
         }

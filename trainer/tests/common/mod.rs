@@ -28,3 +28,36 @@ pub fn checkpoint_names(dir: &Path) -> Vec<String> {
     names.sort();
     names
 }
+
+/// The fixtures folder of the workspace.
+pub fn fixtures() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures")
+}
+
+/// A Llama 3-style checkpoint folder in `dir`: the llama3 family fixture
+/// (vocabulary 3000, with its `generation_config.json`) with the fixture
+/// tokenizer (662 tokens, Llama 3's chat template).
+pub fn llama3_checkpoint(dir: &Path) -> std::path::PathBuf {
+    let out = dir.join("llama3-chat");
+    std::fs::create_dir_all(&out).unwrap();
+    for file in ["config.json", "generation_config.json", "model.safetensors"] {
+        std::fs::copy(
+            fixtures().join("families/llama3").join(file),
+            out.join(file),
+        )
+        .unwrap();
+    }
+    for file in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(fixtures().join("tokenizer").join(file), out.join(file)).unwrap();
+    }
+    out
+}
+
+/// The `error:` lines of a run's stderr.
+pub fn error_lines(out: &Output) -> Vec<String> {
+    String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .filter(|l| l.starts_with("error:"))
+        .map(str::to_owned)
+        .collect()
+}
