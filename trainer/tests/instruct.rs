@@ -7,40 +7,14 @@ use std::process::Output;
 
 mod common;
 
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures")
-}
-
 /// A Llama 3-style checkpoint folder: the llama3 family fixture (vocabulary
 /// 3000) with the fixture tokenizer (662 tokens, Llama 3's chat template).
 fn checkpoint(dir: &Path) -> PathBuf {
-    let out = dir.join("llama3-chat");
-    std::fs::create_dir_all(&out).unwrap();
-    for file in ["config.json", "model.safetensors"] {
-        std::fs::copy(
-            fixtures().join("families/llama3").join(file),
-            out.join(file),
-        )
-        .unwrap();
-    }
-    for file in ["tokenizer.json", "tokenizer_config.json"] {
-        std::fs::copy(fixtures().join("tokenizer").join(file), out.join(file)).unwrap();
-    }
-    out
+    common::llama3_checkpoint(dir)
 }
 
 fn train(args: &[&str]) -> Output {
-    let base = [
-        "--steps",
-        "2",
-        "--batch",
-        "2",
-        "--seq-len",
-        "32",
-        "--sample-tokens",
-        "1",
-    ];
-    common::train(&base, args)
+    common::train(&common::FINETUNE, args)
 }
 
 fn s(p: &Path) -> &str {
@@ -273,42 +247,4 @@ fn rand_name() -> String {
     use std::sync::atomic::{AtomicUsize, Ordering};
     static N: AtomicUsize = AtomicUsize::new(0);
     N.fetch_add(1, Ordering::SeqCst).to_string()
-}
-
-/// The export is a folder transformers loads whole: the model and the
-/// run's tokenizer files beside it.
-#[test]
-fn the_export_carries_the_tokenizer() {
-    let dir = tempfile::tempdir().unwrap();
-    let ckpt = checkpoint(dir.path());
-    let data = write(dir.path(), "chat.jsonl", CHAT);
-    let export = dir.path().join("export");
-    let out = train(&[
-        "--init-from",
-        s(&ckpt),
-        "--data",
-        s(&data),
-        "--export-hf",
-        s(&export),
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    for file in [
-        "config.json",
-        "model.safetensors",
-        "tokenizer.json",
-        "tokenizer_config.json",
-    ] {
-        assert!(
-            export.join(file).is_file(),
-            "{file} missing from the export"
-        );
-    }
-    assert_eq!(
-        std::fs::read(export.join("tokenizer.json")).unwrap(),
-        std::fs::read(ckpt.join("tokenizer.json")).unwrap()
-    );
 }

@@ -24,19 +24,20 @@ fn stdout(out: &Output) -> String {
 
 /// A short fine-tuning run of the llama3 fixture plus `args`.
 fn finetune(args: &[&str]) -> Output {
-    common::train(
-        &[
-            "--steps",
-            "2",
-            "--batch",
-            "2",
-            "--seq-len",
-            "32",
-            "--sample-tokens",
-            "1",
-        ],
-        args,
-    )
+    common::train(&common::FINETUNE, args)
+}
+
+/// A short fine-tune of `ck` on `data` exported to `export`, plus `args`.
+fn export_run(ck: &Path, data: &Path, export: &Path, args: &[&str]) -> Output {
+    let base = [
+        "--init-from",
+        s(ck),
+        "--data",
+        s(data),
+        "--export-hf",
+        s(export),
+    ];
+    finetune(&[&base[..], args].concat())
 }
 
 /// A tiny, fast run plus `args`.
@@ -94,16 +95,7 @@ fn an_export_never_replaces_a_folder_unasked() {
     let ck = llama3_checkpoint(dir.path());
     let data = write(dir.path(), "chat.jsonl", CHAT);
     let source = snapshot(&ck);
-    let over_source = |export: &Path| {
-        finetune(&[
-            "--init-from",
-            s(&ck),
-            "--data",
-            s(&data),
-            "--export-hf",
-            s(export),
-        ])
-    };
+    let over_source = |export: &Path| export_run(&ck, &data, export, &[]);
     assert_error(
         &over_source(&ck),
         &format!(
@@ -148,17 +140,7 @@ fn an_export_never_replaces_a_folder_unasked() {
     assert_eq!(snapshot(&export), first, "the first export changed");
 
     // --overwrite replaces it whole, through a folder beside it.
-    let out = finetune(&[
-        "--init-from",
-        s(&ck),
-        "--data",
-        s(&data),
-        "--export-hf",
-        s(&export),
-        "--overwrite",
-        "--steps",
-        "3",
-    ]);
+    let out = export_run(&ck, &data, &export, &["--overwrite", "--steps", "3"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let second = snapshot(&export);
     assert_eq!(
@@ -175,17 +157,12 @@ fn an_export_never_replaces_a_folder_unasked() {
 
     // The checkpoint folder, or a folder holding a source, never.
     let checkpoints = dir.path().join("checkpoints");
-    let out = finetune(&[
-        "--init-from",
-        s(&ck),
-        "--data",
-        s(&data),
-        "--checkpoint-dir",
-        s(&checkpoints),
-        "--export-hf",
-        s(&checkpoints),
-        "--overwrite",
-    ]);
+    let out = export_run(
+        &ck,
+        &data,
+        &checkpoints,
+        &["--checkpoint-dir", s(&checkpoints), "--overwrite"],
+    );
     assert_error(
         &out,
         &format!(
@@ -199,15 +176,7 @@ fn an_export_never_replaces_a_folder_unasked() {
         "refused after the checkpoint folder was made"
     );
     assert_error(
-        &finetune(&[
-            "--init-from",
-            s(&ck),
-            "--data",
-            s(&data),
-            "--export-hf",
-            s(dir.path()),
-            "--overwrite",
-        ]),
+        &export_run(&ck, &data, dir.path(), &["--overwrite"]),
         &format!(
             "error: --export-hf `{}` holds the --init-from folder `{}`: replacing it would \
              delete that; choose another folder",
@@ -227,14 +196,7 @@ fn the_export_is_a_whole_hugging_face_folder() {
     let ck = llama3_checkpoint(dir.path());
     let data = write(dir.path(), "chat.jsonl", CHAT);
     let export = dir.path().join("export");
-    let out = finetune(&[
-        "--init-from",
-        s(&ck),
-        "--data",
-        s(&data),
-        "--export-hf",
-        s(&export),
-    ]);
+    let out = export_run(&ck, &data, &export, &[]);
     assert!(out.status.success(), "{}", stderr(&out));
     let (ours, theirs) = (
         json(&export.join("config.json")),
@@ -369,11 +331,7 @@ fn a_run_that_would_train_on_nothing_is_refused_before_the_first_step() {
         "{}",
         stderr(&out)
     );
-    let steps: Vec<serde_json::Value> = std::fs::read_to_string(&metrics)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let steps = common::metrics(&metrics);
     assert_eq!(steps.len(), 2);
     for step in &steps {
         assert!(step["trained_tokens"].as_u64().unwrap() > 0, "{step}");

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::Output;
 
 mod common;
-use common::checkpoint_names;
+use common::{checkpoint_names, metrics};
 
 /// Runs `train` on the tiny Llama with a short, fast configuration plus `args`.
 fn train(args: &[&str]) -> Output {
@@ -48,15 +48,6 @@ fn assert_refused(args: &[&str], expected: &str) {
 
 fn s(path: &Path) -> &str {
     path.to_str().unwrap()
-}
-
-/// The JSON lines of a metrics file.
-fn metrics(path: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
 }
 
 #[test]

@@ -9,6 +9,18 @@ use std::process::{Command, Output};
 /// A tiny, fast run: one sequence of 8 tokens a step, one sampled token.
 pub const FAST: [&str; 6] = ["--batch", "1", "--seq-len", "8", "--sample-tokens", "1"];
 
+/// A short fine-tune: two steps of two 32-token windows, one sampled token.
+pub const FINETUNE: [&str; 8] = [
+    "--steps",
+    "2",
+    "--batch",
+    "2",
+    "--seq-len",
+    "32",
+    "--sample-tokens",
+    "1",
+];
+
 /// Runs `train` with `base`, then `args` (a later flag overrides an earlier one).
 pub fn train(base: &[&str], args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_train"))
@@ -59,5 +71,14 @@ pub fn error_lines(out: &Output) -> Vec<String> {
         .lines()
         .filter(|l| l.starts_with("error:"))
         .map(str::to_owned)
+        .collect()
+}
+
+/// The JSON lines of a metrics file (none when it does not exist).
+pub fn metrics(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
         .collect()
 }
