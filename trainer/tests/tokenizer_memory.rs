@@ -1,6 +1,8 @@
 //! Tokenizing a text corpus with a Hugging Face `tokenizer.json` streams:
 //! on a generated 50 MB corpus of 80-character lines (no blank line, so one
-//! document) its peak memory stays within twice the GPT-2 path's. Each
+//! document) its peak memory stays within twice the GPT-2 path's, and both
+//! give the ids the whole document gave when it was encoded in one call (the
+//! CRC32 of the token file main 35dc28c wrote for this corpus). Each
 //! tokenizer runs in a child process of this test, whose peak resident set
 //! size the kernel reports when it is reaped.
 //!
@@ -23,7 +25,7 @@ fn main() {
             let tokenizer = Tokenizer::from_name(tokenizer).expect("a tokenizer");
             let tokens = tokenize(Path::new(corpus), &tokenizer, Path::new(cache))
                 .expect("the corpus tokenizes");
-            println!("{}", tokens.tokens.len());
+            println!("{} {}", tokens.tokens.len(), tokens.crc32);
             return;
         }
     }
@@ -95,8 +97,9 @@ fn corpus(bytes: usize) -> String {
 }
 
 /// Runs the tokenizer `name` over `corpus` in a child process; returns its
-/// peak resident set size in bytes, the tokens it wrote and its seconds.
-fn child(name: &str, corpus: &Path, cache: &Path) -> (u64, usize, f64) {
+/// peak resident set size in bytes, the tokens it wrote with their CRC32,
+/// and its seconds.
+fn child(name: &str, corpus: &Path, cache: &Path) -> (u64, (usize, u32), f64) {
     let started = Instant::now();
     let child = Command::new(std::env::current_exe().unwrap())
         .args(["--child", name])
@@ -110,7 +113,11 @@ fn child(name: &str, corpus: &Path, cache: &Path) -> (u64, usize, f64) {
     let seconds = started.elapsed().as_secs_f64();
     let (status, rusage, stdout) = output;
     assert!(status == 0, "{name}: the child failed ({status})");
-    let tokens = stdout.trim().parse().expect("a token count");
+    let mut fields = stdout
+        .split_whitespace()
+        .map(|f| f.parse::<u64>().expect("a number"));
+    let (count, crc) = (fields.next().unwrap_or(0), fields.next().unwrap_or(0));
+    let tokens = (count as usize, crc as u32);
     // ru_maxrss is in KiB on Linux.
     (rusage.ru_maxrss as u64 * 1024, tokens, seconds)
 }
@@ -157,13 +164,26 @@ fn tokenizing_with_a_tokenizer_json_streams() {
     );
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
     println!(
-        "50 MB corpus: GPT-2 {gpt2_tokens} tokens, {:.0} MiB peak, {gpt2_s:.1} s; \
-         tokenizer.json {hf_tokens} tokens, {:.0} MiB peak, {hf_s:.1} s; memory ratio {:.2}",
+        "50 MB corpus: GPT-2 {} tokens, {:.0} MiB peak, {gpt2_s:.1} s; \
+         tokenizer.json {} tokens, {:.0} MiB peak, {hf_s:.1} s; memory ratio {:.2}",
+        gpt2_tokens.0,
         mib(gpt2_rss),
+        hf_tokens.0,
         mib(hf_rss),
         hf_rss as f64 / gpt2_rss as f64
     );
-    assert!(gpt2_tokens > 0 && hf_tokens > 0);
+    // Token counts and CRC32s of the files main wrote (the whole document
+    // encoded at once): bench/results/tokenize-memory.txt.
+    assert_eq!(
+        gpt2_tokens,
+        (13_957_673, 1_719_906_326),
+        "GPT-2 ids changed"
+    );
+    assert_eq!(
+        hf_tokens,
+        (35_081_266, 385_968_244),
+        "tokenizer.json ids changed"
+    );
     assert!(
         hf_rss <= 2 * gpt2_rss,
         "tokenizer.json peaked at {:.0} MiB, more than twice the GPT-2 path's {:.0} MiB",
