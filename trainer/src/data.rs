@@ -601,6 +601,12 @@ pub struct Windows {
     pub targets: Vec<i64>,
 }
 
+/// Targets of `targets` that are trained on (the others are
+/// [`burn_offload::ops::cross_entropy::IGNORE_INDEX`]).
+pub fn trained_targets(targets: &[i64]) -> usize {
+    targets.iter().filter(|&&t| t >= 0).count()
+}
+
 impl Windows {
     /// Number of windows.
     pub fn count(&self) -> usize {
@@ -618,7 +624,7 @@ impl Windows {
         };
         let mut dropped = 0;
         for (inputs, targets) in self.inputs.chunks(seq).zip(self.targets.chunks(seq)) {
-            if targets.iter().any(|&t| t >= 0) {
+            if trained_targets(targets) > 0 {
                 kept.inputs.extend_from_slice(inputs);
                 kept.targets.extend_from_slice(targets);
             } else {

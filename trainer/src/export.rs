@@ -151,15 +151,9 @@ pub fn check(export: &Path, overwrite: bool, sources: &[Source<'_>]) -> Result<(
 /// Checks that the folder the export is written beside (`export`'s parent,
 /// or the nearest existing folder above it) takes files, leaving nothing.
 fn check_writable_parent(export: &Path) -> Result<(), ExportError> {
-    let mut existing = match export.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
+    let mut existing = parent_folder(export);
     while !existing.exists() {
-        existing = match existing.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p,
-            _ => Path::new("."),
-        };
+        existing = parent_folder(existing);
     }
     if !existing.is_dir() {
         return Err(ExportError::UnderAFile {
@@ -175,6 +169,14 @@ fn check_writable_parent(export: &Path) -> Result<(), ExportError> {
         folder: existing.to_path_buf(),
         error,
     })
+}
+
+/// The folder `path` lies in (`.` for a bare name).
+fn parent_folder(path: &Path) -> &Path {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    }
 }
 
 /// `path` made absolute, with `..` and symbolic links resolved as far as the
@@ -225,11 +227,8 @@ pub fn write(dir: &Path, fill: impl FnOnce(&Path) -> anyhow::Result<()>) -> anyh
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "export".into());
-    let parent = match dir.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    fs::create_dir_all(&parent).map_err(io(&parent))?;
+    let parent = parent_folder(dir);
+    fs::create_dir_all(parent).map_err(io(parent))?;
     let pid = std::process::id();
     let staging = parent.join(format!(".{name}.export-{pid}"));
     let _ = fs::remove_dir_all(&staging);

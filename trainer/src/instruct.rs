@@ -22,7 +22,7 @@ use rayon::prelude::*;
 use serde_json::Value;
 
 use crate::chat::{ChatError, ChatTemplate, Message};
-use crate::data::Windows;
+use crate::data::{trained_targets, Windows};
 use crate::tokenizer::Tokenizer;
 
 /// What `--data` holds.
@@ -267,7 +267,7 @@ pub fn prepare(
     let pad = tokenizer.specials().pad.map(|s| s.id).or(eos).unwrap_or(0);
     let packed = pack(&examples, shaping.seq_len, shaping.packing, pad);
     let (windows, dropped_windows) = packed.windows.without_untrained();
-    let trained = windows.targets.iter().filter(|&&t| t >= 0).count();
+    let trained = trained_targets(&windows.targets);
     let longest = examples
         .iter()
         .zip(&records)

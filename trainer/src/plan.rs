@@ -810,7 +810,7 @@ impl Plan {
         let used: u64 = host.iter().map(|i| i.bytes).sum();
         host.push(Item::held(
             "headroom for the OS and page cache (8%, >= 1 GiB)",
-            (used * 8 / 100).max(GIB as u64),
+            (used * 8 / 100).max(MIN_HOST_HEADROOM),
         ));
         Self {
             host,
@@ -999,10 +999,13 @@ fn host_runtime(gpu: bool) -> u64 {
     }
 }
 
+/// The least headroom the plan leaves the OS and its page cache.
+const MIN_HOST_HEADROOM: u64 = 1 << 30;
+
 /// Host bytes any run needs before its model: the runtime and the OS's
-/// headroom (at least 1 GiB).
+/// least headroom.
 fn host_floor(gpu: bool) -> u64 {
-    host_runtime(gpu) + GIB as u64
+    host_runtime(gpu) + MIN_HOST_HEADROOM
 }
 
 /// What would fit: fewer kept graphs, fused mode, the engine instead of

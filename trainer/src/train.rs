@@ -25,7 +25,7 @@ use models::{cross_entropy, ModelConfig};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
-use crate::data::{default_corpus, Batcher};
+use crate::data::{default_corpus, trained_targets, Batcher};
 use crate::export;
 use crate::instruct::{self, DataFormat};
 use crate::outputs::{MetricsFile, ResumeMarker};
@@ -1735,11 +1735,9 @@ impl Job<'_> {
             let micro_batches: Vec<_> = (0..opts.accum)
                 .map(|_| self.batcher.next_batch(opts.batch))
                 .collect();
-            let kept = |targets: &[i64]| targets.iter().filter(|&&t| t >= 0).count();
-            let trained_tokens = micro_batches.iter().map(|(_, t)| kept(t)).sum::<usize>();
-            let kept_total = trained_tokens;
+            let trained_tokens: usize = micro_batches.iter().map(|(_, t)| trained_targets(t)).sum();
             for (inputs, targets) in micro_batches {
-                let scale = kept(&targets) as f64 / kept_total.max(1) as f64;
+                let scale = trained_targets(&targets) as f64 / trained_tokens.max(1) as f64;
                 let tensor = |v: Vec<i64>| {
                     Tensor::from_data(TensorData::new(v, [opts.batch, opts.seq_len]), device)
                 };
@@ -1820,7 +1818,7 @@ impl Job<'_> {
     ) -> (Tensor<AB, 2, Int>, Tensor<AB, 2, Int>, usize) {
         let (batch, seq) = (self.opts.batch, self.opts.seq_len);
         let (inputs, targets) = self.batcher.next_batch(batch);
-        let trained = targets.iter().filter(|&&t| t >= 0).count();
+        let trained = trained_targets(&targets);
         let tensor = |v: Vec<i64>| Tensor::from_data(TensorData::new(v, [batch, seq]), device);
         (tensor(inputs), tensor(targets), trained)
     }
