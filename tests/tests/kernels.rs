@@ -311,6 +311,52 @@ fn compare_windowed(dtype: DType, tolerance: f32) {
     }
 }
 
+/// cuDNN's fused attention, which `causal_attention` and
+/// `windowed_attention` run in bf16 and f16 on CUDA where libcudnn is
+/// found: the fused kernels' shapes, a head width only cuDNN fuses (96),
+/// and windows, against the reference. `EXPECT_CUDNN=1` fails the test if
+/// cuDNN did not run (the GPU run with the library on the path),
+/// `EXPECT_CUDNN=0` if it did (the run with the library hidden, where the
+/// CubeCL kernels must give the same answers).
+#[cfg(feature = "cuda")]
+#[test]
+fn cudnn_attention_or_its_fallback_matches_the_reference() {
+    use burn_offload::ops::attention::{cudnn_attention_runs, cudnn_version};
+    let before = cudnn_attention_runs();
+    let mut shapes = FUSED_SHAPES.to_vec();
+    shapes.push((1, 77, 4, 2, 96));
+    for dtype in [DType::BF16, DType::F16] {
+        println!("{dtype:?}");
+        compare_with_reference(&causal_attention, &shapes, 5, dtype, 5e-2);
+    }
+    for window in [2, 37, 100] {
+        println!("window {window}");
+        compare_with(
+            &|q, k, v| windowed_attention(q, k, v, window),
+            &|q, k, v| reference_windowed_attention(q, k, v, window),
+            &FUSED_SHAPES,
+            9,
+            DType::BF16,
+            5e-2,
+        );
+    }
+    let ran = cudnn_attention_runs() > before;
+    let found = cudnn_version();
+    println!("cuDNN {found:?}, ran: {ran}");
+    match std::env::var("EXPECT_CUDNN").as_deref() {
+        Ok("1") => assert!(ran, "EXPECT_CUDNN=1 but cuDNN did not run attention"),
+        Ok("0") => assert!(
+            !ran && found.is_none(),
+            "EXPECT_CUDNN=0 but cuDNN was found"
+        ),
+        _ => assert_eq!(
+            ran,
+            found.is_some(),
+            "cuDNN found but not run, or run unfound"
+        ),
+    }
+}
+
 #[test]
 fn windowed_attention_matches_the_reference_in_f32() {
     compare_windowed(DType::F32, 1e-2);

@@ -9,7 +9,7 @@ use burn::tensor::{Bool, DType, Tensor};
 use crate::ops::record::{backward_each, cast, float, record, same, tensor, with_custom_backward};
 use crate::precision::cast_to;
 
-use super::route::{routed, Passes};
+use super::route::{after_cudnn, routed, Passes};
 use super::tiling::{KeyTile, QueryBlock, Tiling, QUERY_BLOCKS};
 
 /// `softmax(q·kᵀ / √d + causal mask) · v` for `q: [batch, heads, seq, d]` and
@@ -91,11 +91,25 @@ pub fn causal_attention_tiled<B: Backend>(
 fn resolved<B: Backend>(passes: Passes, q: &Tensor<B, 4>, window: Option<usize>) -> Option<Passes> {
     let [_, heads, seq, head_dim] = q.dims();
     Some(match passes {
+        // cuDNN with a window only where the fused kernels could take over
+        // a shape it refuses (the tiles have no window mask).
+        Passes::Auto if cudnn_takes(q) && (window.is_none() || fuses(q)) => Passes::Cudnn,
         _ if window.is_some() => fuses(q).then_some(Passes::Fused)?,
         Passes::Auto | Passes::Fused if !fuses(q) => Passes::Tiled(Tiling::new(heads, seq)),
         Passes::Auto => routed(heads, seq, head_dim, q.dtype()),
         passes => passes,
     })
+}
+
+/// Whether cuDNN's fused attention may run on `q`.
+fn cudnn_takes<B: Backend>(q: &Tensor<B, 4>) -> bool {
+    #[cfg(feature = "cuda")]
+    return super::cudnn::takes(q);
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = q;
+        false
+    }
 }
 
 /// Whether the fused kernels take `q` (and keys and values like it).
@@ -369,22 +383,32 @@ fn attention_forward<B: Backend>(
     passes: Passes,
     window: Option<usize>,
 ) -> (Tensor<B, 4>, Tensor<B, 4>) {
+    let [_, heads, seq, head_dim] = q.dims();
+    let passes = match passes {
+        Passes::Cudnn => {
+            #[cfg(feature = "cuda")]
+            if let Some((output, lse)) = super::cudnn::forward(&q, &k, &v, window) {
+                let kv_heads = k.dims()[1];
+                return (grouped(output, kv_heads), grouped(lse, kv_heads));
+            }
+            after_cudnn(heads, seq, head_dim, q.dtype(), window)
+        }
+        passes => passes,
+    };
     // `Auto` is resolved before a pass runs; as a fallback it is `Fused`.
     let tiling = match passes {
         Passes::Tiled(tiling) => tiling,
-        Passes::Auto | Passes::Fused | Passes::FusedForward(_) => {
+        Passes::Auto | Passes::Cudnn | Passes::Fused | Passes::FusedForward(_) => {
             #[cfg(feature = "cuda")]
             if let Some((output, lse)) = super::flash::forward(&q, &k, &v, window) {
                 let kv_heads = k.dims()[1];
                 return (grouped(output, kv_heads), grouped(lse, kv_heads));
             }
-            let [_, heads, seq, _] = q.dims();
             Tiling::new(heads, seq)
         }
     };
     // `resolved` sends a window only to the fused kernels.
     assert!(window.is_none(), "attention: the tiles have no window mask");
-    let [_, heads, seq, head_dim] = q.dims();
     let groups = heads / k.dims()[1];
     let scale = 1.0 / (head_dim as f64).sqrt();
     let dtype = q.dtype();
@@ -430,9 +454,24 @@ fn attention_backward<B: Backend>(
     window: Option<usize>,
 ) -> [Tensor<B, 4>; 3] {
     let [batch, heads, seq, head_dim] = q.dims();
+    let passes = match passes {
+        Passes::Cudnn => {
+            #[cfg(feature = "cuda")]
+            {
+                let heads_of = |t: &Tensor<B, 4>, w| t.clone().reshape([batch, heads, seq, w]);
+                let (output4, grad4) = (heads_of(&output, head_dim), heads_of(&grad, head_dim));
+                let inputs = [&q, &k, &v, &output4, &grad4];
+                if let Some(grads) = super::cudnn::backward(inputs, &heads_of(&lse, 1), window) {
+                    return grads;
+                }
+            }
+            after_cudnn(heads, seq, head_dim, q.dtype(), window)
+        }
+        passes => passes,
+    };
     let tiling = match passes {
         Passes::Tiled(tiling) | Passes::FusedForward(tiling) => tiling,
-        Passes::Auto | Passes::Fused => {
+        Passes::Auto | Passes::Cudnn | Passes::Fused => {
             #[cfg(feature = "cuda")]
             {
                 let heads_of = |t: &Tensor<B, 4>, w| t.clone().reshape([batch, heads, seq, w]);

@@ -31,6 +31,14 @@
 //! one matmul serves the group (its key and value gradients come out summed
 //! over the group).
 //!
+//! On CUDA in bf16 and f16, both passes are cuDNN's fused attention where
+//! libcudnn (9.0 or later) is found at run time and takes the shape
+//! (`cudnn`: the backend API's graph that its flash-attention engines
+//! run, causal, grouped-query heads read in place, the sliding window as
+//! a diagonal band); the process says once which path it took. Where it
+//! is absent, refuses a shape or is switched off
+//! (`set_cudnn_attention`), the crate's own kernels below run.
+//!
 //! On CUDA, for head widths of 16, 32, 64 or 128, the passes are instead
 //! fused FlashAttention-2-style CubeCL kernels on tensor cores (`flash`),
 //! one cube walking a tile of 64 queries (or keys) across the tiles of the
@@ -56,10 +64,14 @@ mod base;
 #[cfg(feature = "cuda")]
 mod cuda;
 #[cfg(feature = "cuda")]
+mod cudnn;
+#[cfg(feature = "cuda")]
 mod flash;
 mod route;
 mod tiling;
 
 pub use base::*;
-pub use route::{FUSED_BACKWARD_UP_TO, MMA_BACKWARD_MAX_WIDTH};
+#[cfg(feature = "cuda")]
+pub use cudnn::{cudnn_attention_runs, cudnn_version, set_cudnn_attention};
+pub use route::{cudnn_scratch_bytes, FUSED_BACKWARD_UP_TO, MMA_BACKWARD_MAX_WIDTH};
 pub use tiling::{Tiling, QUERY_BLOCKS, SCORE_CHUNK_ELEMENTS};

@@ -12,6 +12,9 @@ pub(super) enum Passes {
     /// [`causal_attention`](super::causal_attention)'s choice, made on the
     /// inner tensors.
     Auto,
+    /// cuDNN's fused attention (CUDA, bf16 and f16), and for a pass it
+    /// refuses, [`after_cudnn`]'s choice.
+    Cudnn,
     /// Both in the fused kernels where they take the tensors (CUDA), else
     /// the tiling of the shape.
     Fused,
@@ -59,4 +62,30 @@ pub(super) fn routed(heads: usize, seq: usize, head_dim: usize, dtype: DType) ->
     } else {
         Passes::Tiled(Tiling::new(heads, seq))
     }
+}
+
+/// The passes for a shape cuDNN refused: the fused kernels with a window
+/// (which [`Passes::Cudnn`] is chosen only where they take), else
+/// [`routed`]'s choice.
+pub(super) fn after_cudnn(
+    heads: usize,
+    seq: usize,
+    head_dim: usize,
+    dtype: DType,
+    window: Option<usize>,
+) -> Passes {
+    match window {
+        Some(_) => Passes::Fused,
+        None => routed(heads, seq, head_dim, dtype),
+    }
+}
+
+/// Bytes of device memory cuDNN's backward of `batch` sequences of `seq`
+/// positions with `heads` query heads of `head_dim` values takes besides its
+/// inputs, outputs and the engine's workspace (which cuDNN reports only
+/// once a plan is built, and measured at most a few MiB): the query
+/// gradient's f32 sums and each row's f32 `rowsum(dO ⊙ O)`. The planner
+/// counts it beside the tiles' temporaries, whichever runs.
+pub fn cudnn_scratch_bytes(batch: usize, heads: usize, seq: usize, head_dim: usize) -> usize {
+    batch * heads * seq * (head_dim + 1) * 4
 }
