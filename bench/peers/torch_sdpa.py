@@ -37,18 +37,20 @@ def main():
     p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
     p.add_argument("--backend", choices=["flash", "efficient", "math", "cudnn"], default="flash")
     p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--heads", default="32,8", help="query heads,key/value heads")
     a = p.parse_args()
     backend = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
                "math": SDPBackend.MATH, "cudnn": SDPBackend.CUDNN_ATTENTION}[a.backend]
     dtype = torch.bfloat16 if a.dtype == "bf16" else torch.float32
-    heads, kv, d = 32, 8, a.head_dim
+    heads, kv = map(int, a.heads.split(","))
+    d = a.head_dim
     for seq in map(int, a.lengths.split(",")):
         q = torch.randn(1, heads, seq, d, device="cuda", dtype=dtype, requires_grad=True)
         k = torch.randn(1, kv, seq, d, device="cuda", dtype=dtype, requires_grad=True)
         v = torch.randn(1, kv, seq, d, device="cuda", dtype=dtype, requires_grad=True)
         w = torch.randn(1, heads, seq, d, device="cuda", dtype=dtype)
         flops = 2.0 * heads * seq * seq * d
-        row = {"backend": a.backend, "seq": seq, "head_dim": d, "dtype": a.dtype}
+        row = {"backend": a.backend, "seq": seq, "heads": heads, "kv_heads": kv, "head_dim": d, "dtype": a.dtype}
         for gqa in ("enable_gqa", "repeated"):
             try:
                 def attention():

@@ -12,8 +12,8 @@ use burn::backend::Autodiff;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, Distribution, Tensor};
 use burn_offload::ops::attention::{
-    causal_attention, causal_attention_fused, causal_attention_tiled, reference_causal_attention,
-    Tiling,
+    causal_attention, causal_attention_fused, causal_attention_tiled, cudnn_attention_runs,
+    reference_causal_attention, Tiling,
 };
 use clap::Parser;
 
@@ -44,9 +44,16 @@ struct Cli {
     #[arg(long, default_value = "bf16")]
     dtype: String,
     /// The long cases' head width (64: the 0.85B and Llama-3.2-1B; 128: the
-    /// 3B and 8B shapes), 32 query heads over 8 key/value heads.
+    /// 3B and 8B shapes).
     #[arg(long, default_value_t = 64)]
     head_dim: usize,
+    /// The long cases to run: `fused` (the CubeCL kernels), `models` (as
+    /// the models run it: cuDNN where libcudnn is found), `tiles`.
+    #[arg(long, value_delimiter = ',', default_value = "fused,models,tiles")]
+    cases: Vec<String>,
+    /// The long cases' query heads and key/value heads.
+    #[arg(long, value_delimiter = ',', default_value = "32,8")]
+    heads: Vec<usize>,
 }
 
 /// `--lengths`: one sequence of each length through burn-offload's
@@ -60,7 +67,10 @@ fn long_cases(cli: &Cli, device: &burn::tensor::Device<G>) {
         "f32" => burn::tensor::DType::F32,
         other => panic!("--dtype {other}: bf16 or f32"),
     };
-    let (heads, kv, d) = (32, 8, cli.head_dim);
+    let [heads, kv] = cli.heads[..] else {
+        panic!("--heads: query heads and key/value heads, e.g. 32,8")
+    };
+    let d = cli.head_dim;
     for &seq in &cli.lengths {
         let randn = |shape: [usize; 4]| {
             Tensor::<G, 4>::random(shape, Distribution::Normal(0.0, 1.0), device).cast(dtype)
@@ -69,10 +79,13 @@ fn long_cases(cli: &Cli, device: &burn::tensor::Device<G>) {
         let (q, k, v) = (heads_view(heads), heads_view(kv), heads_view(kv));
         let weights = randn([1, heads, seq, d]);
         let forward_flops = 2.0 * heads as f64 * (seq as f64).powi(2) * d as f64;
-        let report = |case: &str, ms: f64, flops: f64| {
+        // `path`: whether cuDNN ran the case's passes (the models' choice
+        // where libcudnn is found) or the crate's own kernels and tiles.
+        let report = |case: &str, ms: f64, flops: f64, cudnn: bool| {
             println!(
-                "{{\"case\": \"{case}\", \"seq\": {seq}, \"head_dim\": {d}, \"dtype\": \"{}\", \"ms\": {ms:.3}, \"tflops\": {:.1}}}",
+                "{{\"case\": \"{case}\", \"seq\": {seq}, \"heads\": {heads}, \"kv_heads\": {kv}, \"head_dim\": {d}, \"dtype\": \"{}\", \"path\": \"{}\", \"ms\": {ms:.3}, \"tflops\": {:.1}}}",
                 cli.dtype,
+                if cudnn { "cudnn" } else { "cubecl" },
                 flops / (ms * 1e-3) * 1e-12
             );
         };
@@ -96,10 +109,20 @@ fn long_cases(cli: &Cli, device: &burn::tensor::Device<G>) {
             ),
         ];
         for (name, plain, tracked) in &ways {
+            if !cli.cases.iter().any(|c| c == name) {
+                continue;
+            }
+            let runs = cudnn_attention_runs();
             let ms = time(cli.reps, device, || {
                 let _ = plain(q.clone(), k.clone(), v.clone());
             });
-            report(&format!("{name} forward"), ms, forward_flops);
+            report(
+                &format!("{name} forward"),
+                ms,
+                forward_flops,
+                cudnn_attention_runs() > runs,
+            );
+            let runs = cudnn_attention_runs();
             let ad = |t: &Tensor<G, 4>| Tensor::<AD, 4>::from_inner(t.clone()).require_grad();
             let ms = time(cli.reps, device, || {
                 let (qa, ka, va) = (ad(&q), ad(&k), ad(&v));
@@ -107,7 +130,12 @@ fn long_cases(cli: &Cli, device: &burn::tensor::Device<G>) {
                 let grads = (out * Tensor::from_inner(weights.clone())).sum().backward();
                 let _ = (qa.grad(&grads), ka.grad(&grads), va.grad(&grads));
             });
-            report(&format!("{name} forward+backward"), ms, 3.5 * forward_flops);
+            report(
+                &format!("{name} forward+backward"),
+                ms,
+                3.5 * forward_flops,
+                cudnn_attention_runs() > runs,
+            );
         }
     }
 }
