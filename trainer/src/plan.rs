@@ -612,6 +612,10 @@ impl Plan {
         if tiling.tiles_keys(seq) {
             scores += F32 * tokens * (2 * s.d + 2 * s.kv);
         }
+        // cuDNN's fused attention, where it runs instead, needs far less.
+        let head_dim = (s.d / s.heads.max(1)) as usize;
+        let cudnn = attention::cudnn_scratch_bytes(b as usize, heads, seq, head_dim) as u64;
+        let scores = scores.max(cudnn);
         let block_saved = width * tokens * s.saved_per_token(job.mlp_tile);
         // An MLP over tiles holds one tile's six `[tile, ff]` values in its
         // backward (the projections recomputed, the gate, their gradients)

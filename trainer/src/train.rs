@@ -43,6 +43,16 @@ use crate::{peak_rss_bytes, process_rss_bytes, DefaultBackend};
 use burn_offload::trace;
 use burn_offload::ProcessGroup;
 
+/// Which implementation runs attention on CUDA in bf16 and f16 (`--attention`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AttentionKernels {
+    /// cuDNN's fused attention where libcudnn 9 is found at run time (and
+    /// takes the shape), else the crate's CubeCL kernels.
+    Auto,
+    /// The crate's CubeCL kernels (and query blocks and key tiles).
+    Cubecl,
+}
+
 /// Everything the `train` command line can set.
 #[derive(Debug, Clone)]
 pub struct TrainOptions {
@@ -104,6 +114,8 @@ pub struct TrainOptions {
     /// The matmul kernel of the CUDA backend: `auto` (burn's) or one of
     /// [`burn_offload::matmul_names`].
     pub matmul: String,
+    /// Attention's implementation on CUDA (bf16 and f16).
+    pub attention: AttentionKernels,
     /// Engine: tokens per chunk of the LM head and loss.
     pub loss_chunk_tokens: usize,
     /// Engine on a GPU: where the block inputs it recomputes from are kept.
@@ -202,6 +214,7 @@ impl Default for TrainOptions {
             processes: None,
             compute: Compute::Fp32,
             matmul: burn_offload::DEFAULT_MATMUL.into(),
+            attention: AttentionKernels::Auto,
             loss_chunk_tokens: 4096,
             block_inputs: BlockInputs::Auto,
             host_layout: HostLayout::Auto,
@@ -388,6 +401,9 @@ fn validate(opts: &TrainOptions) -> Result<()> {
         if value == 0 {
             bail!("{flag} must be at least 1");
         }
+    }
+    if !cfg!(feature = "cuda") && opts.attention != AttentionKernels::Auto {
+        bail!("--attention chooses CUDA's attention kernels, and this build runs on the CPU");
     }
     if !(opts.lr.is_finite() && opts.lr > 0.0) {
         bail!("--lr must be a positive number, got {}", opts.lr);
@@ -699,6 +715,8 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
     type B = DefaultBackend;
     type AB = Autodiff<DefaultBackend>;
     burn_offload::set_matmul(&opts.matmul).map_err(|why| anyhow::anyhow!("--matmul: {why}"))?;
+    #[cfg(feature = "cuda")]
+    burn_offload::ops::attention::set_cudnn_attention(opts.attention == AttentionKernels::Auto);
     // The engine's devices (`--gpus`, or this rank's GPU), checked before
     // the model is built; the model is drawn on the first.
     let devices = lane_devices(opts)?;

@@ -12,7 +12,7 @@ use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
 use trainer::error_line::print_error;
 use trainer::processes::RankOptions;
 use trainer::signals;
-use trainer::train::{run, TrainOptions};
+use trainer::train::{run, AttentionKernels, TrainOptions};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -183,6 +183,12 @@ struct Cli {
     /// the kernel cannot run falls back to burn's). An unknown name lists the others.
     #[arg(long, default_value = burn_offload::DEFAULT_MATMUL)]
     matmul: String,
+    /// Attention on CUDA in bf16/f16: `auto` (cuDNN's fused attention where
+    /// libcudnn.so.9 is on LD_LIBRARY_PATH, as a CUDA install or the
+    /// nvidia-cudnn wheel puts it; else the crate's CubeCL kernels) or
+    /// `cubecl` (the crate's kernels). The run says once which ran.
+    #[arg(long, value_enum, default_value = "auto")]
+    attention: AttentionKernels,
     /// Engine: tokens per chunk of the LM head and loss.
     #[arg(long, default_value_t = 4096)]
     loss_chunk_tokens: usize,
@@ -414,6 +420,7 @@ fn main() -> ExitCode {
         },
         compute: cli.compute,
         matmul: cli.matmul,
+        attention: cli.attention,
         loss_chunk_tokens: cli.loss_chunk_tokens,
         block_inputs: cli.block_inputs,
         host_layout: cli.host_layout,
