@@ -15,7 +15,8 @@
 //! checkpoints) → `transfer` (the pager and the copy machinery's trait) →
 //! `backend` (the `Offload` and `Gemm` decorators, the host optimizers) →
 //! `cuda` (everything that knows burn's CUDA backend) → `precision`,
-//! `matmul`, `model`, `device` (the build's copy machinery) → `ops` (custom
+//! `matmul`, `model`, `device` (the build's copy machinery), `documents`
+//! (packed windows' boundaries) → `ops` (custom
 //! autodiff operations) → `engine`. docs/ARCHITECTURE.md draws a step.
 #![warn(missing_docs)]
 
@@ -23,6 +24,7 @@ mod backend;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod device;
+mod documents;
 mod engine;
 mod host;
 mod matmul;
@@ -38,6 +40,7 @@ pub use backend::{
     ParkParams, HOST_GRADIENTS_QUEUED,
 };
 pub use device::Offload;
+pub use documents::{Documents, DocumentsError};
 pub use engine::{
     BatchError, ConfigError, Engine, EngineConfig, EngineError, MicroBatch, StepReport, StepSplit,
     StreamedModel,

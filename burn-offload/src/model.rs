@@ -12,15 +12,29 @@
 //!   and LM projection), so applying it to a slice of positions gives the same
 //!   rows as applying it to all of them;
 //! - each block maps `[batch, seq, d_model] → [batch, seq, d_model]` and reads
-//!   nothing but its input and its own parameters (no cross-block state).
+//!   nothing but its input and its own parameters (no cross-block state);
+//! - the same holds with [`Documents`]: `forward_in` and `embed_in` see the
+//!   packed windows' boundaries, and a position depends only on its own
+//!   document (attention masked across boundaries, positions counted from
+//!   each document's start).
 
 use burn::module::{Module, Param};
 use burn::tensor::{backend::Backend, Int, Tensor};
+
+use crate::documents::Documents;
 
 /// One transformer block: `[batch, seq, d_model] → [batch, seq, d_model]`.
 pub trait DecoderBlock<B: Backend>: Module<B> {
     /// Applies the block to the hidden states `x`.
     fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3>;
+
+    /// Applies the block to `x`, whose rows hold the packed `documents`
+    /// (`[batch, seq]`, as `x`'s): no position sees another document's, and
+    /// positions (rotary ones, say) count from each document's start. With
+    /// one document a row it is [`DecoderBlock::forward`]. Required, not
+    /// defaulted: a block that mixes positions must say how it keeps
+    /// documents apart.
+    fn forward_in(&self, x: Tensor<B, 3>, documents: &Documents) -> Tensor<B, 3>;
 }
 
 /// A decoder language model seen as `embed → blocks → head`.
@@ -31,6 +45,11 @@ pub trait BlockModel<B: Backend>: Module<B> {
     /// Token ids `[batch, seq]` → hidden states `[batch, seq, d_model]`
     /// (token embedding, plus learned positions where the model has them).
     fn embed(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3>;
+
+    /// [`BlockModel::embed`] of tokens packed as `documents`: learned
+    /// positions, where the model has them, count from each document's
+    /// start.
+    fn embed_in(&self, tokens: Tensor<B, 2, Int>, documents: &Documents) -> Tensor<B, 3>;
 
     /// The blocks, in order.
     fn blocks(&self) -> &[Self::Block];
@@ -59,6 +78,18 @@ pub trait BlockModel<B: Backend>: Module<B> {
             .blocks()
             .iter()
             .fold(self.embed(tokens), |x, block| block.forward(x));
+        self.head(hidden)
+    }
+
+    /// [`BlockModel::forward`] of tokens packed as `documents`: each
+    /// document's logits are those it has alone.
+    fn forward_in(&self, tokens: Tensor<B, 2, Int>, documents: &Documents) -> Tensor<B, 3> {
+        let hidden = self
+            .blocks()
+            .iter()
+            .fold(self.embed_in(tokens, documents), |x, block| {
+                block.forward_in(x, documents)
+            });
         self.head(hidden)
     }
 }

@@ -4,13 +4,13 @@
 use burn::module::{Initializer, Module};
 use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig};
 use burn::tensor::activation::gelu_approximate;
-use burn::tensor::{backend::Backend, Int, Tensor};
-use burn_offload::{BlockModel, DecoderBlock};
+use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
+use burn_offload::{BlockModel, DecoderBlock, Documents};
 use serde::{Deserialize, Serialize};
 
 use crate::config::{check_heads, check_positive, ConfigError};
 use crate::tokens::{forward_tokens, linear_tokens};
-use burn_offload::ops::attention::causal_attention;
+use burn_offload::ops::attention::{causal_attention, causal_attention_in};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -148,6 +148,16 @@ pub struct Gpt2Mlp<B: Backend> {
 
 impl<B: Backend> Gpt2Attention<B> {
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        self.forward_with(x, None)
+    }
+
+    /// [`Gpt2Attention::forward`] with attention inside each of the packed
+    /// `documents`.
+    pub fn forward_in(&self, x: Tensor<B, 3>, documents: &Documents) -> Tensor<B, 3> {
+        self.forward_with(x, Some(documents))
+    }
+
+    fn forward_with(&self, x: Tensor<B, 3>, documents: Option<&Documents>) -> Tensor<B, 3> {
         let [batch, seq, d] = x.dims();
         let head_dim = d / self.n_head;
         let heads = |t: Tensor<B, 3>| {
@@ -156,17 +166,30 @@ impl<B: Backend> Gpt2Attention<B> {
         };
         let qkv = forward_tokens(&self.c_attn, x).chunk(3, 2);
         let [q, k, v]: [Tensor<B, 3>; 3] = qkv.try_into().expect("chunk(3) gives three tensors");
-        let y = causal_attention(heads(q), heads(k), heads(v));
+        let y = match documents {
+            Some(documents) => causal_attention_in(heads(q), heads(k), heads(v), documents),
+            None => causal_attention(heads(q), heads(k), heads(v)),
+        };
         forward_tokens(&self.c_proj, y.swap_dims(1, 2).reshape([batch, seq, d]))
+    }
+}
+
+impl<B: Backend> Gpt2Block<B> {
+    fn forward_with(&self, x: Tensor<B, 3>, documents: Option<&Documents>) -> Tensor<B, 3> {
+        let x = x.clone() + self.attn.forward_with(self.ln_1.forward(x), documents);
+        // GPT-2 uses the tanh approximation ("gelu_new").
+        let h = gelu_approximate(forward_tokens(&self.mlp.c_fc, self.ln_2.forward(x.clone())));
+        x + forward_tokens(&self.mlp.c_proj, h)
     }
 }
 
 impl<B: Backend> DecoderBlock<B> for Gpt2Block<B> {
     fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let x = x.clone() + self.attn.forward(self.ln_1.forward(x));
-        // GPT-2 uses the tanh approximation ("gelu_new").
-        let h = gelu_approximate(forward_tokens(&self.mlp.c_fc, self.ln_2.forward(x.clone())));
-        x + forward_tokens(&self.mlp.c_proj, h)
+        self.forward_with(x, None)
+    }
+
+    fn forward_in(&self, x: Tensor<B, 3>, documents: &Documents) -> Tensor<B, 3> {
+        self.forward_with(x, Some(documents))
     }
 }
 
@@ -178,6 +201,16 @@ impl<B: Backend> BlockModel<B> for Gpt2<B> {
         let positions = Tensor::<B, 1, Int>::arange(0..seq as i64, &tokens.device())
             .reshape([1, seq])
             .expand([batch, seq]);
+        self.wte.forward(tokens) + self.wpe.forward(positions)
+    }
+
+    /// Learned positions counted from each document's start.
+    fn embed_in(&self, tokens: Tensor<B, 2, Int>, documents: &Documents) -> Tensor<B, 3> {
+        let [batch, seq] = tokens.dims();
+        let positions = Tensor::<B, 2, Int>::from_data(
+            TensorData::new(documents.positions(), [batch, seq]),
+            &tokens.device(),
+        );
         self.wte.forward(tokens) + self.wpe.forward(positions)
     }
 

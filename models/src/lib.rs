@@ -11,6 +11,7 @@ pub mod gpt2;
 pub mod hf;
 pub mod llama;
 pub mod loss;
+pub mod rope;
 pub mod tokens;
 
 pub use config::{ConfigError, ModelConfig, PRESETS};

@@ -5,20 +5,21 @@
 //! the query/key/value projections, Qwen3 an RMSNorm on each query and key
 //! head and a head size of its own (docs/ARCHITECTURE.md §5).
 
-use std::any::{Any, TypeId};
-use std::sync::Mutex;
-
 use burn::module::{Initializer, Module, Param};
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNormConfig};
-use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
-use burn_offload::{BlockModel, DecoderBlock};
+use burn::tensor::{backend::Backend, Int, Tensor};
+use burn_offload::{BlockModel, DecoderBlock, Documents};
 use serde::{Deserialize, Serialize};
 
 use crate::config::{check_heads, check_positive, ConfigError};
+pub use crate::rope::{
+    apply_rope, apply_rope_rows, cached_rope_tables, document_rope_tables, rope_tables,
+};
 use crate::tokens::{forward_tokens, linear_tokens};
-use burn_offload::ops::attention::{causal_attention, windowed_attention};
+use burn_offload::ops::attention::{
+    causal_attention, causal_attention_in, windowed_attention, windowed_attention_in,
+};
 use burn_offload::ops::mlp::swiglu_mlp;
-use burn_offload::ops::rotary::rotate_half;
 use burn_offload::ops::swiglu::swiglu;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -578,107 +579,6 @@ impl<B: Backend> LlamaMlp<B> {
     }
 }
 
-/// Rotary tables `(cos, sin)`, each `[seq, head_dim]`: position `t`, column `j`
-/// holds `cos(t · inv_freqs[j mod h/2])` (halves repeated, HF layout), where
-/// `inv_freqs` has `head_dim / 2` entries ([`LlamaConfig::inv_freqs`]).
-/// Computed in f64 on the host so every backend sees the same angles.
-pub fn rope_tables<B: Backend>(
-    seq: usize,
-    inv_freqs: &[f64],
-    device: &B::Device,
-) -> (Tensor<B, 2>, Tensor<B, 2>) {
-    let half = inv_freqs.len();
-    let head_dim = 2 * half;
-    let mut cos = Vec::with_capacity(seq * head_dim);
-    let mut sin = Vec::with_capacity(seq * head_dim);
-    for t in 0..seq {
-        for j in 0..head_dim {
-            let angle = t as f64 * inv_freqs[j % half];
-            cos.push(angle.cos() as f32);
-            sin.push(angle.sin() as f32);
-        }
-    }
-    let table = |v: Vec<f32>| Tensor::from_data(TensorData::new(v, [seq, head_dim]), device);
-    (table(cos), table(sin))
-}
-
-/// [`rope_tables`] for `seq` positions, built once per backend, device and
-/// frequencies and shared by every block and step: the tables for the
-/// longest sequence asked for so far (rounded up to a power of two), narrowed
-/// to `seq` (a row depends only on its position, so the values are those of
-/// [`rope_tables`]). Built per call, each block's forward would compute the
-/// angles on the thread that submits the kernels and upload them, a copy that
-/// on the GPU queues behind the next block's weight prefetch.
-///
-/// Process-wide rather than owned by the model: a module's non-parameter
-/// state must be the same type on every backend (burn converts modules to and
-/// from `Autodiff` each step), and the tables are tensors of one backend.
-/// The key (backend, device, frequencies) keeps two models apart.
-pub fn cached_rope_tables<B: Backend>(
-    seq: usize,
-    inv_freqs: &[f64],
-    device: &B::Device,
-) -> (Tensor<B, 2>, Tensor<B, 2>) {
-    struct Entry {
-        key: (TypeId, String, Vec<u64>),
-        positions: usize,
-        tables: Box<dyn Any + Send>,
-    }
-    static CACHE: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
-
-    let key = (
-        TypeId::of::<B>(),
-        format!("{device:?}"),
-        inv_freqs.iter().map(|f| f.to_bits()).collect(),
-    );
-    // A panic elsewhere while the lock was held cannot leave an entry half
-    // written (entries are replaced whole): the cache stays usable.
-    let mut cache = CACHE
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    let at = match cache.iter().position(|e| e.key == key) {
-        Some(at) if cache[at].positions >= seq => at,
-        found => {
-            let positions = seq.next_power_of_two();
-            let entry = Entry {
-                key,
-                positions,
-                tables: Box::new(rope_tables::<B>(positions, inv_freqs, device)),
-            };
-            match found {
-                Some(at) => {
-                    cache[at] = entry;
-                    at
-                }
-                None => {
-                    cache.push(entry);
-                    cache.len() - 1
-                }
-            }
-        }
-    };
-    let (cos, sin) = cache[at]
-        .tables
-        .downcast_ref::<(Tensor<B, 2>, Tensor<B, 2>)>()
-        .expect("the key holds the backend type");
-    if cache[at].positions == seq {
-        (cos.clone(), sin.clone())
-    } else {
-        (cos.clone().narrow(0, 0, seq), sin.clone().narrow(0, 0, seq))
-    }
-}
-
-/// Rotates `x [batch, heads, seq, head_dim]`: `x·cos + rotate_half(x)·sin`, where
-/// `rotate_half([a, b]) = [-b, a]` over the two halves of the head dimension, in
-/// `x`'s dtype: one operation each way (`burn_offload::ops::rotary`), a kernel on CUDA.
-pub fn apply_rope<B: Backend>(
-    x: Tensor<B, 4>,
-    cos: &Tensor<B, 2>,
-    sin: &Tensor<B, 2>,
-) -> Tensor<B, 4> {
-    rotate_half(x, cos, sin)
-}
-
 /// RMSNorm as one operation each way (`burn_offload::ops::rms_norm`): burn's
 /// `RmsNorm::forward` computed in f32 and rounded once, without its five
 /// passes and their autodiff records (a kernel each way on CUDA).
@@ -688,6 +588,17 @@ fn rms_norm<B: Backend, const D: usize>(norm: &RmsNorm<B>, x: Tensor<B, D>) -> T
 
 impl<B: Backend> LlamaAttention<B> {
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        self.forward_with(x, None)
+    }
+
+    /// [`LlamaAttention::forward`] of rows packed as `documents`: attention
+    /// stays inside each document and the rotary positions restart at each
+    /// one's start.
+    pub fn forward_in(&self, x: Tensor<B, 3>, documents: &Documents) -> Tensor<B, 3> {
+        self.forward_with(x, Some(documents).filter(|d| !d.is_whole()))
+    }
+
+    fn forward_with(&self, x: Tensor<B, 3>, documents: Option<&Documents>) -> Tensor<B, 3> {
         let [batch, seq, _] = x.dims();
         let head_dim = 2 * self.inv_freqs.len();
         // `[batch, seq, n·head_dim]` → `[batch, n, seq, head_dim]`, each head
@@ -716,14 +627,28 @@ impl<B: Backend> LlamaAttention<B> {
             &None,
         );
 
-        let (cos, sin) = cached_rope_tables::<B>(seq, &self.inv_freqs, &x.device());
-        let (q, k) = (apply_rope(q, &cos, &sin), apply_rope(k, &cos, &sin));
-
         // Grouped-query attention: each key/value head serves `n_head /
         // n_kv_head` consecutive query heads.
-        let y = match self.sliding_window {
-            Some(window) => windowed_attention(q, k, v, window),
-            None => causal_attention(q, k, v),
+        let y = match documents {
+            None => {
+                let (cos, sin) = cached_rope_tables::<B>(seq, &self.inv_freqs, &x.device());
+                let (q, k) = (apply_rope(q, &cos, &sin), apply_rope(k, &cos, &sin));
+                match self.sliding_window {
+                    Some(window) => windowed_attention(q, k, v, window),
+                    None => causal_attention(q, k, v),
+                }
+            }
+            Some(documents) => {
+                let (cos, sin) = document_rope_tables::<B>(documents, &self.inv_freqs, &x.device());
+                let (q, k) = (
+                    apply_rope_rows(q, &cos, &sin),
+                    apply_rope_rows(k, &cos, &sin),
+                );
+                match self.sliding_window {
+                    Some(window) => windowed_attention_in(q, k, v, window, documents),
+                    None => causal_attention_in(q, k, v, documents),
+                }
+            }
         };
         forward_tokens(
             &self.o_proj,
@@ -733,11 +658,26 @@ impl<B: Backend> LlamaAttention<B> {
     }
 }
 
-impl<B: Backend> DecoderBlock<B> for LlamaBlock<B> {
-    fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let x = x.clone() + self.attn.forward(rms_norm(&self.input_layernorm, x));
+impl<B: Backend> LlamaBlock<B> {
+    fn forward_with(&self, x: Tensor<B, 3>, documents: Option<&Documents>) -> Tensor<B, 3> {
+        let normed = rms_norm(&self.input_layernorm, x.clone());
+        let attended = match documents {
+            Some(documents) => self.attn.forward_in(normed, documents),
+            None => self.attn.forward(normed),
+        };
+        let x = x + attended;
         let h = rms_norm(&self.post_attention_layernorm, x.clone());
         x + self.mlp.forward(h)
+    }
+}
+
+impl<B: Backend> DecoderBlock<B> for LlamaBlock<B> {
+    fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        self.forward_with(x, None)
+    }
+
+    fn forward_in(&self, x: Tensor<B, 3>, documents: &Documents) -> Tensor<B, 3> {
+        self.forward_with(x, Some(documents))
     }
 }
 
@@ -757,6 +697,11 @@ impl<B: Backend> BlockModel<B> for Llama<B> {
 
     fn embed(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
         self.embed_tokens.forward(tokens)
+    }
+
+    /// The lookup: positions live in the blocks' rotations.
+    fn embed_in(&self, tokens: Tensor<B, 2, Int>, _: &Documents) -> Tensor<B, 3> {
+        self.embed(tokens)
     }
 
     fn blocks(&self) -> &[LlamaBlock<B>] {

@@ -622,7 +622,7 @@ mod tied {
     use burn::module::Param;
     use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig};
     use burn::prelude::*;
-    use burn_offload::{BlockModel, DecoderBlock};
+    use burn_offload::{BlockModel, DecoderBlock, Documents};
 
     pub const VOCAB: usize = 16;
 
@@ -634,6 +634,10 @@ mod tied {
     impl<B: Backend> DecoderBlock<B> for Mix<B> {
         fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
             x.clone() + self.proj.forward(x).tanh()
+        }
+        /// Position-wise: documents change nothing.
+        fn forward_in(&self, x: Tensor<B, 3>, _: &Documents) -> Tensor<B, 3> {
+            self.forward(x)
         }
     }
 
@@ -660,6 +664,9 @@ mod tied {
         type Block = Mix<B>;
         fn embed(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
             self.embed.forward(tokens)
+        }
+        fn embed_in(&self, tokens: Tensor<B, 2, Int>, _: &burn_offload::Documents) -> Tensor<B, 3> {
+            self.embed(tokens)
         }
         fn blocks(&self) -> &[Mix<B>] {
             &self.blocks
@@ -729,6 +736,10 @@ mod widening {
         fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
             self.proj.forward(x)
         }
+        /// Position-wise: documents change nothing.
+        fn forward_in(&self, x: Tensor<B, 3>, _: &burn_offload::Documents) -> Tensor<B, 3> {
+            self.forward(x)
+        }
     }
 
     #[derive(Module, Debug)]
@@ -754,6 +765,9 @@ mod widening {
         type Block = Widen<B>;
         fn embed(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
             self.embed.forward(tokens)
+        }
+        fn embed_in(&self, tokens: Tensor<B, 2, Int>, _: &burn_offload::Documents) -> Tensor<B, 3> {
+            self.embed(tokens)
         }
         fn blocks(&self) -> &[Widen<B>] {
             &self.blocks

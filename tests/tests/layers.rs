@@ -17,7 +17,7 @@ const LAYERS: &[&[&str]] = &[
     &["transfer"],
     &["backend"],
     &["cuda"],
-    &["precision", "matmul", "model", "device"],
+    &["precision", "matmul", "model", "device", "documents"],
     &["ops"],
     &["engine"],
 ];

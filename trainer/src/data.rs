@@ -10,6 +10,8 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
+use burn_offload::Documents;
+
 /// Separator placed between documents (files, JSONL records) in a corpus.
 pub(crate) const DOC_SEPARATOR: &str = "\n\n";
 
@@ -69,6 +71,15 @@ pub enum DataError {
 
     #[error("the data makes no training window")]
     NoWindows,
+
+    #[error("{starts} lists of document starts for {windows} windows")]
+    DocumentCount { starts: usize, windows: usize },
+
+    #[error("window {window}: {error}")]
+    Documents {
+        window: usize,
+        error: burn_offload::DocumentsError,
+    },
 
     #[error("token cache `{}` (--data-cache): {error}", path.display())]
     Cache { path: PathBuf, error: io::Error },
@@ -599,6 +610,10 @@ pub struct Windows {
     pub seq_len: usize,
     pub inputs: Vec<u32>,
     pub targets: Vec<i64>,
+    /// Where each window's documents start (the first at 0; attention and
+    /// positions stay inside each one): one list per window for packed
+    /// instruction data, none at all where a window is one sequence.
+    pub starts: Vec<Vec<usize>>,
 }
 
 /// Targets of `targets` that are trained on (the others are
@@ -621,12 +636,17 @@ impl Windows {
             seq_len: self.seq_len,
             inputs: Vec::with_capacity(self.inputs.len()),
             targets: Vec::with_capacity(self.targets.len()),
+            starts: Vec::new(),
         };
         let mut dropped = 0;
-        for (inputs, targets) in self.inputs.chunks(seq).zip(self.targets.chunks(seq)) {
+        let windows = self.inputs.chunks(seq).zip(self.targets.chunks(seq));
+        for (w, (inputs, targets)) in windows.enumerate() {
             if trained_targets(targets) > 0 {
                 kept.inputs.extend_from_slice(inputs);
                 kept.targets.extend_from_slice(targets);
+                if let Some(starts) = self.starts.get(w) {
+                    kept.starts.push(starts.clone());
+                }
             } else {
                 dropped += 1;
             }
@@ -685,6 +705,19 @@ impl Batcher {
         if windows.count() == 0 {
             return Err(DataError::NoWindows);
         }
+        // Checked here, so every batch's boundaries are valid.
+        if !windows.starts.is_empty() {
+            if windows.starts.len() != windows.count() {
+                return Err(DataError::DocumentCount {
+                    starts: windows.starts.len(),
+                    windows: windows.count(),
+                });
+            }
+            for (window, starts) in windows.starts.iter().enumerate() {
+                Documents::new(windows.seq_len, vec![starts.clone()])
+                    .map_err(|error| DataError::Documents { window, error })?;
+            }
+        }
         Ok(Self {
             seq_len: windows.seq_len,
             source: Source::Windows(windows),
@@ -697,10 +730,18 @@ impl Batcher {
     /// a uniformly random start `s` in `0..=len - seq_len - 1`, and its target
     /// row is the same window shifted one token to the right.
     pub fn next_batch(&mut self, batch: usize) -> (Vec<i64>, Vec<i64>) {
+        let (inputs, targets, _) = self.next_batch_in(batch);
+        (inputs, targets)
+    }
+
+    /// [`Batcher::next_batch`] with the rows' document boundaries, where the
+    /// windows carry them (packed instruction data): the same draws.
+    pub fn next_batch_in(&mut self, batch: usize) -> (Vec<i64>, Vec<i64>, Option<Documents>) {
         let seq = self.seq_len;
         let n = batch * seq;
         let mut inputs = Vec::with_capacity(n);
         let mut targets = Vec::with_capacity(n);
+        let mut starts = Vec::new();
         match &self.source {
             Source::Stream(tokens) => {
                 // `new` guarantees len > seq_len, so there is at least one start.
@@ -726,10 +767,18 @@ impl Batcher {
                     let range = w * seq..(w + 1) * seq;
                     inputs.extend(windows.inputs[range.clone()].iter().map(|&t| i64::from(t)));
                     targets.extend_from_slice(&windows.targets[range]);
+                    if let Some(s) = windows.starts.get(w) {
+                        starts.push(s.clone());
+                    }
                 }
             }
         }
-        (inputs, targets)
+        // `Batcher::windows` checked each window's starts; a batch of none
+        // has no boundaries to keep.
+        let documents = (batch > 0 && starts.len() == batch)
+            .then(|| Documents::new(seq, starts).ok())
+            .flatten();
+        (inputs, targets, documents)
     }
 
     /// Current generator state, for checkpoints.
@@ -994,6 +1043,41 @@ mod tests {
             b.next_batch(2),
             (vec![1, 2, 3, 4, 1, 2, 3, 4], vec![2, 3, 4, 5, 2, 3, 4, 5])
         );
+    }
+
+    /// Packed windows hand each drawn row's document starts to the batch
+    /// (the rows' first tokens say which window was drawn); bad starts are
+    /// refused when the batcher is made.
+    #[test]
+    fn window_batches_carry_their_rows_documents() {
+        let windows = Windows {
+            seq_len: 4,
+            inputs: vec![10, 11, 12, 13, 20, 21, 22, 23, 30, 31, 32, 33],
+            targets: vec![1; 12],
+            starts: vec![vec![0, 2], vec![0], vec![0, 1, 3]],
+        };
+        let mut b = Batcher::windows(windows.clone(), 5).expect("batcher");
+        for _ in 0..10 {
+            let (x, _, documents) = b.next_batch_in(3);
+            let documents = documents.expect("packed windows have boundaries");
+            for row in 0..3 {
+                let w = (x[row * 4] / 10 - 1) as usize;
+                assert_eq!(documents.starts(row), windows.starts[w]);
+            }
+        }
+        let plain = Windows {
+            starts: Vec::new(),
+            ..windows.clone()
+        };
+        let (_, _, none) = Batcher::windows(plain, 5).unwrap().next_batch_in(2);
+        assert!(none.is_none());
+        for starts in [vec![vec![0]], vec![vec![0], vec![0], vec![1]]] {
+            let bad = Windows {
+                starts,
+                ..windows.clone()
+            };
+            assert!(Batcher::windows(bad, 5).is_err());
+        }
     }
 
     #[test]

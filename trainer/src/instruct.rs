@@ -9,8 +9,10 @@
 //! ending with the end-of-sequence token where the tokenizer has one), or one
 //! per window without packing; the rest of a window is padding that is not
 //! trained on. An example longer than a window is truncated and counted.
-//! Within a packed window attention is causal over all of it, examples
-//! included (the usual packing trade-off).
+//! A packed window keeps where each example (and the padding) starts: no
+//! example attends to another, positions restart at each one, and no
+//! example's last token is trained to predict the next one's first, so a
+//! packed example trains exactly as it would alone in its window.
 
 use std::fmt;
 use std::fs;
@@ -323,20 +325,33 @@ struct Packed {
 
 /// Windows of `seq_len` inputs: examples appended while they fit in
 /// `seq_len + 1` tokens (one per window without `packing`), the rest `pad`;
-/// a target is the next token where that token is trained on.
+/// a target is the next token where that token is trained on and belongs
+/// to the same example. Packed windows keep each example's start and the
+/// padding's ([`Windows::starts`]).
 fn pack(examples: &[Example], seq_len: usize, packing: bool, pad: u32) -> Packed {
     let span = seq_len + 1;
     let mut windows = Windows {
         seq_len,
         inputs: Vec::new(),
         targets: Vec::new(),
+        starts: Vec::new(),
     };
     let (mut truncated, mut emptied) = (0, 0);
     let mut tokens: Vec<u32> = Vec::with_capacity(span);
     let mut trained: Vec<bool> = Vec::with_capacity(span);
-    let mut flush = |tokens: &mut Vec<u32>, trained: &mut Vec<bool>| {
+    // Where the window's examples start, in its tokens.
+    let mut starts: Vec<usize> = Vec::new();
+    let mut flush = |tokens: &mut Vec<u32>, trained: &mut Vec<bool>, starts: &mut Vec<usize>| {
         if tokens.is_empty() {
             return;
+        }
+        // An example's first token is not the previous one's target.
+        for &start in &starts[1..] {
+            trained[start] = false;
+        }
+        // The padding is a document of its own: no example sees it.
+        if tokens.len() < seq_len {
+            starts.push(tokens.len());
         }
         tokens.resize(span, pad);
         trained.resize(span, false);
@@ -348,8 +363,12 @@ fn pack(examples: &[Example], seq_len: usize, packing: bool, pad: u32) -> Packed
                 IGNORE_INDEX
             }
         }));
+        if packing {
+            windows.starts.push(std::mem::take(starts));
+        }
         tokens.clear();
         trained.clear();
+        starts.clear();
     };
     for (ids, marks) in examples {
         let n = if ids.len() > span {
@@ -359,17 +378,17 @@ fn pack(examples: &[Example], seq_len: usize, packing: bool, pad: u32) -> Packed
             ids.len()
         };
         if !packing || tokens.len() + n > span {
-            flush(&mut tokens, &mut trained);
+            flush(&mut tokens, &mut trained, &mut starts);
         }
-        // A window's first token is no one's target.
-        let first_target = usize::from(tokens.is_empty());
-        if marks.contains(&true) && !marks[first_target.min(n)..n].contains(&true) {
+        // An example's first token is no one's target.
+        if marks.contains(&true) && !marks[1.min(n)..n].contains(&true) {
             emptied += 1;
         }
+        starts.push(tokens.len());
         tokens.extend_from_slice(&ids[..n]);
         trained.extend_from_slice(&marks[..n]);
     }
-    flush(&mut tokens, &mut trained);
+    flush(&mut tokens, &mut trained, &mut starts);
     Packed {
         windows,
         truncated,
@@ -553,6 +572,7 @@ mod tests {
         let ig = IGNORE_INDEX;
         assert_eq!(w.inputs, [1, 2, 3, 4, 5, 7, 8, 9, 10, 11]);
         assert_eq!(w.targets, [2, 3, ig, ig, 6, 8, 9, 10, 11, 12]);
+        assert_eq!(w.starts, [vec![0, 3], vec![0]]);
         let Packed {
             windows: w,
             truncated,
@@ -561,6 +581,37 @@ mod tests {
         assert_eq!((w.count(), truncated), (3, 1));
         assert_eq!(&w.inputs[..5], [1, 2, 3, 99, 99]);
         assert_eq!(&w.targets[..5], [2, 3, ig, ig, ig]);
+        assert!(
+            w.starts.is_empty(),
+            "one example a window needs no boundaries"
+        );
+    }
+
+    /// Trained on every token (`--train-on-prompt`), an example's last
+    /// token does not learn the next example's first: packed, each example
+    /// has the targets it has alone in a window; the padding starts a
+    /// document of its own.
+    #[test]
+    fn packed_examples_keep_their_own_targets_and_starts() {
+        let ex = |ids: &[u32]| (ids.to_vec(), vec![true; ids.len()]);
+        let examples = [ex(&[1, 2, 3]), ex(&[4, 5]), ex(&[6, 7, 8, 9])];
+        let packed = pack(&examples, 7, true, 0).windows;
+        let ig = IGNORE_INDEX;
+        assert_eq!(packed.inputs, [1, 2, 3, 4, 5, 0, 0, 6, 7, 8, 9, 0, 0, 0]);
+        assert_eq!(
+            packed.targets,
+            [2, 3, ig, 5, ig, ig, ig, 7, 8, 9, ig, ig, ig, ig]
+        );
+        assert_eq!(packed.starts, [vec![0, 3, 5], vec![0, 4]]);
+        let alone = pack(&examples, 7, false, 0).windows;
+        let seq = 7;
+        // (window, start, length) of each example, packed.
+        for (example, (w, start, len)) in [(0, 0, 3), (0, 3, 2), (1, 0, 4)].into_iter().enumerate()
+        {
+            let got = &packed.targets[w * seq + start..w * seq + start + len];
+            let want = &alone.targets[example * seq..example * seq + len];
+            assert_eq!(got, want, "example {example}");
+        }
     }
 
     #[test]

@@ -19,7 +19,8 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{ElementConversion, TensorData};
 use burn_offload::checkpoint::{CheckpointDir, CheckpointError};
 use burn_offload::{
-    BlockModel, Compute, DecoderBlock, Engine, EngineConfig, HostOptimizerConfig, OptimizerConfig,
+    BlockModel, Compute, DecoderBlock, Documents, Engine, EngineConfig, HostOptimizerConfig,
+    OptimizerConfig,
 };
 use models::{cross_entropy, ModelConfig};
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -643,7 +644,11 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
                     prepared.tokens_per_s,
                     prepared.truncated,
                     prepared.windows.count(),
-                    if opts.packing { " (packed)" } else { "" },
+                    if opts.packing {
+                        " (packed, each example attending only to itself)"
+                    } else {
+                        ""
+                    },
                     prepared.trained,
                 );
                 if prepared.emptied > 0 {
@@ -1498,11 +1503,13 @@ impl Job<'_> {
             // Rounds of one micro-batch per lane of the run, each drawn on
             // its device (every process draws them all).
             let mut trained_tokens = 0;
+            let mut documents = Vec::new();
             let batches: Vec<_> = (0..opts.accum * lanes)
                 .map(|i| {
-                    let (inputs, targets, trained) =
+                    let (inputs, targets, trained, docs) =
                         self.batch_tensors::<B>(&devices[i % devices.len()]);
                     trained_tokens += trained;
+                    documents.extend(docs);
                     (inputs, targets)
                 })
                 .collect();
@@ -1515,7 +1522,13 @@ impl Job<'_> {
             engine.reset_pager_counters();
             let peak_reset = trace::reset_peak();
             trace::mark(format_args!("step {step}: batches ready"));
-            let report = engine.step(&batches, lr)?;
+            // Packed instruction windows carry their examples' boundaries
+            // (every micro-batch of the batcher, or none).
+            let report = if documents.len() == batches.len() {
+                engine.step_in(&batches, &documents, lr)?
+            } else {
+                engine.step(&batches, lr)?
+            };
             if report.skipped {
                 consecutive_skips += 1;
                 outcome.skipped_total += 1;
@@ -1751,18 +1764,26 @@ impl Job<'_> {
             let lr = schedule.lr(step);
             let mut loss_value = 0.0f32;
             let micro_batches: Vec<_> = (0..opts.accum)
-                .map(|_| self.batcher.next_batch(opts.batch))
+                .map(|_| self.batcher.next_batch_in(opts.batch))
                 .collect();
-            let trained_tokens: usize = micro_batches.iter().map(|(_, t)| trained_targets(t)).sum();
-            for (inputs, targets) in micro_batches {
+            let trained_tokens: usize = micro_batches
+                .iter()
+                .map(|(_, t, _)| trained_targets(t))
+                .sum();
+            for (inputs, targets, documents) in micro_batches {
                 let scale = trained_targets(&targets) as f64 / trained_tokens.max(1) as f64;
                 let tensor = |v: Vec<i64>| {
                     Tensor::from_data(TensorData::new(v, [opts.batch, opts.seq_len]), device)
                 };
                 let (inputs, targets) = (tensor(inputs), tensor(targets));
+                // Packed instruction windows: each example sees only itself.
+                let forward = |model: &M| match &documents {
+                    Some(documents) => model.forward_in(inputs.clone(), documents),
+                    None => model.forward(inputs.clone()),
+                };
                 let logits = match opts.compute {
-                    Compute::Fp32 => model.forward(inputs),
-                    low => burn_offload::cast_params(model.clone(), low.dtype()).forward(inputs),
+                    Compute::Fp32 => forward(&model),
+                    low => forward(&burn_offload::cast_params(model.clone(), low.dtype())),
                 };
                 let loss = cross_entropy(logits, targets) * scale;
                 let micro: f32 = loss.clone().into_scalar().elem();
@@ -1829,16 +1850,21 @@ impl Job<'_> {
     }
 
     /// The next micro-batch on `device`, with the number of targets it
-    /// trains on.
+    /// trains on and its rows' document boundaries (packed instruction data).
     fn batch_tensors<AB: Backend>(
         &mut self,
         device: &AB::Device,
-    ) -> (Tensor<AB, 2, Int>, Tensor<AB, 2, Int>, usize) {
+    ) -> (
+        Tensor<AB, 2, Int>,
+        Tensor<AB, 2, Int>,
+        usize,
+        Option<Documents>,
+    ) {
         let (batch, seq) = (self.opts.batch, self.opts.seq_len);
-        let (inputs, targets) = self.batcher.next_batch(batch);
+        let (inputs, targets, documents) = self.batcher.next_batch_in(batch);
         let trained = trained_targets(&targets);
         let tensor = |v: Vec<i64>| Tensor::from_data(TensorData::new(v, [batch, seq]), device);
-        (tensor(inputs), tensor(targets), trained)
+        (tensor(inputs), tensor(targets), trained, documents)
     }
 
     /// The run's progress display from step `start`.

@@ -94,7 +94,10 @@ fn truncation_packing_and_prompt_training_show_in_the_log() {
     let packed = log(&[]);
     assert!(packed.contains("2 examples"), "{packed}");
     assert!(packed.contains("1 truncated to --seq-len"), "{packed}");
-    assert!(packed.contains("1 windows (packed)"), "{packed}");
+    assert!(
+        packed.contains("1 windows (packed, each example attending only to itself)"),
+        "{packed}"
+    );
     let trained = |line: &str| -> usize {
         let before = line.split(" targets trained on").next().unwrap();
         before.rsplit(", ").next().unwrap().parse().unwrap()
@@ -247,4 +250,51 @@ fn rand_name() -> String {
     use std::sync::atomic::{AtomicUsize, Ordering};
     static N: AtomicUsize = AtomicUsize::new(0);
     N.fetch_add(1, Ordering::SeqCst).to_string()
+}
+
+/// Short examples pack several to a window, with their boundaries: the
+/// engine and `--resident` (plain burn on the whole model) see the same
+/// first batch and agree on its loss, each through its own attention and
+/// rotary path.
+#[test]
+fn packed_windows_train_alike_in_the_engine_and_resident() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = checkpoint(dir.path());
+    let short: Vec<String> = ["Hi", "Go", "Up", "No", "Be", "Do"]
+        .iter()
+        .map(|w| format!("{{\"instruction\": \"{w}\", \"output\": \"{w}.\"}}"))
+        .collect();
+    let data = write(dir.path(), "short.jsonl", &short.join("\n"));
+    let first_loss = |extra: &[&str]| {
+        let metrics = dir.path().join(format!("m{}.jsonl", extra.len()));
+        let args = [
+            "--init-from",
+            s(&ckpt),
+            "--data",
+            s(&data),
+            "--seq-len",
+            "64",
+            "--metrics",
+            s(&metrics),
+        ];
+        let out = train(&[&args[..], extra].concat());
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{err}");
+        let line = err
+            .lines()
+            .find(|l| l.starts_with("alpaca data: "))
+            .unwrap();
+        // 6 examples of about 24 tokens, two to a window of 65.
+        assert!(line.contains("6 examples"), "{line}");
+        assert!(
+            line.contains(" 3 windows"),
+            "examples share windows: {line}"
+        );
+        common::metrics(&metrics)[0]["loss"].as_f64().unwrap()
+    };
+    let (engine, resident) = (first_loss(&[]), first_loss(&["--resident"]));
+    assert!(
+        ((engine - resident) / resident).abs() < 1e-4,
+        "engine {engine}, resident {resident}"
+    );
 }

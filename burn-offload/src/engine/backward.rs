@@ -9,18 +9,19 @@ use burn::tensor::Tensor;
 
 use super::forward::ForwardState;
 use super::sink::{group_prefix, Sink};
-use super::StreamedModel;
+use super::{run_block, StreamedModel};
 use super::{BlockAd, DeviceTransfer, Engine, EngineError, AD};
 use crate::transfer::{sum_lanes, PendingGradients};
-use crate::DecoderBlock;
+use crate::Documents;
 
 /// A backward pass's gradients on `Autodiff<B>`.
 type Gradients<B> = <AD<B> as AutodiffBackend>::Gradients;
 
 impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
     /// Phase 3 from `dy`, each lane's last block output gradient, with
-    /// `next` each lane's last recomputed block already bound; returns each
-    /// lane's `dx_0`, the embedding's output gradient.
+    /// `next` each lane's last recomputed block already bound, lane `d`'s
+    /// rows packed as `documents[d]` where given; returns each lane's
+    /// `dx_0`, the embedding's output gradient.
     ///
     /// The lanes run each block in lockstep. Block i's gradients (summed
     /// over the lanes on the devices, then copied to the host from one lane)
@@ -36,6 +37,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         &mut self,
         blocks: &[M::Block],
         states: Vec<ForwardState<B, M>>,
+        documents: &[Option<&Documents>],
         mut next: Vec<Option<BlockAd<B, M>>>,
         dy: Vec<Tensor<B, 3>>,
         beside: bool,
@@ -80,7 +82,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
                     }
                     launch = Instant::now();
                     let x_in = Tensor::<AD<B>, 3>::from_inner(checkpoint).require_grad();
-                    let y = block.forward(x_in.clone());
+                    let y = run_block(&block, x_in.clone(), documents[d]);
                     (block, x_in, y)
                 };
                 self.split.backward_bind_s += (launch - bind).as_secs_f64();

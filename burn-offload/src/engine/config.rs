@@ -298,6 +298,24 @@ pub enum BatchError {
         /// Its shape.
         shape: [usize; 2],
     },
+    /// Document boundaries not one per micro-batch.
+    #[error("{documents} sets of document boundaries for {micro_batches} micro-batches")]
+    Documents {
+        /// Micro-batches given.
+        micro_batches: usize,
+        /// Boundaries given.
+        documents: usize,
+    },
+    /// Document boundaries for a shape other than their micro-batch's.
+    #[error("micro-batch {index}: documents for {documents:?}, inputs {inputs:?}")]
+    DocumentShape {
+        /// Which micro-batch.
+        index: usize,
+        /// The boundaries' `[batch, seq]`.
+        documents: [usize; 2],
+        /// The inputs'.
+        inputs: [usize; 2],
+    },
     /// A token outside the embedding table.
     #[error("token id {token} is outside the embedding table's {rows} rows")]
     Token {

@@ -12,7 +12,7 @@ use rayon::prelude::*;
 use super::config::BatchError;
 use super::ledger::{Part, TableRows};
 use super::sink::{group_prefix, Sink};
-use super::StreamedModel;
+use super::{embed_tokens, StreamedModel};
 use super::{DeviceTransfer, Engine, EngineError, AD};
 use crate::host::lookup::{check_tokens, gather_rows, scatter_add_rows, TokenRows};
 use crate::host::norm::sum_of_squares;
@@ -21,7 +21,7 @@ use crate::ops::embedding::segment_sums;
 use crate::precision::cast_to;
 use crate::store::GradBuffer;
 use crate::transfer::PendingGradients;
-use crate::BlockModel;
+use crate::Documents;
 
 /// The embedding-table rows whose gradient a step has written, for the
 /// table's squared norm: where the head leaves the table alone (no tied
@@ -120,6 +120,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
     pub(super) fn embedding_backward(
         &mut self,
         inputs: &[Tensor<B, 2, Int>],
+        documents: &[Option<&Documents>],
         dy: Vec<Tensor<B, 3>>,
         head_grads: Option<PendingGradients<DeviceTransfer>>,
         sink: &mut Sink,
@@ -157,7 +158,8 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
                     self.embedding_grads_on_host(slot, &inputs[d], dy, head, stem_grads, lane)
                 }
                 None => {
-                    self.embedding_grads_on_device(&inputs[d], dy, head, stem_grads, lane);
+                    let tokens = (&inputs[d], documents[d]);
+                    self.embedding_grads_on_device(tokens, dy, head, stem_grads, lane);
                     Ok(())
                 }
             };
@@ -378,7 +380,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
     /// gradients, when given, every slot written over, plus the embedding's.
     pub(super) fn embedding_grads_on_device(
         &mut self,
-        inputs: &Tensor<B, 2, Int>,
+        (inputs, documents): (&Tensor<B, 2, Int>, Option<&Documents>),
         dy: Tensor<B, 3>,
         head_grads: Option<PendingGradients<DeviceTransfer>>,
         out: &mut [f32],
@@ -393,7 +395,8 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         let bound = &mut self.lanes[lane];
         bound.pager.ready::<B>(&bound.device);
         let tokens = Tensor::<AD<B>, 2, Int>::from_inner(inputs.clone());
-        let embedded = cast_to(stem_ad.embed(tokens), self.config.compute.dtype());
+        let embedded = embed_tokens(&stem_ad, tokens, documents);
+        let embedded = cast_to(embedded, self.config.compute.dtype());
         let grads = (embedded * Tensor::from_inner(dy)).backward();
         // While the device runs that, the head's gradients (copied long ago)
         // go into the buffer.

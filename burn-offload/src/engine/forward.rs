@@ -8,13 +8,13 @@ use burn::module::{AutodiffModule, HasAutodiffModule, Module, ParamId};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Int, Tensor};
 
-use super::StreamedModel;
+use super::{embed_tokens, run_block, StreamedModel};
 use super::{BlockAd, Engine, EngineError, AD};
 use crate::engine::config::BatchError;
 use crate::host::{throttle, trace};
 use crate::precision::{cast_leaves, cast_to};
 use crate::transfer::Stash;
-use crate::{BlockModel, DecoderBlock};
+use crate::{BlockModel, Documents};
 
 /// A block whose forward kept its graph: the bound block, its input
 /// (requiring a gradient) and its output, for a backward with no recompute.
@@ -85,12 +85,14 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
     /// training (`train`) every recomputed block's input is stashed for the
     /// backward, and the last [`EngineConfig::kept_graphs`] blocks run under
     /// `Autodiff` and keep their graphs (and weights) until the backward;
-    /// otherwise no graph. Returns each lane's last hidden states and state.
+    /// otherwise no graph. Lane `d`'s rows hold the packed `documents[d]`
+    /// where given. Returns each lane's last hidden states and state.
     #[allow(clippy::type_complexity)]
     pub(super) fn stream_forward(
         &mut self,
         blocks: &[M::Block],
         inputs: &[Tensor<B, 2, Int>],
+        documents: &[Option<&Documents>],
         train: bool,
     ) -> Result<Vec<(Tensor<B, 3>, ForwardState<B, M>)>, EngineError> {
         let num_blocks = blocks.len();
@@ -107,7 +109,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
                     let stem = self.bind_stem::<B, M>(self.template.clone(), false, true, d);
                     let lane = &mut self.lanes[d];
                     lane.pager.ready::<B>(&lane.device);
-                    let embedded = stem.embed(inputs[d].clone());
+                    let embedded = embed_tokens(&stem, inputs[d].clone(), documents[d]);
                     drop(stem);
                     lane.pager.evict(0);
                     embedded
@@ -155,7 +157,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
                             let stash = self.lanes[d].pager.stash(input.clone());
                             state[d].checkpoints.push(stash);
                         }
-                        let output = block.forward(input);
+                        let output = run_block(&block, input, documents[d]);
                         drop(block);
                         self.lanes[d].pager.evict(i + 1);
                         output
@@ -163,7 +165,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
                     ForwardBlock::Graph(block) => {
                         // Bound until its backward, which reads this graph.
                         let input = Tensor::<AD<B>, 3>::from_inner(input).require_grad();
-                        let output = block.forward(input.clone());
+                        let output = run_block(&block, input.clone(), documents[d]);
                         let inner = output.clone().inner();
                         state[d].graphs.push((block, input, output));
                         inner
@@ -304,7 +306,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
             &self.lanes[0].device,
         )];
         let (x, _) = self
-            .stream_forward(&blocks, &inputs, false)?
+            .stream_forward(&blocks, &inputs, &[None], false)?
             .pop()
             .expect("one lane");
         let stem = self.bind_stem::<B, M>(self.template.clone(), false, false, 0);

@@ -94,7 +94,7 @@ use crate::host::worker::HostWorker;
 use crate::ops::cross_entropy::kept_targets;
 use crate::store::{Bf16Weights, HostStore};
 use crate::transfer::{on_device, PagerStats};
-use crate::{BlockModel, DecoderBlock};
+use crate::{BlockModel, DecoderBlock, Documents};
 use embedding::TableTouch;
 use lanes::Lane;
 use ledger::{Lent, Update};
@@ -130,6 +130,38 @@ pub type MicroBatch<B> = (Tensor<B, 2, Int>, Tensor<B, 2, Int>);
 
 /// One round of micro-batches (one per lane) with each lane's token weight.
 type Round<'a, B> = (&'a [MicroBatch<B>], Vec<Tensor<B, 1>>);
+
+/// Each micro-batch's document boundaries (`None`: one document a row).
+type BatchDocuments<'a> = Option<&'a [Documents]>;
+
+/// The boundaries of micro-batch `i`, where they split some row.
+fn documents_of(documents: BatchDocuments<'_>, i: usize) -> Option<&Documents> {
+    documents.map(|d| &d[i]).filter(|d| !d.is_whole())
+}
+
+/// `block` on `x`, within `documents` where given.
+fn run_block<X: Backend, T: DecoderBlock<X>>(
+    block: &T,
+    x: Tensor<X, 3>,
+    documents: Option<&Documents>,
+) -> Tensor<X, 3> {
+    match documents {
+        Some(documents) => block.forward_in(x, documents),
+        None => block.forward(x),
+    }
+}
+
+/// `model`'s embedding of `tokens`, within `documents` where given.
+fn embed_tokens<X: Backend, T: BlockModel<X>>(
+    model: &T,
+    tokens: Tensor<X, 2, Int>,
+    documents: Option<&Documents>,
+) -> Tensor<X, 3> {
+    match documents {
+        Some(documents) => model.embed_in(tokens, documents),
+        None => model.embed(tokens),
+    }
+}
 
 /// The weight of each trained token in a step, on each of `devices`: one
 /// over the number of targets, not ignored, of all its micro-batches (at
@@ -233,8 +265,30 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         micro_batches: &[MicroBatch<B>],
         lr: f64,
     ) -> Result<StepReport, EngineError> {
+        self.step_with(micro_batches, None, lr)
+    }
+
+    /// [`Engine::step`] on packed windows: `documents[i]` holds the
+    /// document boundaries of micro-batch `i`'s rows, and no position sees
+    /// or is positioned by another document ([`DecoderBlock::forward_in`]).
+    pub fn step_in(
+        &mut self,
+        micro_batches: &[MicroBatch<B>],
+        documents: &[Documents],
+        lr: f64,
+    ) -> Result<StepReport, EngineError> {
+        self.step_with(micro_batches, Some(documents), lr)
+    }
+
+    fn step_with(
+        &mut self,
+        micro_batches: &[MicroBatch<B>],
+        documents: BatchDocuments<'_>,
+        lr: f64,
+    ) -> Result<StepReport, EngineError> {
         check_lr(lr)?;
         self.check_batches(micro_batches)?;
+        self.check_documents(micro_batches, documents)?;
         if self.config.fused && micro_batches.len() > self.run_lanes() {
             return Err(ConfigError::FusedAccumulation.into());
         }
@@ -256,7 +310,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
                 lr,
                 scale: 1.0,
             };
-            let loss = self.fused_pass(fused_round.as_ref(), &mut update)?;
+            let loss = self.fused_pass(fused_round.as_ref(), documents, &mut update)?;
             self.updates = step;
             return Ok(self.report(loss, f64::NAN, 1.0, tokens, false));
         }
@@ -264,13 +318,13 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         // buffer, or (fused, no buffer) from a pass that only measures.
         let (loss, sum) = if fused {
             let mut norm = Sink::Norm(0.0);
-            let loss = self.fused_pass(fused_round.as_ref(), &mut norm)?;
+            let loss = self.fused_pass(fused_round.as_ref(), documents, &mut norm)?;
             let Sink::Norm(sum) = norm else {
                 unreachable!("the sink stays a norm sink")
             };
             (loss, sum)
         } else {
-            self.accumulate(micro_batches)?
+            self.accumulate(micro_batches, documents)?
         };
         // Fused mode cannot take back a non-finite update it has applied.
         if (fused || self.config.skip_non_finite) && !(loss.is_finite() && sum.is_finite()) {
@@ -283,7 +337,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
                 lr,
                 scale: scale as f32,
             };
-            self.fused_pass(fused_round.as_ref(), &mut update)?;
+            self.fused_pass(fused_round.as_ref(), documents, &mut update)?;
         } else {
             self.update_all(step, lr, scale as f32);
             self.mark("updates handed out");
@@ -297,10 +351,11 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
     fn fused_pass(
         &mut self,
         round: Option<&Round<'_, B>>,
+        documents: BatchDocuments<'_>,
         sink: &mut Sink,
     ) -> Result<f32, EngineError> {
         let (batches, weights) = round.expect("fused mode");
-        self.forward_backward(batches, weights, sink)
+        self.forward_backward(batches, documents, weights, sink)
     }
 
     /// The step's token weights, one per lane.
@@ -334,10 +389,28 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         &mut self,
         micro_batches: &[MicroBatch<B>],
     ) -> Result<f32, EngineError> {
+        self.accumulate_gradients_with(micro_batches, None)
+    }
+
+    /// [`Engine::accumulate_gradients`] on packed windows, `documents[i]`
+    /// the boundaries of micro-batch `i` (see [`Engine::step_in`]).
+    pub fn accumulate_gradients_in(
+        &mut self,
+        micro_batches: &[MicroBatch<B>],
+        documents: &[Documents],
+    ) -> Result<f32, EngineError> {
+        self.accumulate_gradients_with(micro_batches, Some(documents))
+    }
+
+    fn accumulate_gradients_with(
+        &mut self,
+        micro_batches: &[MicroBatch<B>],
+        documents: BatchDocuments<'_>,
+    ) -> Result<f32, EngineError> {
         if self.config.fused {
             return Err(ConfigError::FusedGradients.into());
         }
-        Ok(self.accumulate(micro_batches)?.0)
+        Ok(self.accumulate(micro_batches, documents)?.0)
     }
 
     /// [`Engine::accumulate_gradients`], also returning the squared norm of
@@ -348,8 +421,10 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
     pub(super) fn accumulate(
         &mut self,
         micro_batches: &[MicroBatch<B>],
+        documents: BatchDocuments<'_>,
     ) -> Result<(f32, f64), EngineError> {
         self.check_batches(micro_batches)?;
+        self.check_documents(micro_batches, documents)?;
         let rounds = micro_batches.len() / self.run_lanes();
         if self.config.compute_precision_gradients && rounds > 1 {
             return Err(ConfigError::CompactAccumulation.into());
@@ -357,18 +432,49 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         let weights = self.token_weights(micro_batches);
         let mut loss = 0.0;
         self.group_sum_sq = vec![0.0; self.store.groups.len()];
-        for (r, round) in micro_batches.chunks(self.run_lanes()).enumerate() {
+        let lanes = self.run_lanes();
+        for (r, round) in micro_batches.chunks(lanes).enumerate() {
             let mut sink = Sink::Accumulate {
                 first: r == 0,
                 last: r + 1 == rounds,
             };
-            loss += self.forward_backward(round, &weights, &mut sink)?;
+            let documents = documents.map(|d| &d[r * lanes..(r + 1) * lanes]);
+            loss += self.forward_backward(round, documents, &weights, &mut sink)?;
         }
         self.mark("loss read");
         // The worker's share of the norm comes back with its groups.
         self.settle_all();
         self.mark("gradients settled");
         Ok((loss, self.group_sum_sq.iter().sum()))
+    }
+
+    /// Boundaries, where given, one per micro-batch and of its shape.
+    fn check_documents(
+        &self,
+        micro_batches: &[MicroBatch<B>],
+        documents: BatchDocuments<'_>,
+    ) -> Result<(), EngineError> {
+        let Some(documents) = documents else {
+            return Ok(());
+        };
+        if documents.len() != micro_batches.len() {
+            return Err(BatchError::Documents {
+                micro_batches: micro_batches.len(),
+                documents: documents.len(),
+            }
+            .into());
+        }
+        for (index, ((x, _), d)) in micro_batches.iter().zip(documents).enumerate() {
+            if d.dims() != x.dims() {
+                return Err(BatchError::DocumentShape {
+                    index,
+                    documents: d.dims(),
+                    inputs: x.dims(),
+                }
+                .into());
+            }
+        }
+        Ok(())
     }
 
     pub(super) fn check_batches(&self, micro_batches: &[MicroBatch<B>]) -> Result<(), EngineError> {
@@ -424,6 +530,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
     fn forward_backward(
         &mut self,
         round: &[MicroBatch<B>],
+        documents: BatchDocuments<'_>,
         weights: &[Tensor<B, 1>],
         sink: &mut Sink,
     ) -> Result<f32, EngineError> {
@@ -451,10 +558,20 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
                 .collect(),
             None => inputs.clone(),
         };
+        // Each lane's boundaries, and the run's lanes' (as `run_inputs`).
+        let lane_documents: Vec<Option<&Documents>> = (first..first + self.lanes.len())
+            .map(|i| documents_of(documents, i))
+            .collect();
+        let run_documents: Vec<Option<&Documents>> = match self.processes {
+            Some(_) => (0..round.len())
+                .map(|i| documents_of(documents, i))
+                .collect(),
+            None => lane_documents.clone(),
+        };
 
         // 1. Forward: keep the block inputs, no graph (but the kept blocks').
         let phase = Instant::now();
-        let forward = self.stream_forward(&blocks, &inputs, true)?;
+        let forward = self.stream_forward(&blocks, &inputs, &lane_documents, true)?;
         let first_kept = blocks.len() - forward[0].1.graphs.len();
         self.split.forward_s += phase.elapsed().as_secs_f64();
         let copies = self.split_copies(copies, true);
@@ -473,13 +590,21 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
 
         // 3. Backward, one block at a time, recomputed from its checkpoint.
         let phase = Instant::now();
-        let dx_0 = self.backward(&blocks, states, head.next, head.dy, head.beside, sink)?;
+        let dx_0 = self.backward(
+            &blocks,
+            states,
+            &lane_documents,
+            head.next,
+            head.dy,
+            head.beside,
+            sink,
+        )?;
         let dx_0 = self.gather_lanes(dx_0)?;
         self.split.backward_s += phase.elapsed().as_secs_f64();
 
         // 4. Embedding backward from dx_0, added to the head's gradients.
         let phase = Instant::now();
-        self.embedding_backward(&run_inputs, dx_0, head.grads, sink)?;
+        self.embedding_backward(&run_inputs, &run_documents, dx_0, head.grads, sink)?;
         self.split.head_s += phase.elapsed().as_secs_f64();
         self.split_copies(copies, false);
         self.mark("embedding backward done");

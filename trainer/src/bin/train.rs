@@ -81,7 +81,8 @@ struct Cli {
     #[arg(long)]
     train_on_prompt: bool,
     /// Instruction data: one example per window, padded, instead of packing
-    /// several into each.
+    /// several into each (packed examples keep their boundaries: none
+    /// attends to another, positions restart at each).
     #[arg(long)]
     no_packing: bool,
     /// Write per-step metrics as JSON lines to this file.

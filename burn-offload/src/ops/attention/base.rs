@@ -123,7 +123,7 @@ fn fuses<B: Backend>(q: &Tensor<B, 4>) -> bool {
     }
 }
 
-fn attention_by<B: Backend>(
+pub(super) fn attention_by<B: Backend>(
     q: Tensor<B, 4>,
     k: Tensor<B, 4>,
     v: Tensor<B, 4>,
@@ -167,7 +167,7 @@ pub fn has_custom_backward<B: Backend>() -> bool {
     false
 }
 
-fn check_shapes<B: Backend>(q: &Tensor<B, 4>, k: &Tensor<B, 4>, v: &Tensor<B, 4>) {
+pub(super) fn check_shapes<B: Backend>(q: &Tensor<B, 4>, k: &Tensor<B, 4>, v: &Tensor<B, 4>) {
     let ([b, h, s, d], kd) = (q.dims(), k.dims());
     assert_eq!(kd, v.dims(), "attention: keys and values differ in shape");
     assert!(
@@ -178,14 +178,19 @@ fn check_shapes<B: Backend>(q: &Tensor<B, 4>, k: &Tensor<B, 4>, v: &Tensor<B, 4>
 }
 
 /// The queries of each key/value group end to end: `[b, h, s, d] → [b, kv, g·s, d]`.
-fn grouped<B: Backend>(q: Tensor<B, 4>, kv_heads: usize) -> Tensor<B, 4> {
+pub(super) fn grouped<B: Backend>(q: Tensor<B, 4>, kv_heads: usize) -> Tensor<B, 4> {
     let [b, h, s, d] = q.dims();
     q.reshape([b, kv_heads, h / kv_heads * s, d])
 }
 
 /// Rows `start..start + len` of each query head in the grouped layout
 /// `[b, kv, g·seq, w]`, as `[b, kv, g·len, w]`.
-fn query_rows<B: Backend>(x: &Tensor<B, 4>, seq: usize, start: usize, len: usize) -> Tensor<B, 4> {
+pub(super) fn query_rows<B: Backend>(
+    x: &Tensor<B, 4>,
+    seq: usize,
+    start: usize,
+    len: usize,
+) -> Tensor<B, 4> {
     let [b, kv, rows, w] = x.dims();
     if len == seq {
         return x.clone();
@@ -200,7 +205,7 @@ fn query_rows<B: Backend>(x: &Tensor<B, 4>, seq: usize, start: usize, len: usize
 /// The query blocks' rows, `[b, kv, g·len, w]` each, joined back into the
 /// grouped layout of `groups` heads (the inverse of [`query_rows`] over
 /// consecutive blocks).
-fn join_rows<B: Backend>(parts: Vec<Tensor<B, 4>>, groups: usize) -> Tensor<B, 4> {
+pub(super) fn join_rows<B: Backend>(parts: Vec<Tensor<B, 4>>, groups: usize) -> Tensor<B, 4> {
     if parts.len() == 1 {
         return parts.into_iter().next().expect("one part");
     }
@@ -219,7 +224,11 @@ fn join_rows<B: Backend>(parts: Vec<Tensor<B, 4>>, groups: usize) -> Tensor<B, 4
 
 /// Scaled scores of one query block and key tile, `[b, kv, g·len, keys]`,
 /// for its grouped queries `q` and the tile's keys `k` (unmasked).
-fn scaled_scores<B: Backend>(q: Tensor<B, 4>, k: Tensor<B, 4>, scale: f64) -> Tensor<B, 4> {
+pub(super) fn scaled_scores<B: Backend>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    scale: f64,
+) -> Tensor<B, 4> {
     (q * scale).matmul(k.swap_dims(2, 3))
 }
 
@@ -241,7 +250,7 @@ fn masked<B: Backend>(scores: Tensor<B, 4>, block: &QueryBlock<B>) -> Tensor<B, 
 }
 
 /// `t` row-major where that lets cuBLAS batch a product in one call (CUDA).
-fn dense<B: Backend>(t: Tensor<B, 4>) -> Tensor<B, 4> {
+pub(super) fn dense<B: Backend>(t: Tensor<B, 4>) -> Tensor<B, 4> {
     #[cfg(feature = "cuda")]
     return super::cuda::dense(t);
     #[cfg(not(feature = "cuda"))]
@@ -310,7 +319,7 @@ fn combine<B: Backend>(
 }
 
 /// `sum + part` in `sum`'s dtype (`part` itself, cast, when there is no sum).
-fn accumulate<B: Backend>(
+pub(super) fn accumulate<B: Backend>(
     sum: Option<Tensor<B, 4>>,
     part: Tensor<B, 4>,
     dtype: DType,
@@ -329,7 +338,7 @@ fn accumulate<B: Backend>(
 
 /// Runs `f` on each chunk of sequences of the tensors and joins the results
 /// along the batch (no copies when one chunk holds the batch).
-fn by_chunks<B: Backend, const N: usize, const M: usize>(
+pub(super) fn by_chunks<B: Backend, const N: usize, const M: usize>(
     inputs: [Tensor<B, 4>; N],
     chunk: usize,
     f: impl Fn([Tensor<B, 4>; N]) -> [Tensor<B, 4>; M],
@@ -576,7 +585,7 @@ fn attention_backward<B: Backend>(
 
 /// `sum` with `part` added to its leading rows (dimension 2), in `dtype`;
 /// `part` itself when there is no sum yet.
-fn add_leading<B: Backend>(
+pub(super) fn add_leading<B: Backend>(
     sum: Option<Tensor<B, 4>>,
     part: Tensor<B, 4>,
     dtype: DType,
@@ -675,6 +684,19 @@ fn reference_attention<B: Backend>(
     v: Tensor<B, 4>,
     window: Option<usize>,
 ) -> Tensor<B, 4> {
+    reference_masked(q, k, v, window, None)
+}
+
+/// [`reference_attention`] with the keys `extra` (`[batch, 1, seq, seq]`,
+/// `true` where a query must not see a key) masked as well: the documents
+/// of packed windows (`packed.rs`).
+pub(super) fn reference_masked<B: Backend>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+    window: Option<usize>,
+    extra: Option<Tensor<B, 4, Bool>>,
+) -> Tensor<B, 4> {
     check_shapes(&q, &k, &v);
     let [batch, heads, seq, head_dim] = q.dims();
     let (k, v) = (repeat_kv(k, heads), repeat_kv(v, heads));
@@ -687,7 +709,10 @@ fn reference_attention<B: Backend>(
         let past = Tensor::triu_mask([seq, seq], 1 - window as i64, &device);
         hidden = hidden.bool_or(past);
     }
-    let hidden = hidden.unsqueeze::<4>().expand([batch, heads, seq, seq]);
+    let mut hidden = hidden.unsqueeze::<4>().expand([batch, heads, seq, seq]);
+    if let Some(more) = extra {
+        hidden = hidden.bool_or(more.expand([batch, heads, seq, seq]));
+    }
     let scores = scores.mask_fill(hidden, f32::NEG_INFINITY);
     let max = scores.clone().detach().max_dim(3);
     let weights = (scores - max).exp();

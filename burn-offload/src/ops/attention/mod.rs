@@ -57,6 +57,13 @@
 //! skip the tiles outside the window and mask the rest; where they do not
 //! run, the reference formulation does (the tiles have no window mask).
 //!
+//! [`causal_attention_in`] and [`windowed_attention_in`] take the document
+//! boundaries of packed windows ([`Documents`](crate::Documents)): no
+//! position sees another document's. The query blocks and key tiles mask
+//! across documents and skip the tiles before a block's documents; the
+//! fused kernels know no documents, so those calls do not reach them
+//! (`packed.rs`).
+//!
 //! Other autodiff backends get [`reference_causal_attention`], which burn
 //! differentiates op by op; graph-free backends get the forward alone.
 
@@ -67,11 +74,15 @@ mod cuda;
 mod cudnn;
 #[cfg(feature = "cuda")]
 mod flash;
+mod packed;
 mod route;
 mod tiling;
 
 pub use base::*;
 #[cfg(feature = "cuda")]
 pub use cudnn::{cudnn_attention_runs, cudnn_version, set_cudnn_attention};
+pub use packed::{
+    causal_attention_in, causal_attention_tiled_in, reference_attention_in, windowed_attention_in,
+};
 pub use route::{cudnn_scratch_bytes, FUSED_BACKWARD_UP_TO, MMA_BACKWARD_MAX_WIDTH};
 pub use tiling::{Tiling, QUERY_BLOCKS, SCORE_CHUNK_ELEMENTS};

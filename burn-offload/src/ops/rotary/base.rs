@@ -29,37 +29,73 @@ pub fn rotate_half<B: Backend>(
         x.dims()
     );
     assert!(head_dim % 2 == 0, "rotary: head_dim {head_dim} is odd");
+    rotated(x, cos.clone().unsqueeze(), sin.clone().unsqueeze())
+}
+
+/// [`rotate_half`] with tables of each row's own positions, `[batch, seq,
+/// head_dim]`: row `b`, position `t` is rotated by `cos[b, t]` and
+/// `sin[b, t]` (packed windows, whose positions restart at each document).
+///
+/// # Panics
+/// If the tables are not `[batch, seq, head_dim]` or `head_dim` is odd.
+pub fn rotate_half_rows<B: Backend>(
+    x: Tensor<B, 4>,
+    cos: &Tensor<B, 3>,
+    sin: &Tensor<B, 3>,
+) -> Tensor<B, 4> {
+    let [batch, _, seq, head_dim] = x.dims();
+    assert!(
+        cos.dims() == [batch, seq, head_dim] && sin.dims() == [batch, seq, head_dim],
+        "rotary: tables {:?} and {:?} for x {:?}",
+        cos.dims(),
+        sin.dims(),
+        x.dims()
+    );
+    assert!(head_dim % 2 == 0, "rotary: head_dim {head_dim} is odd");
+    rotated(x, cos.clone(), sin.clone())
+}
+
+/// The rotation by tables `[rows, seq, head_dim]` (one row for every
+/// sequence, or one per sequence): one operation on the autodiff backends
+/// with a backward of their own.
+fn rotated<B: Backend>(x: Tensor<B, 4>, cos: Tensor<B, 3>, sin: Tensor<B, 3>) -> Tensor<B, 4> {
     macro_rules! tracked_on {
         ($inner:ty) => {
             if same::<B, Autodiff<$inner>>() {
                 return cast(tracked::<$inner>(
                     cast(x),
-                    cast::<_, Tensor<Autodiff<$inner>, 2>>(cos.clone()).inner(),
-                    cast::<_, Tensor<Autodiff<$inner>, 2>>(sin.clone()).inner(),
+                    cast::<_, Tensor<Autodiff<$inner>, 3>>(cos).inner(),
+                    cast::<_, Tensor<Autodiff<$inner>, 3>>(sin).inner(),
                 ));
             }
         };
     }
     with_custom_backward!(tracked_on);
-    rotate(x, cos.clone(), sin.clone(), false)
+    rotate(x, cos, sin, false)
 }
 
 /// `x·cos + rotate_half(x)·sin`, or its transpose applied to `x` where
-/// `transpose`: `x·cos + rotate_half^T(x·sin)`.
+/// `transpose`: `x·cos + rotate_half^T(x·sin)`, for tables `[rows, seq,
+/// head_dim]` (`rows` 1 or `x`'s batch), broadcast over the heads.
 fn rotate<B: Backend>(
     x: Tensor<B, 4>,
-    cos: Tensor<B, 2>,
-    sin: Tensor<B, 2>,
+    cos: Tensor<B, 3>,
+    sin: Tensor<B, 3>,
     transpose: bool,
 ) -> Tensor<B, 4> {
+    // The kernel reads one table for every sequence; per-row tables run
+    // in tensor ops.
     #[cfg(feature = "cuda")]
-    if let Some(out) = super::cuda::rotate(&x, &cos, &sin, transpose) {
-        return out;
+    if cos.dims()[0] == 1 {
+        let table = |t: &Tensor<B, 3>| t.clone().squeeze_dim::<2>(0);
+        if let Some(out) = super::cuda::rotate(&x, &table(&cos), &table(&sin), transpose) {
+            return out;
+        }
     }
     let dtype = x.dtype();
     let (cos, sin) = (
-        cast_to(cos, dtype).unsqueeze::<4>(),
-        cast_to(sin, dtype).unsqueeze::<4>(),
+        cast_to(cos, dtype).unsqueeze_dim::<4>(1),
+        cast_to(sin, dtype).unsqueeze_dim::<4>(1),
     );
     let half = x.dims()[3] / 2;
     let halves = |t: &Tensor<B, 4>| {
@@ -86,7 +122,7 @@ impl<B: Backend> Backward<B, 1> for Rotary {
 
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
         backward_each::<B, _, 1>(ops, grads, |(cos, sin), grad| {
-            let table = |t| Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(t));
+            let table = |t| Tensor::<B, 3>::from_primitive(TensorPrimitive::Float(t));
             let grad = Tensor::<B, 4>::from_primitive(TensorPrimitive::Float(grad));
             [rotate(grad, table(cos), table(sin), true)
                 .into_primitive()
@@ -98,8 +134,8 @@ impl<B: Backend> Backward<B, 1> for Rotary {
 /// [`rotate_half`] on `Autodiff<B>` as one operation (the tables untracked).
 fn tracked<B: Backend>(
     x: Tensor<Autodiff<B>, 4>,
-    cos: Tensor<B, 2>,
-    sin: Tensor<B, 2>,
+    cos: Tensor<B, 3>,
+    sin: Tensor<B, 3>,
 ) -> Tensor<Autodiff<B>, 4> {
     let x = x.into_primitive().tensor();
     let inner = Tensor::<B, 4>::from_primitive(TensorPrimitive::Float(x.primitive.clone()));
@@ -155,6 +191,39 @@ mod tests {
             assert_eq!(a.dtype(), DType::F32);
             let err: f32 = (a - b).abs().max().into_scalar();
             assert!(err < 1e-5, "{name} off by {err}");
+        }
+    }
+    /// Tables per row rotate each row as its own `[seq, head_dim]` tables
+    /// do, values and gradient: rows at different positions (a packed row
+    /// restarts them) stay apart.
+    #[test]
+    fn per_row_tables_rotate_each_row_by_its_own() {
+        let device = Default::default();
+        let random =
+            |dims: [usize; 4]| Tensor::<A, 4>::random(dims, Distribution::Default, &device);
+        let x = random([3, 2, 5, 8]).require_grad();
+        let upstream = random([3, 2, 5, 8]).detach();
+        let angles = Tensor::<A, 3>::random([3, 5, 8], Distribution::Uniform(-3.0, 3.0), &device);
+        let (cos, sin) = (angles.clone().cos(), angles.sin());
+        let packed = rotate_half_rows(x.clone(), &cos, &sin);
+        let grads = (packed.clone() * upstream.clone()).sum().backward();
+        let dx = x.grad(&grads).expect("used");
+        for b in 0..3 {
+            let row = |t: &Tensor<A, 3>| t.clone().narrow(0, b, 1).squeeze_dim::<2>(0);
+            let xb = x.clone().inner().narrow(0, b, 1);
+            let xb = Tensor::<A, 4>::from_inner(xb).require_grad();
+            let alone = reference(xb.clone(), &row(&cos), &row(&sin));
+            let up = upstream.clone().narrow(0, b, 1);
+            let grads = (alone.clone() * up).sum().backward();
+            let want = [alone.inner(), xb.grad(&grads).expect("used")];
+            let got = [
+                packed.clone().inner().narrow(0, b, 1),
+                dx.clone().narrow(0, b, 1),
+            ];
+            for (name, (a, w)) in ["out", "dx"].iter().zip(got.into_iter().zip(want)) {
+                let err: f32 = (a - w).abs().max().into_scalar();
+                assert!(err < 1e-5, "row {b}: {name} off by {err}");
+            }
         }
     }
 }
