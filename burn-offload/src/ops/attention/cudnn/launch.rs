@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Mutex, Once, OnceLock};
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Shape as Dims, Tensor};
@@ -99,7 +99,9 @@ pub(crate) fn takes<B: Backend>(q: &Tensor<B, 4>) -> bool {
     match library() {
         Ok(_) => true,
         Err(e) => {
-            announce(format!("attention: the CubeCL kernels ({e})"));
+            // Said once, without formatting the line on every call.
+            static SAID: Once = Once::new();
+            SAID.call_once(|| announce(format!("attention: the CubeCL kernels ({e})")));
             false
         }
     }
