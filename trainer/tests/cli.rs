@@ -260,3 +260,22 @@ fn param_cache_runs_with_host_params_and_is_refused_elsewhere() {
         "positive",
     );
 }
+
+/// `--attention` chooses between CUDA's attention kernels; a CPU build has
+/// neither, so asking for one is refused rather than ignored, and an unknown
+/// name lists the choices.
+#[test]
+fn attention_kernels_are_refused_where_they_would_be_ignored() {
+    if cfg!(feature = "cuda") {
+        return;
+    }
+    assert_fails_with(
+        &["--attention", "cubecl"],
+        "--attention chooses CUDA's attention kernels, and this build runs on the CPU",
+    );
+    let (ok, stderr) = train(&["--attention", "flash"]);
+    assert!(
+        !ok && stderr.contains("auto") && stderr.contains("cubecl"),
+        "{stderr}"
+    );
+}
