@@ -40,13 +40,17 @@ fn engine_config(fused: bool) -> EngineConfig {
         compute_precision_gradients: false,
         eight_bit_moments: false,
         kept_graphs: 0,
+        keep_attention: false,
         blocking_sync: true,
         hold_updates_for_copies: true,
         gradient_blocks_in_flight: 1,
     }
 }
 
-fn check_gradients<M>(model: M, vocab: usize)
+/// `memo_used`: whether the model's attention runs as one operation the
+/// recompute can hand the forward's output to (not the reference that
+/// burn differentiates op by op, as a sliding window on this backend is).
+fn check_gradients<M>(model: M, vocab: usize, memo_used: bool)
 where
     M: BlockModel<AD> + AutodiffModule<AD>,
     M::InnerModule: BlockModel<B> + burn::module::HasAutodiffModule<AD, TrainModule = M>,
@@ -62,13 +66,25 @@ where
     // Block inputs in host memory and on the device (on a CPU backend both
     // are the same memory; the GPU run of this test covers both paths), and
     // none, one or every block's forward graph kept instead of recomputed
-    // (more than there are blocks means all).
-    for (host_checkpoints, kept_graphs) in [(true, 0), (false, 0), (true, 1), (false, 99)] {
+    // (more than there are blocks means all), and the recomputed blocks'
+    // attention outputs kept from the forward (which the recompute must
+    // then take in place of its own: the count of those it took grows).
+    let cases = [
+        (true, 0, false),
+        (false, 0, false),
+        (true, 1, false),
+        (false, 99, false),
+        (true, 0, true),
+        (false, 1, true),
+    ];
+    for (host_checkpoints, kept_graphs, keep_attention) in cases {
         let config = EngineConfig {
             host_checkpoints,
             kept_graphs,
+            keep_attention,
             ..engine_config(false)
         };
+        let replayed = burn_offload::ops::attention::replayed_attention_outputs();
         let mut engine = Engine::new(model.valid(), config, &Default::default()).unwrap();
         engine
             .accumulate_gradients(std::slice::from_ref(&data))
@@ -78,7 +94,14 @@ where
             let err = rel_err(&engine.grad(id).unwrap(), reference);
             assert!(
                 err <= TOL,
-                "gradient of {id} (host checkpoints: {host_checkpoints}, kept graphs: {kept_graphs}): relative error {err}"
+                "gradient of {id} (host checkpoints: {host_checkpoints}, kept graphs: {kept_graphs}, kept attention: {keep_attention}): relative error {err}"
+            );
+        }
+        if keep_attention && memo_used {
+            let taken = burn_offload::ops::attention::replayed_attention_outputs() - replayed;
+            assert!(
+                taken > 0,
+                "no recompute took the forward's attention output"
             );
         }
     }
@@ -87,13 +110,21 @@ where
 #[test]
 fn engine_gradients_equal_full_graph_gradients_gpt2() {
     let config = Gpt2Config::tiny();
-    check_gradients(config.init::<AD>(&Default::default()), config.vocab_size);
+    check_gradients(
+        config.init::<AD>(&Default::default()),
+        config.vocab_size,
+        true,
+    );
 }
 
 #[test]
 fn engine_gradients_equal_full_graph_gradients_llama() {
     let config = LlamaConfig::tiny();
-    check_gradients(config.init::<AD>(&Default::default()), config.vocab_size);
+    check_gradients(
+        config.init::<AD>(&Default::default()),
+        config.vocab_size,
+        true,
+    );
 }
 
 /// The MLP over tiles of tokens (one operation that recomputes its
@@ -202,7 +233,7 @@ fn engine_gradients_equal_full_graph_gradients_for_every_family() {
         eprintln!("family {name}");
         let model = config.init::<AD>(&Default::default());
         assert_eq!(model.num_params(), config.num_params(), "{name}");
-        check_gradients(model, config.vocab_size);
+        check_gradients(model, config.vocab_size, false);
     }
 }
 
@@ -687,7 +718,7 @@ mod tied {
 fn a_head_tied_to_the_lookup_table_trains_like_plain_burn() {
     let device = Default::default();
     let model = tied::Model::<AD>::new(&device);
-    check_gradients(model.clone(), tied::VOCAB);
+    check_gradients(model.clone(), tied::VOCAB, false);
     // The global norm of accumulated micro-batches, in both modes, against
     // the reference's: the head's gradient fills every row of the table.
     let data = batch(4, 8, tied::VOCAB, 11);

@@ -11,6 +11,7 @@ use super::forward::ForwardState;
 use super::sink::{group_prefix, Sink};
 use super::{run_block, StreamedModel};
 use super::{BlockAd, DeviceTransfer, Engine, EngineError, AD};
+use crate::ops::attention::{replay, AttentionMemo};
 use crate::transfer::{sum_lanes, PendingGradients};
 use crate::Documents;
 
@@ -46,9 +47,13 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         let mut dy: Vec<Option<Tensor<B, 3>>> = dy.into_iter().map(Some).collect();
         let num_blocks = blocks.len();
         let lanes = states.len();
+        let mut attention: Vec<Vec<AttentionMemo>> = Vec::with_capacity(states.len());
         let (mut checkpoints, mut graphs): (Vec<_>, Vec<_>) = states
             .into_iter()
-            .map(|s| (s.checkpoints, s.graphs))
+            .map(|s| {
+                attention.push(s.attention);
+                (s.checkpoints, s.graphs)
+            })
             .unzip();
         // The blocks from here on kept their graphs in the forward.
         let first_kept = num_blocks - graphs[0].len();
@@ -82,7 +87,13 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
                     }
                     launch = Instant::now();
                     let x_in = Tensor::<AD<B>, 3>::from_inner(checkpoint).require_grad();
-                    let y = run_block(&block, x_in.clone(), documents[d]);
+                    // The forward's attention outputs, where it kept them.
+                    let y = match attention[d].pop() {
+                        Some(kept) => {
+                            replay(kept, || run_block(&block, x_in.clone(), documents[d]))
+                        }
+                        None => run_block(&block, x_in.clone(), documents[d]),
+                    };
                     (block, x_in, y)
                 };
                 self.split.backward_bind_s += (launch - bind).as_secs_f64();

@@ -53,6 +53,13 @@ pub struct EngineConfig {
     /// for the whole step (and keeps its weights bound); 0 recomputes every
     /// block. A GPU with memory to spare trades it for the recompute.
     pub kept_graphs: usize,
+    /// Keep each recomputed block's attention output (and its rows'
+    /// log-sum-exp) from the forward on the device until the block's
+    /// backward, so the recompute skips attention's forward: past ~100k
+    /// tokens a sequence that forward is most of a block's. Costs, per
+    /// recomputed block, the output's `[tokens, query width]` values in the
+    /// compute precision and an f32 per token and head.
+    pub keep_attention: bool,
     /// On CUDA, have threads that wait for the device sleep instead of
     /// spinning (the primary context's scheduling flag), leaving the cores to
     /// the host work that overlaps the device. `false` keeps the driver's
@@ -87,6 +94,7 @@ impl Default for EngineConfig {
             compute_precision_gradients: false,
             eight_bit_moments: false,
             kept_graphs: 0,
+            keep_attention: false,
             blocking_sync: true,
             hold_updates_for_copies: true,
             gradient_blocks_in_flight: 4,

@@ -12,6 +12,7 @@ use super::{embed_tokens, run_block, StreamedModel};
 use super::{BlockAd, Engine, EngineError, AD};
 use crate::engine::config::BatchError;
 use crate::host::{throttle, trace};
+use crate::ops::attention::{capture, AttentionMemo};
 use crate::precision::{cast_leaves, cast_to};
 use crate::transfer::Stash;
 use crate::{BlockModel, Documents};
@@ -34,6 +35,9 @@ where
     M::Block: HasAutodiffModule<AD<B>>,
 {
     pub checkpoints: Vec<Stash<B>>,
+    /// Each checkpointed block's attention outputs, with
+    /// [`EngineConfig::keep_attention`](super::EngineConfig::keep_attention).
+    pub attention: Vec<AttentionMemo>,
     pub graphs: Vec<KeptGraph<B, M>>,
 }
 
@@ -122,6 +126,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         let mut state: Vec<ForwardState<B, M>> = (0..lanes)
             .map(|_| ForwardState {
                 checkpoints: Vec::with_capacity(first_kept),
+                attention: Vec::new(),
                 graphs: Vec::with_capacity(num_blocks - first_kept),
             })
             .collect();
@@ -157,7 +162,13 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
                             let stash = self.lanes[d].pager.stash(input.clone());
                             state[d].checkpoints.push(stash);
                         }
-                        let output = run_block(&block, input, documents[d]);
+                        let output = if train && self.config.keep_attention {
+                            let (output, kept) = capture(|| run_block(&block, input, documents[d]));
+                            state[d].attention.push(kept);
+                            output
+                        } else {
+                            run_block(&block, input, documents[d])
+                        };
                         drop(block);
                         self.lanes[d].pager.evict(i + 1);
                         output

@@ -9,6 +9,7 @@ use burn::tensor::{Bool, DType, Tensor};
 use crate::ops::record::{backward_each, cast, float, record, same, tensor, with_custom_backward};
 use crate::precision::cast_to;
 
+use super::memo;
 use super::route::{after_cudnn, routed, Passes};
 use super::tiling::{KeyTile, QueryBlock, Tiling, QUERY_BLOCKS};
 
@@ -146,9 +147,11 @@ pub(super) fn attention_by<B: Backend>(
         return reference_attention(q, k, v, window);
     }
     match resolved(passes, &q, window) {
-        Some(passes) => attention_forward(q, k, v, passes, window)
-            .0
-            .reshape([batch, heads, seq, head_dim]),
+        Some(passes) => {
+            let (output, lse) = attention_forward(q, k, v, passes, window);
+            memo::keep(&output, &lse);
+            output.reshape([batch, heads, seq, head_dim])
+        }
         None => reference_attention(q, k, v, window),
     }
 }
@@ -633,14 +636,23 @@ fn tracked<B: Backend>(
     let Some(passes) = resolved(passes, &q.clone().inner(), window) else {
         return reference_attention(q, k, v, window);
     };
+    let kv_heads = k.dims()[1];
     let (q, k, v) = (float(q), float(k), float(v));
-    let (output, lse) = attention_forward::<B>(
-        tensor(q.primitive.clone()),
-        tensor(k.primitive.clone()),
-        tensor(v.primitive.clone()),
-        passes,
-        window,
+    // In a recompute, the output its graph-free forward kept (`memo`).
+    let rows = heads / kv_heads * seq;
+    let kept = memo::kept::<B>(
+        [batch, kv_heads, rows, head_dim],
+        [batch, kv_heads, rows, 1],
     );
+    let (output, lse) = kept.unwrap_or_else(|| {
+        attention_forward::<B>(
+            tensor(q.primitive.clone()),
+            tensor(k.primitive.clone()),
+            tensor(v.primitive.clone()),
+            passes,
+            window,
+        )
+    });
     let result = float(output.clone().reshape([batch, heads, seq, head_dim]));
     let op = CausalAttention { passes, window };
     tensor(record(op, [q, k, v], result, |[q, k, v]| {

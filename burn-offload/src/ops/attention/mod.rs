@@ -74,6 +74,7 @@ mod cuda;
 mod cudnn;
 #[cfg(feature = "cuda")]
 mod flash;
+mod memo;
 mod packed;
 mod route;
 mod tiling;
@@ -81,6 +82,7 @@ mod tiling;
 pub use base::*;
 #[cfg(feature = "cuda")]
 pub use cudnn::{cudnn_attention_runs, cudnn_version, set_cudnn_attention};
+pub use memo::{capture, replay, replayed_attention_outputs, AttentionMemo};
 pub use packed::{
     causal_attention_in, causal_attention_tiled_in, reference_attention_in, windowed_attention_in,
 };
