@@ -6,7 +6,8 @@ use burn_offload::{Engine, EngineConfig};
 use burn_offload_tests::TestBackend as B;
 use models::{Gpt2Config, LlamaConfig, ModelConfig};
 use trainer::plan::{
-    kept_graph_bytes, BlockInputs, HostLayout, Job, KeptGraphs, Machine, OptimState, Plan,
+    kept_attention_bytes, kept_graph_bytes, BlockInputs, HostLayout, Job, KeptGraphs, Machine,
+    OptimState, Plan,
 };
 use trainer::train::{run, TrainOptions};
 
@@ -26,6 +27,7 @@ fn job(config: ModelConfig, fused: bool) -> Job {
         // The H100 figures below were measured with block inputs in host memory.
         block_inputs: BlockInputs::Host,
         kept_graphs: KeptGraphs::Count(0),
+        keep_attention: false,
         host_layout: HostLayout::Full,
         optim_state: OptimState::Fp32,
         gradient_blocks_in_flight: trainer::plan::GRADIENT_BLOCKS_IN_FLIGHT,
@@ -425,6 +427,68 @@ fn auto_places_block_inputs_on_the_gpu_only_when_they_fit() {
         .contains("auto, host, device"));
 }
 
+/// The recomputed blocks' attention outputs are kept where the plan fits
+/// 90% of the GPU with them, counted for the blocks that are recomputed;
+/// CPU backends and resident jobs keep none.
+#[test]
+fn attention_outputs_are_kept_where_they_fit_the_gpu() {
+    let base = Job {
+        batch: 1,
+        seq_len: 4096,
+        gpu: true,
+        ..job(ModelConfig::Llama(medium_llama()), false)
+    };
+    let layers = medium_llama().n_layer as u64;
+    let per_block = kept_attention_bytes(&base);
+    let keeping = |kept: usize| Job {
+        keep_attention: true,
+        kept_graphs: KeptGraphs::Count(kept),
+        ..base.clone()
+    };
+    let item = |job: &Job| {
+        Plan::new(job)
+            .device
+            .iter()
+            .filter(|i| i.what == "attention outputs kept for the recompute")
+            .map(|i| i.bytes)
+            .sum::<u64>()
+    };
+    assert_eq!(item(&base), 0);
+    assert_eq!(item(&keeping(0)), layers * per_block);
+    assert_eq!(item(&keeping(2)), (layers - 2) * per_block);
+
+    // Around the size where they start to fit: kept exactly where the plan
+    // with them fits 90% of the GPU, and both outcomes occur.
+    let without = Plan::new(&base).device_total();
+    let mut outcomes = Vec::new();
+    for extra in [-2.0, 0.5, 2.0, 8.0, 40.0] {
+        let gpu = ((without as f64 + extra * per_block as f64) / 0.9) as u64;
+        let m = machine(64 << 30, Some(gpu));
+        let fits = Plan::new(&keeping(0)).device_peak(&m) <= (gpu as f64 * 0.9) as u64;
+        let kept = base.clone().place_kept_attention(&m).keep_attention;
+        assert_eq!(kept, fits, "{extra} blocks' worth of room");
+        outcomes.push(kept);
+    }
+    assert!(
+        outcomes.contains(&true) && outcomes.contains(&false),
+        "{outcomes:?}"
+    );
+    let cpu = Job {
+        gpu: false,
+        ..base.clone()
+    };
+    assert!(
+        !cpu.place_kept_attention(&machine(1 << 40, None))
+            .keep_attention
+    );
+    let resident = Job {
+        resident: true,
+        ..base.clone()
+    };
+    let roomy = machine(64 << 30, Some(1 << 40));
+    assert!(!resident.place_kept_attention(&roomy).keep_attention);
+}
+
 /// `auto` keeps as many blocks' forward graphs as fit in 90% of the GPU
 /// beside the rest of the plan: the count fits, one more would not (or every
 /// block is kept). CPU backends and resident jobs keep none; a number is kept.
@@ -551,6 +615,7 @@ fn gpu_prediction_matches_the_h100_runs() {
             seq_len: 1024,
             gpu: true,
             kept_graphs: KeptGraphs::Count(0),
+            keep_attention: false,
             ..job(llama_085b.clone(), false)
         };
         let plan = Plan::new(&job);

@@ -50,6 +50,10 @@ pub struct Job {
     pub block_inputs: BlockInputs,
     /// How many of the last blocks keep their forward graph (no recompute).
     pub kept_graphs: KeptGraphs,
+    /// Whether the recomputed blocks' attention outputs are kept from the
+    /// forward (`EngineConfig::keep_attention`); decided by
+    /// [`Job::place_kept_attention`].
+    pub keep_attention: bool,
     /// How the host holds the gradients and the weights for upload.
     pub host_layout: HostLayout,
     /// The optimizer's moments: fp32 or 8-bit.
@@ -423,6 +427,27 @@ impl Job {
         self
     }
 
+    /// The job with the attention outputs of every recomputed block kept
+    /// from the forward where the plan fits the GPU with them (call it after
+    /// [`Job::place_gradient_blocks`], before [`Job::place_kept_graphs`]):
+    /// past ~100k tokens a sequence attention's forward is most of a
+    /// block's recompute, and its output costs a fraction of a kept graph.
+    /// Resident jobs and CPU backends keep none.
+    pub fn place_kept_attention(mut self, machine: &Machine) -> Self {
+        self.keep_attention = false;
+        let (Some(gpu), true, false) = (machine.device_bytes, self.gpu, self.resident) else {
+            return self;
+        };
+        let candidate = Job {
+            keep_attention: true,
+            ..self.clone()
+        };
+        if Plan::new(&candidate).device_peak(machine) <= (gpu as f64 * 0.9) as u64 {
+            return candidate;
+        }
+        self
+    }
+
     /// The job with [`KeptGraphs::Auto`] decided for `machine` (call it after
     /// [`Job::place_gradient_blocks`]): on a GPU, as many blocks as fit in 90% of
     /// the free memory the rest of the plan leaves (the free memory measured
@@ -460,6 +485,15 @@ pub fn kept_graph_bytes(job: &Job) -> u64 {
     let (b, t) = (job.batch as u64, job.seq_len as u64);
     let width = job.compute.bytes() as u64;
     width * (s.block_params + b * t * s.saved_per_token(job.mlp_tile))
+}
+
+/// Device bytes one recomputed block's kept attention output holds until
+/// its backward: the output (`[tokens, query width]` in the compute
+/// precision) and an f32 log-sum-exp per token and query head.
+pub fn kept_attention_bytes(job: &Job) -> u64 {
+    let s = shape(&job.config);
+    let tokens = (job.batch * job.seq_len) as u64;
+    tokens * (job.compute.bytes() as u64 * s.d + F32 * s.heads)
 }
 
 /// What the machine has, and where each figure came from.
@@ -780,6 +814,12 @@ impl Plan {
                 device.push(Item::held(
                     "graphs kept from the forward (not recomputed)",
                     kept * kept_graph_bytes(job),
+                ));
+            }
+            if job.keep_attention {
+                device.push(Item::held(
+                    "attention outputs kept for the recompute",
+                    (s.layers - kept) * kept_attention_bytes(job),
                 ));
             }
             device.push(Item::phase(

@@ -800,6 +800,7 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
         corpus,
         block_inputs: placed.block_inputs,
         kept_graphs: placed.kept_graphs.count(),
+        keep_attention: placed.keep_attention,
         gradient_blocks_in_flight: placed.gradient_blocks_in_flight,
         cast_on_device: placed.compact(),
         compute_precision_gradients: placed.compact_gradients(),
@@ -1204,6 +1205,7 @@ pub fn plan(opts: &TrainOptions, config: ModelConfig, machine: &Machine) -> (Pla
         gpu: cfg!(feature = "cuda"),
         block_inputs: opts.block_inputs,
         kept_graphs: opts.kept_graphs,
+        keep_attention: false,
         host_layout: opts.host_layout,
         optim_state: opts.optim_state,
         gradient_blocks_in_flight: GRADIENT_BLOCKS_IN_FLIGHT,
@@ -1224,6 +1226,7 @@ fn placed(job: PlanJob, machine: &Machine) -> PlanJob {
         .place_block_inputs(machine)
         .place_mlp_tile(machine)
         .place_gradient_blocks(machine)
+        .place_kept_attention(machine)
         .place_kept_graphs(machine)
 }
 
@@ -1316,6 +1319,9 @@ struct Job<'a> {
     block_inputs: BlockInputs,
     /// Blocks whose forward graph the engine keeps (decided by the memory plan).
     kept_graphs: usize,
+    /// Whether the recomputed blocks' attention outputs are kept (decided by
+    /// the memory plan).
+    keep_attention: bool,
     /// Blocks whose gradients may wait on the device (counted by the memory plan).
     gradient_blocks_in_flight: usize,
     /// The compact host layout: weights cast on the device (decided by the
@@ -1387,6 +1393,7 @@ impl Job<'_> {
             compute_precision_gradients: self.compute_precision_gradients,
             eight_bit_moments: opts.optim_state == OptimState::EightBit,
             kept_graphs: self.kept_graphs,
+            keep_attention: self.keep_attention,
             blocking_sync: !opts.spin_waits,
             hold_updates_for_copies: !opts.updates_during_copies,
             gradient_blocks_in_flight: self.gradient_blocks_in_flight,
@@ -1412,6 +1419,9 @@ impl Job<'_> {
                     self.kept_graphs,
                     self.config.n_layer()
                 );
+            }
+            if self.keep_attention {
+                eprintln!("the recomputed blocks take their attention outputs from the forward");
             }
             if copies > 0 {
                 eprintln!(
