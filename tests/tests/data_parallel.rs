@@ -90,7 +90,13 @@ fn check_gradients<M: Trained>(model: M, vocab: usize, lanes: usize, rounds: usi
     let loss_one = one
         .accumulate_gradients(std::slice::from_ref(&whole))
         .unwrap();
-    let mut spread = Engine::on_devices(model.clone(), config(false, None), &devices).unwrap();
+    // The lanes also keep their blocks' attention outputs for the
+    // recompute: each lane's, per block and round, must reach its own.
+    let keeping = EngineConfig {
+        keep_attention: true,
+        ..config(false, None)
+    };
+    let mut spread = Engine::on_devices(model.clone(), keeping, &devices).unwrap();
     // A first accumulation on other data: the next one must replace it.
     let other: Vec<Batch> = (0..lanes)
         .map(|i| part(&batch(2 * lanes, 12, vocab, 7), i, 2, &devices[i]))
