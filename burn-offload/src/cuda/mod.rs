@@ -24,4 +24,4 @@ pub use types::CudaBackend;
 pub(crate) use copier::{bind_context, device_ptr_and_stream};
 pub(crate) use kernels::plane_per_row;
 pub(crate) use matmul::{kernel_names, select_matmul};
-pub(crate) use types::{as_float, float_cube, int_cube, is_float};
+pub(crate) use types::{as_float, empty_like, float_cube, int_cube, is_float};

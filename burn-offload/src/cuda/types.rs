@@ -5,8 +5,9 @@ use std::any::{Any, TypeId};
 
 use burn::backend::Autodiff;
 use burn::tensor::backend::Backend;
-use burn::tensor::{DType, Int, Tensor, TensorPrimitive};
+use burn::tensor::{DType, Int, Shape, Tensor, TensorPrimitive};
 use burn_cubecl::cubecl::cuda::CudaRuntime;
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeBackend;
 
@@ -123,6 +124,21 @@ pub(crate) fn as_float<B: Backend, const D: usize>(t: CubeTensor<CudaRuntime>) -
         .downcast::<B::FloatTensorPrimitive>()
         .unwrap_or_else(|_| unreachable!("checked by float_cube"));
     Tensor::from_primitive(TensorPrimitive::Float(p))
+}
+
+/// A new contiguous tensor of `dims` and `dtype` on `like`'s device (its
+/// values unset).
+pub(crate) fn empty_like(
+    like: &CubeTensor<CudaRuntime>,
+    dims: &[usize],
+    dtype: DType,
+) -> CubeTensor<CudaRuntime> {
+    empty_device_contiguous_dtype(
+        like.client.clone(),
+        like.device.clone(),
+        Shape::from(dims.to_vec()),
+        dtype,
+    )
 }
 
 /// The float dtypes our kernels read.

@@ -28,7 +28,7 @@ use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::{calculate_cube_count_elemwise, CubeCount, CubeDim};
 
-use crate::cuda::{as_float, float_cube, is_float};
+use crate::cuda::{as_float, empty_like, float_cube, is_float};
 
 /// The kernels, apart: cubecl's prelude has a `Tensor` of its own.
 mod kernels {
@@ -300,12 +300,7 @@ const UNITS: u32 = 256;
 
 /// A new contiguous f32 tensor of `shape` beside `t`.
 fn new_f32(t: &CubeTensor<CudaRuntime>, shape: &[usize]) -> CubeTensor<CudaRuntime> {
-    empty_device_contiguous_dtype(
-        t.client.clone(),
-        t.device.clone(),
-        Shape::from(shape.to_vec()),
-        DType::F32,
-    )
+    empty_like(t, shape, DType::F32)
 }
 
 /// [`super::base`]'s combination of two tiles' outputs in one kernel: the f32

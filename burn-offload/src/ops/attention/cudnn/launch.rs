@@ -12,7 +12,7 @@ use std::sync::{Mutex, Once, OnceLock};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Shape as Dims, Tensor};
 use burn_cubecl::cubecl::cuda::{CudaDevice, CudaRuntime};
-use burn_cubecl::ops::numeric::{empty_device_contiguous_dtype, zeros_client};
+use burn_cubecl::ops::numeric::zeros_client;
 use burn_cubecl::tensor::CubeTensor;
 use cudarc::cudnn::sys;
 use cudarc::driver::sys::CUstream;
@@ -20,7 +20,7 @@ use cudarc::driver::sys::CUstream;
 use super::backend::{check, CudnnError, Result};
 use super::graph::{Graph, Plan};
 use super::sdpa::{self, uid, Shape};
-use crate::cuda::{as_float, bind_context, device_ptr_and_stream, float_cube};
+use crate::cuda::{as_float, bind_context, device_ptr_and_stream, empty_like, float_cube};
 
 /// Whether [`causal_attention`](crate::ops::causal_attention) may run
 /// cuDNN's fused attention where the library takes the tensors.
@@ -128,7 +128,7 @@ fn with_plan<R>(
     stream: CUstream,
     backward: bool,
     shape: &Shape,
-    run: impl FnOnce(sys::cudnnHandle_t, &Plan) -> Result<R>,
+    run: impl FnOnce(sys::cudnnHandle_t, &Plan, usize) -> Result<R>,
 ) -> Result<R> {
     let version = library()?;
     bind_context(device);
@@ -188,19 +188,19 @@ fn with_plan<R>(
         });
         let plan = plan.clone().ok_or(CudnnError::Refused)?;
         drop(states);
-        run(handle, &plan)
+        run(handle, &plan, version)
     })
 }
 
 /// Device addresses of `tensors`, all on `stream` (cubecl's stream of this
 /// thread, ordered behind their writers), each 16-byte aligned as the
 /// graph declares.
-fn addresses<const N: usize>(
-    tensors: [&CubeTensor<CudaRuntime>; N],
-) -> Result<([*mut c_void; N], CUstream)> {
-    let mut out = [std::ptr::null_mut(); N];
+fn addresses<'a>(
+    tensors: impl IntoIterator<Item = &'a CubeTensor<CudaRuntime>>,
+) -> Result<(Vec<*mut c_void>, CUstream)> {
+    let mut out = Vec::new();
     let mut stream = None;
-    for (slot, t) in out.iter_mut().zip(tensors) {
+    for t in tensors {
         let (ptr, s) = device_ptr_and_stream(t);
         if ptr % 16 != 0 {
             return Err(CudnnError::Layout("a tensor not aligned to 16 bytes"));
@@ -209,7 +209,7 @@ fn addresses<const N: usize>(
             return Err(CudnnError::Layout("tensors on different streams"));
         }
         stream = Some(s);
-        *slot = ptr as *mut c_void;
+        out.push(ptr as *mut c_void);
     }
     Ok((out, stream.unwrap_or(std::ptr::null_mut())))
 }
@@ -234,19 +234,6 @@ fn io_type(dtype: DType) -> Option<sys::cudnnDataType_t> {
     }
 }
 
-fn new_tensor(
-    like: &CubeTensor<CudaRuntime>,
-    dims: Vec<usize>,
-    dtype: DType,
-) -> CubeTensor<CudaRuntime> {
-    empty_device_contiguous_dtype(
-        like.client.clone(),
-        like.device.clone(),
-        Dims::from(dims),
-        dtype,
-    )
-}
-
 /// Values of the scalars the graphs take by value.
 struct Scalars {
     scale: f32,
@@ -256,9 +243,9 @@ struct Scalars {
 }
 
 impl Scalars {
-    fn new(dim: usize, window: Option<usize>, version: usize) -> Self {
+    fn new(shape: &Shape, version: usize) -> Self {
         Self {
-            scale: 1.0 / (dim as f32).sqrt(),
+            scale: 1.0 / (shape.dim as f32).sqrt(),
             // Before 9.10 cuDNN's masks wanted the lowest float, not −∞
             // (cudnn-frontend's `get_negative_inf_value`).
             neg_inf: if version < 91000 {
@@ -267,7 +254,7 @@ impl Scalars {
                 f32::NEG_INFINITY
             },
             one: 1.0,
-            window: window.map_or(0.0, |w| w as f32),
+            window: shape.window.map_or(0.0, |w| w as f32),
         }
     }
 
@@ -288,32 +275,68 @@ impl Scalars {
     }
 }
 
-/// The window a pass masks with: `None` where it hides nothing the causal
-/// mask does not.
-fn effective_window(window: Option<usize>, seq: usize) -> Option<usize> {
-    window.filter(|&w| w < seq)
+/// The plan's key for `q: [b, h, s, d]` over `k: [b, kv, s, d]` in `io`,
+/// with the strides of the bound inputs; `None` where a row is not
+/// contiguous. A window as long as the sequence hides nothing the causal
+/// mask does not (`attention_by` drops it before a pass runs).
+fn shape_of(
+    q: &CubeTensor<CudaRuntime>,
+    k: &CubeTensor<CudaRuntime>,
+    io: sys::cudnnDataType_t,
+    window: Option<usize>,
+    inputs: &[&CubeTensor<CudaRuntime>],
+) -> Option<Shape> {
+    let [batch, heads, seq, dim] = dims(q)?;
+    Some(Shape {
+        batch: batch as i64,
+        heads: heads as i64,
+        kv_heads: dims(k)?[1] as i64,
+        seq: seq as i64,
+        dim: dim as i64,
+        io,
+        window: window.map(|w| w as i64),
+        strides: inputs.iter().map(|t| strides(t)).collect::<Option<_>>()?,
+    })
 }
 
-/// Runs `plan` with `bound` tensors and scalars and a fresh workspace.
-fn execute(
-    handle: sys::cudnnHandle_t,
-    plan: &Plan,
-    like: &CubeTensor<CudaRuntime>,
-    bound: Vec<(i64, *mut c_void)>,
+/// Runs the forward's (or with `backward`, the backward's) plan for
+/// `shape` with each `(uid, tensor)` of `bound` and the pass's scalars, on
+/// the tensors' stream, with a fresh workspace.
+fn run_pass(
+    backward: bool,
+    shape: &Shape,
+    bound: &[(i64, &CubeTensor<CudaRuntime>)],
 ) -> Result<()> {
-    let workspace = (plan.workspace > 0).then(|| new_tensor(like, vec![plan.workspace], DType::U8));
-    let workspace_ptr = match &workspace {
-        Some(w) => addresses([w])?.0[0],
-        None => std::ptr::null_mut(),
-    };
-    let (uids, pointers): (Vec<i64>, Vec<*mut c_void>) = bound.into_iter().unzip();
-    // SAFETY: every bound address is a live buffer of the layout the graph
-    // declares, or a scalar on this stack frame (cuDNN reads scalars while
-    // queueing); buffers are freed by cubecl in this stream's order, after
-    // the plan has run.
-    unsafe { plan.execute(handle, &uids, &pointers, workspace_ptr) }?;
-    RUNS.fetch_add(1, Ordering::Relaxed);
-    Ok(())
+    let like = bound[0].1;
+    let (pointers, stream) = addresses(bound.iter().map(|(_, t)| *t))?;
+    with_plan(
+        &like.device,
+        stream,
+        backward,
+        shape,
+        |handle, plan, version| {
+            let workspace =
+                (plan.workspace > 0).then(|| empty_like(like, &[plan.workspace], DType::U8));
+            let workspace_ptr = match &workspace {
+                Some(w) => addresses([w])?.0[0],
+                None => std::ptr::null_mut(),
+            };
+            let mut scalars = Scalars::new(shape, version);
+            let (mut uids, mut pointers): (Vec<i64>, Vec<*mut c_void>) =
+                bound.iter().map(|(uid, _)| *uid).zip(pointers).unzip();
+            for (uid, pointer) in scalars.bindings(backward, shape.window.is_some()) {
+                uids.push(uid);
+                pointers.push(pointer);
+            }
+            // SAFETY: every bound address is a live buffer of the layout the
+            // graph declares, or a scalar on this stack frame (cuDNN reads
+            // scalars while queueing); buffers are freed by cubecl in this
+            // stream's order, after the plan has run.
+            unsafe { plan.execute(handle, &uids, &pointers, workspace_ptr) }?;
+            RUNS.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        },
+    )
 }
 
 /// The output `[b, h, s, d]` and each row's log-sum-exp (f32 `[b, h, s,
@@ -327,38 +350,20 @@ pub(crate) fn forward<B: Backend>(
 ) -> Option<(Tensor<B, 4>, Tensor<B, 4>)> {
     let (q, k, v) = (float_cube(q)?, float_cube(k)?, float_cube(v)?);
     let io = io_type(q.dtype).filter(|_| k.dtype == q.dtype && v.dtype == q.dtype)?;
+    let shape = shape_of(&q, &k, io, window, &[&q, &k, &v])?;
     let [batch, heads, seq, dim] = dims(&q)?;
-    let kv_heads = dims(&k)?[1];
-    let window = effective_window(window, seq);
-    let shape = Shape {
-        batch: batch as i64,
-        heads: heads as i64,
-        kv_heads: kv_heads as i64,
-        seq: seq as i64,
-        dim: dim as i64,
-        io,
-        window: window.map(|w| w as i64),
-        strides: vec![strides(&q)?, strides(&k)?, strides(&v)?],
-    };
-    let out = new_tensor(&q, vec![batch, heads, seq, dim], q.dtype);
-    let stats = new_tensor(&q, vec![batch, heads, seq, 1], DType::F32);
-    if batch * heads * seq == 0 {
-        return Some((as_float(out), as_float(stats)));
+    let out = empty_like(&q, &[batch, heads, seq, dim], q.dtype);
+    let stats = empty_like(&q, &[batch, heads, seq, 1], DType::F32);
+    if batch * heads * seq > 0 {
+        let bound = [
+            (uid::Q, &q),
+            (uid::K, &k),
+            (uid::V, &v),
+            (uid::O, &out),
+            (uid::STATS, &stats),
+        ];
+        run_pass(false, &shape, &bound).ok()?;
     }
-    let run = || -> Result<()> {
-        let version = library()?;
-        let (ptrs, stream) = addresses([&q, &k, &v, &out, &stats])?;
-        with_plan(&q.device, stream, false, &shape, |handle, plan| {
-            let mut scalars = Scalars::new(dim, window, version);
-            let mut bound: Vec<(i64, *mut c_void)> = [uid::Q, uid::K, uid::V, uid::O, uid::STATS]
-                .into_iter()
-                .zip(ptrs)
-                .collect();
-            bound.extend(scalars.bindings(false, window.is_some()));
-            execute(handle, plan, &q, bound)
-        })
-    };
-    run().ok()?;
     Some((as_float(out), as_float(stats)))
 }
 
@@ -376,67 +381,36 @@ pub(crate) fn backward<B: Backend>(
     if [&k, &v, &o, &grad].iter().any(|t| t.dtype != q.dtype) || lse.dtype != DType::F32 {
         return None;
     }
+    let shape = shape_of(&q, &k, io, window, &[&q, &k, &v, &o, &grad, &lse])?;
     let [batch, heads, seq, dim] = dims(&q)?;
     let kv_heads = dims(&k)?[1];
-    let window = effective_window(window, seq);
-    let shape = Shape {
-        batch: batch as i64,
-        heads: heads as i64,
-        kv_heads: kv_heads as i64,
-        seq: seq as i64,
-        dim: dim as i64,
-        io,
-        window: window.map(|w| w as i64),
-        strides: vec![
-            strides(&q)?,
-            strides(&k)?,
-            strides(&v)?,
-            strides(&o)?,
-            strides(&grad)?,
-            strides(&lse)?,
-        ],
-    };
-    let dq = new_tensor(&q, vec![batch, heads, seq, dim], q.dtype);
-    let dk = new_tensor(&q, vec![batch, kv_heads, seq, dim], q.dtype);
-    let dv = new_tensor(&q, vec![batch, kv_heads, seq, dim], q.dtype);
-    if batch * heads * seq == 0 {
-        return Some([as_float(dq), as_float(dk), as_float(dv)]);
-    }
-    let row_dot = new_tensor(&q, vec![batch, heads, seq, 1], DType::F32);
-    // The query gradient's sums start from zero (cuDNN before 9.6 did not
-    // clear them itself).
-    let dq_sum = zeros_client(
-        q.client.clone(),
-        q.device.clone(),
-        Dims::new([batch, heads, seq, dim]),
-        DType::F32,
-    );
-    let run = || -> Result<()> {
-        let version = library()?;
-        let tensors = [
-            &q, &k, &v, &o, &grad, &lse, &dq, &dk, &dv, &row_dot, &dq_sum,
+    let dq = empty_like(&q, &[batch, heads, seq, dim], q.dtype);
+    let dk = empty_like(&q, &[batch, kv_heads, seq, dim], q.dtype);
+    let dv = empty_like(&q, &[batch, kv_heads, seq, dim], q.dtype);
+    if batch * heads * seq > 0 {
+        let row_dot = empty_like(&q, &[batch, heads, seq, 1], DType::F32);
+        // The query gradient's sums start from zero (cuDNN before 9.6 did
+        // not clear them itself).
+        let dq_sum = zeros_client(
+            q.client.clone(),
+            q.device.clone(),
+            Dims::new([batch, heads, seq, dim]),
+            DType::F32,
+        );
+        let bound = [
+            (uid::Q, &q),
+            (uid::K, &k),
+            (uid::V, &v),
+            (uid::O, &o),
+            (uid::DO, &grad),
+            (uid::STATS, &lse),
+            (uid::DQ, &dq),
+            (uid::DK, &dk),
+            (uid::DV, &dv),
+            (uid::ROW_DOT, &row_dot),
+            (uid::DQ_SUM, &dq_sum),
         ];
-        let (ptrs, stream) = addresses(tensors)?;
-        with_plan(&q.device, stream, true, &shape, |handle, plan| {
-            let mut scalars = Scalars::new(dim, window, version);
-            let ids = [
-                uid::Q,
-                uid::K,
-                uid::V,
-                uid::O,
-                uid::DO,
-                uid::STATS,
-                uid::DQ,
-                uid::DK,
-                uid::DV,
-                uid::ROW_DOT,
-                uid::DQ_SUM,
-            ];
-            let mut bound: Vec<(i64, *mut c_void)> = ids.into_iter().zip(ptrs).collect();
-            bound.extend(scalars.bindings(true, window.is_some()));
-            execute(handle, plan, &q, bound)
-        })
-    };
-    run().ok()?;
+        run_pass(true, &shape, &bound).ok()?;
+    }
     Some([as_float(dq), as_float(dk), as_float(dv)])
 }

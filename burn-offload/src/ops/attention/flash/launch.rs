@@ -3,7 +3,7 @@
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Shape, Tensor};
 use burn_cubecl::cubecl::cuda::CudaRuntime;
-use burn_cubecl::ops::numeric::{empty_device_contiguous_dtype, zeros_client};
+use burn_cubecl::ops::numeric::zeros_client;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::ir::{ElemType, FloatKind, StorageType};
 use cubecl::{CubeCount, CubeDim};
@@ -11,7 +11,7 @@ use cubecl::{CubeCount, CubeDim};
 use super::super::route::{half_precision, MMA_BACKWARD_MAX_WIDTH};
 use super::kernels::{backward_kernel, forward_kernel, PLANES, TILE, UNITS};
 use super::mma::{backward_mma_kernel, forward_mma_kernel};
-use crate::cuda::{as_float, float_cube};
+use crate::cuda::{as_float, empty_like, float_cube};
 use crate::precision::cast_to;
 
 /// The stage type and WMMA depth for inputs of `dtype`: bf16 and f16 as
@@ -54,19 +54,6 @@ fn launch_geometry(tiles: usize, heads: usize, batch: usize) -> (CubeCount, Cube
     )
 }
 
-fn new_tensor(
-    like: &CubeTensor<CudaRuntime>,
-    dims: Vec<usize>,
-    dtype: DType,
-) -> CubeTensor<CudaRuntime> {
-    empty_device_contiguous_dtype(
-        like.client.clone(),
-        like.device.clone(),
-        Shape::from(dims),
-        dtype,
-    )
-}
-
 /// The CUDA tensors of `ts` if all are CUDA tensors of one supported dtype
 /// with heads of a supported width.
 fn cubes<B: Backend, const N: usize>(
@@ -98,8 +85,8 @@ pub(crate) fn forward<B: Backend>(
     let [batch, heads, seq, dim] = <[usize; 4]>::try_from(q.meta.shape().to_vec()).ok()?;
     let (stage_type, ks) = stage(q.dtype)?;
     let window = window_arg(window, seq)?;
-    let out = new_tensor(&q, vec![batch, heads, seq, dim], q.dtype);
-    let lse = new_tensor(&q, vec![batch, heads, seq, 1], DType::F32);
+    let out = empty_like(&q, &[batch, heads, seq, dim], q.dtype);
+    let lse = empty_like(&q, &[batch, heads, seq, 1], DType::F32);
     if batch * heads * seq > 0 {
         let (cubes, cube_dim) = launch_geometry(seq.div_ceil(TILE), heads, batch);
         // SAFETY: the kernels index in bounds by construction: the loads
@@ -172,8 +159,8 @@ pub(crate) fn backward<B: Backend>(
         Shape::new([batch, heads, seq, dim]),
         DType::F32,
     );
-    let dk = new_tensor(&q, vec![batch, kv_heads, seq, dim], dtype);
-    let dv = new_tensor(&q, vec![batch, kv_heads, seq, dim], dtype);
+    let dk = empty_like(&q, &[batch, kv_heads, seq, dim], dtype);
+    let dv = empty_like(&q, &[batch, kv_heads, seq, dim], dtype);
     let scale = 1.0 / (dim as f32).sqrt();
     if batch * heads * seq > 0 {
         let client = q.client.clone();
