@@ -93,7 +93,7 @@ fn check_gradients<M: Trained>(model: M, vocab: usize, lanes: usize, rounds: usi
     // The lanes also keep their blocks' attention outputs for the
     // recompute: each lane's, per block and round, must reach its own.
     let keeping = EngineConfig {
-        keep_attention: true,
+        kept_attention: usize::MAX,
         ..config(false, None)
     };
     let mut spread = Engine::on_devices(model.clone(), keeping, &devices).unwrap();

@@ -40,7 +40,7 @@ fn engine_config(fused: bool) -> EngineConfig {
         compute_precision_gradients: false,
         eight_bit_moments: false,
         kept_graphs: 0,
-        keep_attention: false,
+        kept_attention: 0,
         blocking_sync: true,
         hold_updates_for_copies: true,
         gradient_blocks_in_flight: 1,
@@ -67,21 +67,24 @@ where
     // are the same memory; the GPU run of this test covers both paths), and
     // none, one or every block's forward graph kept instead of recomputed
     // (more than there are blocks means all), and the recomputed blocks'
-    // attention outputs kept from the forward (which the recompute must
-    // then take in place of its own: the count of those it took grows).
+    // attention outputs kept from the forward, the last one's or every
+    // one's (which the recompute must then take in place of its own, each
+    // block its own: the count of those it took grows).
     let cases = [
-        (true, 0, false),
-        (false, 0, false),
-        (true, 1, false),
-        (false, 99, false),
-        (true, 0, true),
-        (false, 1, true),
+        (true, 0, 0),
+        (false, 0, 0),
+        (true, 1, 0),
+        (false, 99, 0),
+        (true, 0, 99),
+        (false, 1, 99),
+        (true, 0, 1),
+        (false, 1, 1),
     ];
-    for (host_checkpoints, kept_graphs, keep_attention) in cases {
+    for (host_checkpoints, kept_graphs, kept_attention) in cases {
         let config = EngineConfig {
             host_checkpoints,
             kept_graphs,
-            keep_attention,
+            kept_attention,
             ..engine_config(false)
         };
         let replayed = burn_offload::ops::attention::replayed_attention_outputs();
@@ -94,10 +97,10 @@ where
             let err = rel_err(&engine.grad(id).unwrap(), reference);
             assert!(
                 err <= TOL,
-                "gradient of {id} (host checkpoints: {host_checkpoints}, kept graphs: {kept_graphs}, kept attention: {keep_attention}): relative error {err}"
+                "gradient of {id} (host checkpoints: {host_checkpoints}, kept graphs: {kept_graphs}, kept attention: {kept_attention}): relative error {err}"
             );
         }
-        if keep_attention && memo_used {
+        if kept_attention > 0 && memo_used {
             let taken = burn_offload::ops::attention::replayed_attention_outputs() - replayed;
             assert!(
                 taken > 0,

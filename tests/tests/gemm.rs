@@ -38,7 +38,7 @@ fn engine_config() -> EngineConfig {
         compute_precision_gradients: false,
         eight_bit_moments: false,
         kept_graphs: 0,
-        keep_attention: false,
+        kept_attention: 0,
         blocking_sync: true,
         hold_updates_for_copies: true,
         gradient_blocks_in_flight: 4,

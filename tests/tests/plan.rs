@@ -1,52 +1,15 @@
 //! The memory planner: its host prediction against the store the engine
 //! really allocates, and its refusals.
 
+mod plan_common;
+
 use burn_offload::Compute;
 use burn_offload::{Engine, EngineConfig};
 use burn_offload_tests::TestBackend as B;
 use models::{Gpt2Config, LlamaConfig, ModelConfig};
-use trainer::plan::{
-    kept_attention_bytes, kept_graph_bytes, BlockInputs, HostLayout, Job, KeptGraphs, Machine,
-    OptimState, Plan,
-};
+use plan_common::{h100, job, llama_085b, machine, medium_llama};
+use trainer::plan::{BlockInputs, HostLayout, Job, KeptGraphs, Machine, OptimState, Plan};
 use trainer::train::{run, TrainOptions};
-
-fn job(config: ModelConfig, fused: bool) -> Job {
-    Job {
-        config,
-        batch: 2,
-        seq_len: 16,
-        accum: 1,
-        gpus: 1,
-        fused,
-        resident: false,
-        host_params: false,
-        compute: Compute::Fp32,
-        loss_chunk_tokens: 4096,
-        gpu: false,
-        // The H100 figures below were measured with block inputs in host memory.
-        block_inputs: BlockInputs::Host,
-        kept_graphs: KeptGraphs::Count(0),
-        keep_attention: false,
-        host_layout: HostLayout::Full,
-        optim_state: OptimState::Fp32,
-        gradient_blocks_in_flight: trainer::plan::GRADIENT_BLOCKS_IN_FLIGHT,
-        mlp_tile: None,
-        param_cache: trainer::plan::ParamCache::Auto,
-    }
-}
-
-fn medium_llama() -> LlamaConfig {
-    LlamaConfig {
-        d_model: 256,
-        n_layer: 6,
-        n_head: 8,
-        n_kv_head: 2,
-        d_ff: 704,
-        vocab_size: 512,
-        ..LlamaConfig::tiny()
-    }
-}
 
 /// Host bytes of the store the engine builds for `config`.
 fn measured_store_bytes(config: &ModelConfig, fused: bool) -> u64 {
@@ -213,15 +176,6 @@ fn device_prediction_grows_with_batch_and_barely_with_depth() {
     );
 }
 
-fn machine(host: u64, device: Option<u64>) -> Machine {
-    Machine {
-        host_bytes: host,
-        host_source: "test".into(),
-        device_bytes: device,
-        device_source: "test".into(),
-    }
-}
-
 #[test]
 fn too_little_gpu_memory_suggests_a_batch_that_fits() {
     let config = ModelConfig::Llama(medium_llama());
@@ -363,249 +317,6 @@ fn gradient_blocks_waiting_on_the_device_are_counted_and_fitted() {
         .all(|i| i.what != "block gradients on their way to the host"));
 }
 
-/// `auto` keeps block inputs on the GPU when the plan fits it with them
-/// there, and moves them to host memory (flat device memory in depth) when not.
-#[test]
-fn auto_places_block_inputs_on_the_gpu_only_when_they_fit() {
-    let base = Job {
-        batch: 8,
-        seq_len: 256,
-        gpu: true,
-        block_inputs: BlockInputs::Auto,
-        ..job(ModelConfig::Llama(medium_llama()), false)
-    };
-    let holds =
-        |items: &[trainer::plan::Item]| items.iter().any(|i| i.what == "block-input checkpoints");
-    let device_plan = Plan::new(&Job {
-        block_inputs: BlockInputs::Device,
-        ..base.clone()
-    });
-    let host_plan = Plan::new(&Job {
-        block_inputs: BlockInputs::Host,
-        ..base.clone()
-    });
-    assert!(holds(&device_plan.device) && !holds(&device_plan.host));
-    assert!(holds(&host_plan.host) && !holds(&host_plan.device));
-    assert!(device_plan.device_total() > host_plan.device_total());
-    assert!(device_plan.host_total() < host_plan.host_total());
-
-    let roomy = machine(64 << 30, Some(80 << 30));
-    assert_eq!(
-        base.clone().place_block_inputs(&roomy).block_inputs,
-        BlockInputs::Device
-    );
-    // A GPU between the two device totals: only the host placement fits.
-    let between = (device_plan.device_total() + host_plan.device_total()) / 2;
-    let tight = machine(64 << 30, Some(between));
-    assert!(device_plan.check(&base, &tight).is_err());
-    assert_eq!(
-        base.clone().place_block_inputs(&tight).block_inputs,
-        BlockInputs::Host
-    );
-    // Explicit choices are kept; on a CPU backend the device is the host.
-    let host = Job {
-        block_inputs: BlockInputs::Host,
-        ..base.clone()
-    };
-    assert_eq!(
-        host.place_block_inputs(&roomy).block_inputs,
-        BlockInputs::Host
-    );
-    let cpu = Job {
-        gpu: false,
-        ..base.clone()
-    };
-    assert_eq!(
-        cpu.place_block_inputs(&machine(64 << 30, None))
-            .block_inputs,
-        BlockInputs::Device
-    );
-    assert_eq!("DEVICE".parse::<BlockInputs>(), Ok(BlockInputs::Device));
-    assert!("gpu"
-        .parse::<BlockInputs>()
-        .unwrap_err()
-        .contains("auto, host, device"));
-}
-
-/// The recomputed blocks' attention outputs are kept where the plan fits
-/// 90% of the GPU with them, counted for the blocks that are recomputed;
-/// CPU backends and resident jobs keep none.
-#[test]
-fn attention_outputs_are_kept_where_they_fit_the_gpu() {
-    let base = Job {
-        batch: 1,
-        seq_len: 4096,
-        gpu: true,
-        ..job(ModelConfig::Llama(medium_llama()), false)
-    };
-    let layers = medium_llama().n_layer as u64;
-    let per_block = kept_attention_bytes(&base);
-    let keeping = |kept: usize| Job {
-        keep_attention: true,
-        kept_graphs: KeptGraphs::Count(kept),
-        ..base.clone()
-    };
-    let item = |job: &Job| {
-        Plan::new(job)
-            .device
-            .iter()
-            .filter(|i| i.what == "attention outputs kept for the recompute")
-            .map(|i| i.bytes)
-            .sum::<u64>()
-    };
-    assert_eq!(item(&base), 0);
-    assert_eq!(item(&keeping(0)), layers * per_block);
-    assert_eq!(item(&keeping(2)), (layers - 2) * per_block);
-
-    // Around the size where they start to fit: kept exactly where the plan
-    // with them fits 90% of the GPU, and both outcomes occur.
-    let without = Plan::new(&base).device_total();
-    let mut outcomes = Vec::new();
-    for extra in [-2.0, 0.5, 2.0, 8.0, 40.0] {
-        let gpu = ((without as f64 + extra * per_block as f64) / 0.9) as u64;
-        let m = machine(64 << 30, Some(gpu));
-        let fits = Plan::new(&keeping(0)).device_peak(&m) <= (gpu as f64 * 0.9) as u64;
-        let kept = base.clone().place_kept_attention(&m).keep_attention;
-        assert_eq!(kept, fits, "{extra} blocks' worth of room");
-        outcomes.push(kept);
-    }
-    assert!(
-        outcomes.contains(&true) && outcomes.contains(&false),
-        "{outcomes:?}"
-    );
-    let cpu = Job {
-        gpu: false,
-        ..base.clone()
-    };
-    assert!(
-        !cpu.place_kept_attention(&machine(1 << 40, None))
-            .keep_attention
-    );
-    let resident = Job {
-        resident: true,
-        ..base.clone()
-    };
-    let roomy = machine(64 << 30, Some(1 << 40));
-    assert!(!resident.place_kept_attention(&roomy).keep_attention);
-}
-
-/// `auto` keeps as many blocks' forward graphs as fit in 90% of the GPU
-/// beside the rest of the plan: the count fits, one more would not (or every
-/// block is kept). CPU backends and resident jobs keep none; a number is kept.
-#[test]
-fn auto_keeps_the_forward_graphs_that_fit_the_gpu() {
-    let base = Job {
-        batch: 8,
-        seq_len: 256,
-        gpu: true,
-        kept_graphs: KeptGraphs::Auto,
-        ..job(ModelConfig::Llama(medium_llama()), false)
-    };
-    let layers = medium_llama().n_layer;
-    let per_block = kept_graph_bytes(&base);
-    let with = |k: usize| Job {
-        kept_graphs: KeptGraphs::Count(k),
-        ..base.clone()
-    };
-    // The kept graphs are one held item of k blocks.
-    let item = |k: usize| {
-        Plan::new(&with(k))
-            .device
-            .iter()
-            .filter(|i| i.what == "graphs kept from the forward (not recomputed)")
-            .map(|i| i.bytes)
-            .sum::<u64>()
-    };
-    assert_eq!((item(0), item(3)), (0, 3 * per_block));
-    assert_eq!(item(layers + 4), layers as u64 * per_block);
-
-    let rest = Plan::new(&with(0)).device_total();
-    let mut counts = Vec::new();
-    for extra in [0.5, 1.5, 2.5, 4.2, 100.0] {
-        let gpu = ((rest as f64 + extra * per_block as f64) / 0.9) as u64;
-        let m = machine(64 << 30, Some(gpu));
-        let k = base.clone().place_kept_graphs(&m).kept_graphs.count();
-        let room = (gpu as f64 * 0.9) as u64;
-        assert!(
-            Plan::new(&with(k)).device_peak(&m) <= room,
-            "{k} kept at {extra}"
-        );
-        assert!(
-            k == layers || Plan::new(&with(k + 1)).device_peak(&m) > room,
-            "{k} kept at {extra}: one more would fit"
-        );
-        counts.push(k);
-    }
-    assert_eq!(counts, [0, 1, 2, 4, layers]);
-    // Asking for more than fit is refused, pointing at the count that does.
-    let gpu = ((rest as f64 + 2.5 * per_block as f64) / 0.9) as u64;
-    let tight = machine(64 << 30, Some(gpu));
-    let all = with(layers);
-    let why = Plan::new(&all).check(&all, &tight).unwrap_err();
-    assert!(why.contains("try --keep-graphs 2 "), "{why}");
-
-    let roomy = machine(64 << 30, Some(1 << 40));
-    let cpu = Job {
-        gpu: false,
-        ..base.clone()
-    };
-    assert_eq!(
-        cpu.place_kept_graphs(&machine(1 << 40, None)).kept_graphs,
-        KeptGraphs::Count(0)
-    );
-    let resident = Job {
-        resident: true,
-        ..base.clone()
-    };
-    assert_eq!(
-        resident.place_kept_graphs(&roomy).kept_graphs,
-        KeptGraphs::Count(0)
-    );
-    assert_eq!(
-        with(1).place_kept_graphs(&roomy).kept_graphs,
-        KeptGraphs::Count(1)
-    );
-    assert_eq!("AUTO".parse::<KeptGraphs>(), Ok(KeptGraphs::Auto));
-    assert_eq!("12".parse::<KeptGraphs>(), Ok(KeptGraphs::Count(12)));
-    assert!("some"
-        .parse::<KeptGraphs>()
-        .unwrap_err()
-        .contains("`auto` or a number"));
-}
-
-/// The GPU peaks measured on the H100 (whole process, nvidia-smi; 78.66 GiB
-/// free) with attention as one operation (`burn_offload::ops::attention`): the
-/// 0.85B rows with every block recomputed at 4k and 16k tokens
-/// (bench/results/cuda-bench), each within 10% of the
-/// prediction. The head phase and the block backward do not add up, and
-/// small jobs sit on cubecl's page floor. (A 7.39B run in bench/results/cuda-bench measured
-/// 11373 MiB with the earlier attention, which kept the `[b, h, t, t]`
-/// weights for the backward; it has not been run again.)
-/// The lent H100 as the runs measured it: 125 GiB of host memory, 78.66 GiB
-/// free on the GPU.
-fn h100() -> Machine {
-    Machine {
-        host_bytes: 125 << 30,
-        host_source: "test".into(),
-        device_bytes: Some((78.66 * (1u64 << 30) as f64) as u64),
-        device_source: "test".into(),
-    }
-}
-
-/// The 0.85B Llama of the bench rows.
-fn llama_085b() -> ModelConfig {
-    ModelConfig::Llama(LlamaConfig {
-        vocab_size: 32000,
-        d_model: 2048,
-        n_layer: 16,
-        n_head: 32,
-        n_kv_head: 8,
-        d_ff: 5632,
-        max_seq_len: 2048,
-        ..LlamaConfig::tiny()
-    })
-}
-
 #[test]
 fn gpu_prediction_matches_the_h100_runs() {
     let (gpu, llama_085b) = (h100(), llama_085b());
@@ -615,7 +326,7 @@ fn gpu_prediction_matches_the_h100_runs() {
             seq_len: 1024,
             gpu: true,
             kept_graphs: KeptGraphs::Count(0),
-            keep_attention: false,
+            kept_attention: 0,
             ..job(llama_085b.clone(), false)
         };
         let plan = Plan::new(&job);

@@ -128,7 +128,7 @@ mod tests {
             gpu: true,
             block_inputs: BlockInputs::Device,
             kept_graphs: KeptGraphs::Count(0),
-            keep_attention: false,
+            kept_attention: 0,
             host_layout: HostLayout::Full,
             optim_state: OptimState::Fp32,
             gradient_blocks_in_flight: GRADIENT_BLOCKS_IN_FLIGHT,

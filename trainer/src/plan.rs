@@ -50,10 +50,10 @@ pub struct Job {
     pub block_inputs: BlockInputs,
     /// How many of the last blocks keep their forward graph (no recompute).
     pub kept_graphs: KeptGraphs,
-    /// Whether the recomputed blocks' attention outputs are kept from the
-    /// forward (`EngineConfig::keep_attention`); decided by
-    /// [`Job::place_kept_attention`].
-    pub keep_attention: bool,
+    /// How many recomputed blocks (the last ones) keep their attention
+    /// outputs from the forward (`EngineConfig::kept_attention`); decided
+    /// by [`Job::place_kept_attention`].
+    pub kept_attention: usize,
     /// How the host holds the gradients and the weights for upload.
     pub host_layout: HostLayout,
     /// The optimizer's moments: fp32 or 8-bit.
@@ -427,24 +427,75 @@ impl Job {
         self
     }
 
-    /// The job with the attention outputs of every recomputed block kept
-    /// from the forward where the plan fits the GPU with them (call it after
-    /// [`Job::place_gradient_blocks`], before [`Job::place_kept_graphs`]):
-    /// past ~100k tokens a sequence attention's forward is most of a
-    /// block's recompute, and its output costs a fraction of a kept graph.
-    /// Resident jobs and CPU backends keep none.
+    /// The job with every choice the plan makes for `machine` made, in
+    /// order. Where the recomputed blocks' attention outputs do not all fit,
+    /// the block inputs in host memory and the MLP over tiles (each where
+    /// the job leaves it to the plan) are tried too, and the fitting choice
+    /// that keeps the most outputs is taken: a sequence that long spends
+    /// most of a block's recompute in attention's forward, which grows with
+    /// the square of its tokens, while the copies of host-held block inputs
+    /// overlap the compute and the tiles' second projections grow only with
+    /// the tokens.
+    pub fn placed(self, machine: &Machine) -> Self {
+        let chain = |job: Job| {
+            job.place_param_cache(machine)
+                .place_host_layout(machine)
+                .place_block_inputs(machine)
+                .place_mlp_tile(machine)
+                .place_gradient_blocks(machine)
+                .place_kept_attention(machine)
+                .place_kept_graphs(machine)
+        };
+        let first = chain(self.clone());
+        let layers = shape(&self.config).layers as usize;
+        if first.kept_attention >= layers - first.kept_graphs.count().min(layers) {
+            return first;
+        }
+        let tile = burn_offload::ops::mlp::MLP_TILE_TOKENS;
+        let can_tile = self.mlp_tile.is_none()
+            && shape(&self.config).mlp_per_token > 0
+            && self.batch * self.seq_len > tile;
+        let mut best = first;
+        for (host_inputs, tiles) in [(true, false), (false, true), (true, true)] {
+            if (host_inputs && self.block_inputs != BlockInputs::Auto) || (tiles && !can_tile) {
+                continue;
+            }
+            let mut job = self.clone();
+            if host_inputs {
+                job.block_inputs = BlockInputs::Host;
+            }
+            if tiles {
+                job.mlp_tile = Some(tile);
+            }
+            let job = chain(job);
+            if job.kept_attention > best.kept_attention
+                && Plan::new(&job).check(&job, machine).is_ok()
+            {
+                best = job;
+            }
+        }
+        best
+    }
+
+    /// The job with the attention outputs of as many recomputed blocks kept
+    /// from the forward as fit in 90% of the GPU beside the rest of the plan
+    /// (call it after [`Job::place_gradient_blocks`], before
+    /// [`Job::place_kept_graphs`], which then fills what room is left): past
+    /// ~100k tokens a sequence attention's forward is most of a block's
+    /// recompute, and its output costs a fraction of a kept graph. Resident
+    /// jobs and CPU backends keep none.
     pub fn place_kept_attention(mut self, machine: &Machine) -> Self {
-        self.keep_attention = false;
+        self.kept_attention = 0;
         let (Some(gpu), true, false) = (machine.device_bytes, self.gpu, self.resident) else {
             return self;
         };
-        let candidate = Job {
-            keep_attention: true,
-            ..self.clone()
-        };
-        if Plan::new(&candidate).device_peak(machine) <= (gpu as f64 * 0.9) as u64 {
-            return candidate;
-        }
+        let layers = shape(&self.config).layers as usize;
+        let recomputed = layers - self.kept_graphs.count().min(layers);
+        let per_block = kept_attention_bytes(&self).max(1);
+        let rest = Plan::new(&self).device_peak(machine);
+        let room = (gpu as f64 * 0.9) as u64;
+        let fit = (room.saturating_sub(rest) / per_block) as usize;
+        self.kept_attention = fit.min(recomputed);
         self
     }
 
@@ -467,6 +518,8 @@ impl Job {
         let layers = shape(&self.config).layers as usize;
         let fit = (room.saturating_sub(rest) / per_block) as usize;
         self.kept_graphs = KeptGraphs::Count(fit.min(layers));
+        // Blocks whose graphs are kept are not recomputed: no outputs kept for them.
+        self.kept_attention = self.kept_attention.min(layers - fit.min(layers));
         self
     }
 }
@@ -816,10 +869,11 @@ impl Plan {
                     kept * kept_graph_bytes(job),
                 ));
             }
-            if job.keep_attention {
+            let kept_attention = (job.kept_attention as u64).min(s.layers - kept);
+            if kept_attention > 0 {
                 device.push(Item::held(
                     "attention outputs kept for the recompute",
-                    (s.layers - kept) * kept_attention_bytes(job),
+                    kept_attention * kept_attention_bytes(job),
                 ));
             }
             device.push(Item::phase(

@@ -800,7 +800,7 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
         corpus,
         block_inputs: placed.block_inputs,
         kept_graphs: placed.kept_graphs.count(),
-        keep_attention: placed.keep_attention,
+        kept_attention: placed.kept_attention,
         gradient_blocks_in_flight: placed.gradient_blocks_in_flight,
         cast_on_device: placed.compact(),
         compute_precision_gradients: placed.compact_gradients(),
@@ -1205,7 +1205,7 @@ pub fn plan(opts: &TrainOptions, config: ModelConfig, machine: &Machine) -> (Pla
         gpu: cfg!(feature = "cuda"),
         block_inputs: opts.block_inputs,
         kept_graphs: opts.kept_graphs,
-        keep_attention: false,
+        kept_attention: 0,
         host_layout: opts.host_layout,
         optim_state: opts.optim_state,
         gradient_blocks_in_flight: GRADIENT_BLOCKS_IN_FLIGHT,
@@ -1215,19 +1215,8 @@ pub fn plan(opts: &TrainOptions, config: ModelConfig, machine: &Machine) -> (Pla
             None => ParamCache::Auto,
         },
     };
-    let job = placed(job, machine);
+    let job = job.placed(machine);
     (Plan::new(&job), job)
-}
-
-/// `job` with every choice the plan makes for `machine` made.
-fn placed(job: PlanJob, machine: &Machine) -> PlanJob {
-    job.place_param_cache(machine)
-        .place_host_layout(machine)
-        .place_block_inputs(machine)
-        .place_mlp_tile(machine)
-        .place_gradient_blocks(machine)
-        .place_kept_attention(machine)
-        .place_kept_graphs(machine)
 }
 
 /// The longest sequence, in whole thousands (1024) of tokens, whose plan
@@ -1243,7 +1232,7 @@ pub fn longest_sequence(job: &PlanJob, machine: &Machine) -> Option<usize> {
             mlp_tile: None,
             ..job.clone()
         };
-        let candidate = placed(candidate, machine);
+        let candidate = candidate.placed(machine);
         Plan::new(&candidate).check(&candidate, machine).is_ok()
     };
     if !fits(1) {
@@ -1319,9 +1308,9 @@ struct Job<'a> {
     block_inputs: BlockInputs,
     /// Blocks whose forward graph the engine keeps (decided by the memory plan).
     kept_graphs: usize,
-    /// Whether the recomputed blocks' attention outputs are kept (decided by
+    /// How many recomputed blocks keep their attention outputs (decided by
     /// the memory plan).
-    keep_attention: bool,
+    kept_attention: usize,
     /// Blocks whose gradients may wait on the device (counted by the memory plan).
     gradient_blocks_in_flight: usize,
     /// The compact host layout: weights cast on the device (decided by the
@@ -1393,7 +1382,7 @@ impl Job<'_> {
             compute_precision_gradients: self.compute_precision_gradients,
             eight_bit_moments: opts.optim_state == OptimState::EightBit,
             kept_graphs: self.kept_graphs,
-            keep_attention: self.keep_attention,
+            kept_attention: self.kept_attention,
             blocking_sync: !opts.spin_waits,
             hold_updates_for_copies: !opts.updates_during_copies,
             gradient_blocks_in_flight: self.gradient_blocks_in_flight,
@@ -1420,8 +1409,13 @@ impl Job<'_> {
                     self.config.n_layer()
                 );
             }
-            if self.keep_attention {
-                eprintln!("the recomputed blocks take their attention outputs from the forward");
+            if self.kept_attention > 0 {
+                let recomputed =
+                    self.config.n_layer() - self.kept_graphs.min(self.config.n_layer());
+                eprintln!(
+                    "{} of {recomputed} recomputed blocks take their attention outputs from the forward",
+                    self.kept_attention.min(recomputed)
+                );
             }
             if copies > 0 {
                 eprintln!(

@@ -53,13 +53,14 @@ pub struct EngineConfig {
     /// for the whole step (and keeps its weights bound); 0 recomputes every
     /// block. A GPU with memory to spare trades it for the recompute.
     pub kept_graphs: usize,
-    /// Keep each recomputed block's attention output (and its rows'
-    /// log-sum-exp) from the forward on the device until the block's
-    /// backward, so the recompute skips attention's forward: past ~100k
-    /// tokens a sequence that forward is most of a block's. Costs, per
-    /// recomputed block, the output's `[tokens, query width]` values in the
-    /// compute precision and an f32 per token and head.
-    pub keep_attention: bool,
+    /// Recomputed blocks, counted back from the last one recomputed, whose
+    /// attention output (and its rows' log-sum-exp) is kept from the forward
+    /// on the device until the block's backward, so their recompute skips
+    /// attention's forward: past ~100k tokens a sequence that forward is
+    /// most of a block's. Each costs the output's `[tokens, query width]`
+    /// values in the compute precision and an f32 per token and head; 0
+    /// keeps none, more than there are keeps every one.
+    pub kept_attention: usize,
     /// On CUDA, have threads that wait for the device sleep instead of
     /// spinning (the primary context's scheduling flag), leaving the cores to
     /// the host work that overlaps the device. `false` keeps the driver's
@@ -94,7 +95,7 @@ impl Default for EngineConfig {
             compute_precision_gradients: false,
             eight_bit_moments: false,
             kept_graphs: 0,
-            keep_attention: false,
+            kept_attention: 0,
             blocking_sync: true,
             hold_updates_for_copies: true,
             gradient_blocks_in_flight: 4,

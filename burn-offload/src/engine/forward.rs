@@ -35,8 +35,8 @@ where
     M::Block: HasAutodiffModule<AD<B>>,
 {
     pub checkpoints: Vec<Stash<B>>,
-    /// Each checkpointed block's attention outputs, with
-    /// [`EngineConfig::keep_attention`](super::EngineConfig::keep_attention).
+    /// The last checkpointed blocks' attention outputs, as many as
+    /// [`EngineConfig::kept_attention`](super::EngineConfig::kept_attention).
     pub attention: Vec<AttentionMemo>,
     pub graphs: Vec<KeptGraph<B, M>>,
 }
@@ -162,7 +162,10 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
                             let stash = self.lanes[d].pager.stash(input.clone());
                             state[d].checkpoints.push(stash);
                         }
-                        let output = if train && self.config.keep_attention {
+                        // The last recomputed blocks keep theirs: the
+                        // backward recomputes them first, taking these last in, first out.
+                        let keep = i.saturating_add(self.config.kept_attention) >= first_kept;
+                        let output = if train && keep {
                             let (output, kept) = capture(|| run_block(&block, input, documents[d]));
                             state[d].attention.push(kept);
                             output
