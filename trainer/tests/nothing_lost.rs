@@ -501,7 +501,8 @@ fn a_run_says_what_it_does_when_no_terminal_watches() {
         "{}",
         stderr(&out)
     );
-    // The README's fine-tuning folder has its tokenizer.
+    // The fine-tuning example's folder (bench/hf/readme.sh, the README
+    // test's stand-in checkpoint) has its tokenizer.
     let example = fixtures().join("families/llama3");
     assert!(example.join("tokenizer.json").is_file());
     let out = tiny(&["--init-from", s(&example)]);
