@@ -1,0 +1,330 @@
+//! Rules every crate of the workspace obeys (issue 51), checked here so CI
+//! catches a breach the day it is written rather than at the next review:
+//!
+//! 1. no `.rs` file passes 800 lines: a file that long holds several things
+//!    that want their own names, and is hard to review and to split later;
+//! 2. no import circle: within every folder of every crate the modules
+//!    import each other without cycles, so each can be read, tested and
+//!    moved knowing only those it names.
+//!
+//! The crates are the members of the root Cargo.toml's `[workspace]` plus
+//! any crate under `examples/`, so adding or moving a crate needs no edit
+//! here. Each rule is a function over `(path, text)` pairs; the synthetic
+//! tests at the end show each one failing on a breach. burn-offload's own
+//! layer order is `layers.rs`.
+
+mod crates;
+mod reader;
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use crates::{crates, read, root, toml_strings, toml_value, units, Kind, Unit};
+use reader::{code_only, module_of, named_modules, root_items, rust_files};
+
+const MAX_LINES: usize = 800;
+
+/// Files the line rule skips, by workspace path, each with its reason. Only
+/// generated forwarding belongs here (a file nobody edits by hand); none is
+/// today.
+const GENERATED: &[(&str, &str)] = &[];
+
+/// One breach: the rule, the file (or folder) and what is wrong.
+#[derive(Debug)]
+struct Violation {
+    rule: &'static str,
+    file: String,
+    detail: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}: {}", self.rule, self.file, self.detail)
+    }
+}
+
+fn violation(rule: &'static str, file: &str, detail: String) -> Violation {
+    Violation {
+        rule,
+        file: file.to_string(),
+        detail,
+    }
+}
+
+/// Fails with every violation on its own line.
+fn assert_none(what: &str, violations: &[Violation]) {
+    let lines: Vec<String> = violations.iter().map(ToString::to_string).collect();
+    assert!(
+        lines.is_empty(),
+        "{} {what}:\n{}",
+        lines.len(),
+        lines.join("\n")
+    );
+}
+
+// ----------------------------------------------------------------- the rules
+
+/// Rule 1: files (workspace path, text) over [`MAX_LINES`] lines, less
+/// [`GENERATED`].
+fn long_files(files: &[(String, String)]) -> Vec<Violation> {
+    files
+        .iter()
+        .filter(|(path, _)| !GENERATED.iter().any(|(g, _)| g == path))
+        .filter_map(|(path, text)| {
+            let lines = text.lines().count();
+            (lines > MAX_LINES).then(|| {
+                violation(
+                    "lines",
+                    path,
+                    format!("{lines} lines (at most {MAX_LINES})"),
+                )
+            })
+        })
+        .collect()
+}
+
+/// Who imports whom among the sibling modules of one folder, with the first
+/// place each edge is seen (`file names crate::a::b`).
+#[derive(Default)]
+struct Graph {
+    edges: BTreeMap<String, BTreeMap<String, String>>,
+}
+
+impl Graph {
+    /// The knots: each set of two or more modules that reach each other
+    /// (Tarjan's strongly connected components), sorted.
+    fn knots(&self) -> Vec<Vec<String>> {
+        struct Walk<'g> {
+            graph: &'g Graph,
+            index: BTreeMap<&'g str, usize>,
+            low: BTreeMap<&'g str, usize>,
+            stack: Vec<&'g str>,
+            knots: Vec<Vec<String>>,
+        }
+        fn visit<'g>(w: &mut Walk<'g>, node: &'g str) {
+            let n = w.index.len();
+            w.index.insert(node, n);
+            w.low.insert(node, n);
+            w.stack.push(node);
+            for next in w.graph.edges.get(node).into_iter().flat_map(|e| e.keys()) {
+                if !w.index.contains_key(next.as_str()) {
+                    visit(w, next);
+                    let low = w.low[node].min(w.low[next.as_str()]);
+                    w.low.insert(node, low);
+                } else if w.stack.contains(&next.as_str()) {
+                    let low = w.low[node].min(w.index[next.as_str()]);
+                    w.low.insert(node, low);
+                }
+            }
+            if w.low[node] == w.index[node] {
+                let at = w.stack.iter().position(|m| *m == node).unwrap();
+                let mut knot: Vec<String> = w.stack.drain(at..).map(str::to_string).collect();
+                if knot.len() > 1 {
+                    knot.sort();
+                    w.knots.push(knot);
+                }
+            }
+        }
+        let mut walk = Walk {
+            graph: self,
+            index: BTreeMap::new(),
+            low: BTreeMap::new(),
+            stack: Vec::new(),
+            knots: Vec::new(),
+        };
+        for node in self.edges.keys() {
+            if !walk.index.contains_key(node.as_str()) {
+                visit(&mut walk, node);
+            }
+        }
+        walk.knots.sort();
+        walk.knots
+    }
+}
+
+/// Rule 2: import circles in one module tree (`dir`, its root files and its
+/// files relative to `dir`): at every depth, the modules of one folder must
+/// import each other without cycles. Each knot is one violation, naming
+/// every edge inside it and where it comes from.
+fn import_circles(dir: &str, roots: &[String], files: &[(String, String)]) -> Vec<Violation> {
+    let is_root = |path: &String| roots.contains(path);
+    let mut items = BTreeMap::new();
+    for (_, text) in files.iter().filter(|(p, _)| is_root(p)) {
+        items.extend(root_items(text));
+    }
+    let mut graphs: BTreeMap<Vec<String>, Graph> = BTreeMap::new();
+    for (path, text) in files {
+        let module = if is_root(path) {
+            Vec::new()
+        } else {
+            module_of(path)
+        };
+        let folder = is_root(path) || path == "mod.rs" || path.ends_with("/mod.rs");
+        for (written, target) in named_modules(&module, folder, &code_only(text), &items) {
+            // The longest shared prefix is the folder both live in; the next
+            // segment of each is the sibling module.
+            let shared = module
+                .iter()
+                .zip(&target)
+                .take_while(|(a, b)| a == b)
+                .count();
+            let (Some(from), Some(to)) = (module.get(shared), target.get(shared)) else {
+                continue;
+            };
+            let graph = graphs.entry(module[..shared].to_vec()).or_default();
+            let seen = format!("{path}: {written}");
+            let edges = graph.edges.entry(from.clone()).or_default();
+            edges.entry(to.clone()).or_insert(seen);
+        }
+    }
+    let mut found = Vec::new();
+    for (folder, graph) in &graphs {
+        for knot in graph.knots() {
+            let mut why = Vec::new();
+            for from in &knot {
+                for (to, seen) in &graph.edges[from] {
+                    if knot.contains(to) {
+                        why.push(format!("{from} → {to} ({seen})"));
+                    }
+                }
+            }
+            let place = std::iter::once(dir.to_string())
+                .chain(folder.iter().cloned())
+                .collect::<Vec<_>>()
+                .join("/");
+            let detail = format!("{} import each other: {}", knot.join(", "), why.join("; "));
+            found.push(violation("import-circle", &place, detail));
+        }
+    }
+    found
+}
+
+// ------------------------------------------------------- the workspace today
+
+/// Every module tree of every crate.
+fn all_units() -> Vec<Unit> {
+    crates().iter().flat_map(|c| units(c)).collect()
+}
+
+/// The crates come from Cargo.toml (and `examples/`), not from a list here.
+#[test]
+fn the_crates_are_read_from_the_workspace_members() {
+    let crates = crates();
+    let manifest = read(&root().join("Cargo.toml"));
+    let members = toml_strings(&toml_value(&manifest, "workspace", "members").unwrap());
+    for member in members.iter().filter(|m| !m.contains('*')) {
+        assert!(crates.contains(member), "{member} missing from {crates:?}");
+    }
+    assert!(crates.contains(&"burn-offload".to_string()) && crates.contains(&"tests".to_string()));
+    for krate in &crates {
+        assert!(!units(krate).is_empty(), "{krate} has no sources");
+    }
+    let mine = all_units()
+        .into_iter()
+        .find(|u| u.dir == "tests/tests")
+        .expect("this file's unit");
+    assert!(mine.roots.contains(&"workspace_rules.rs".to_string()));
+    assert_eq!(mine.kind, Kind::Test);
+}
+
+/// Rule 1 on the workspace: every `.rs` file of every crate (sources,
+/// kernels, tests, benches, programs), `target/` and `vendor/` aside.
+#[test]
+fn no_rust_file_in_any_crate_is_over_800_lines() {
+    for (file, why) in GENERATED {
+        assert!(!why.is_empty(), "{file} is exempt without a reason");
+        assert!(root().join(file).is_file(), "{file} is exempt but gone");
+    }
+    let mut files = Vec::new();
+    for krate in crates() {
+        let base = root().join(&krate);
+        let mut paths = Vec::new();
+        rust_files(&base, &base, &["target", "vendor"], &mut paths);
+        for p in paths {
+            let text = read(&base.join(&p));
+            files.push((format!("{krate}/{p}"), text));
+        }
+    }
+    assert!(files
+        .iter()
+        .any(|(p, _)| p == "tests/tests/workspace_rules.rs"));
+    assert_none("files over the line limit", &long_files(&files));
+}
+
+/// Rule 2 on the workspace: every module tree of every crate (library,
+/// programs, tests), at every depth.
+#[test]
+fn no_import_circle_in_any_crate() {
+    let found: Vec<Violation> = all_units()
+        .iter()
+        .flat_map(|u| import_circles(&u.dir, &u.roots, &u.files))
+        .collect();
+    assert_none("import circles", &found);
+}
+
+// ------------------------------------------------ each rule fails on a breach
+
+fn files(list: &[(&str, &str)]) -> Vec<(String, String)> {
+    list.iter()
+        .map(|(p, t)| (p.to_string(), t.to_string()))
+        .collect()
+}
+
+/// Rule 1 fails on a file of 801 lines and passes one of 800.
+#[test]
+fn an_801_line_file_breaks_the_line_rule() {
+    let just = "fn f() {}\n".repeat(MAX_LINES);
+    let over = format!("{just}// one more\n");
+    let found = long_files(&files(&[
+        ("a/src/ok.rs", &just),
+        ("a/tests/long.rs", &over),
+    ]));
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(
+        found[0].to_string(),
+        "lines: a/tests/long.rs: 801 lines (at most 800)"
+    );
+}
+
+/// Rule 2 fails on two modules naming each other, by `crate::`, `super::`
+/// or a root re-export, at the top and inside a folder; one way is fine.
+#[test]
+fn a_two_module_import_circle_is_found() {
+    let roots = ["lib.rs".to_string()];
+    let lib = ("lib.rs", "mod a;\nmod b;\npub use b::Item;\n");
+    let one_way = files(&[lib, ("a.rs", "use crate::b::B;"), ("b.rs", "// crate::a\n")]);
+    assert!(import_circles("k/src", &roots, &one_way).is_empty());
+    for back in ["use super::a::A;", "fn f(_: crate::a::A) {}"] {
+        let circle = files(&[lib, ("a.rs", "use crate::b::B;"), ("b.rs", back)]);
+        let found = import_circles("k/src", &roots, &circle);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0]
+            .to_string()
+            .starts_with("import-circle: k/src: a, b import each other"));
+    }
+    // Through a root re-export, and inside a folder.
+    let nested = files(&[
+        lib,
+        ("a.rs", "use crate::Item;"),
+        ("b/mod.rs", "mod x; mod y;"),
+        ("b/x.rs", "use super::y::Y; pub struct Item;"),
+        ("b/y.rs", "use crate::b::x::X; use crate::a::A;"),
+    ]);
+    let found: Vec<String> = import_circles("k/src", &roots, &nested)
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(found.len(), 2, "{found:?}");
+    assert!(found[0].starts_with("import-circle: k/src: a, b import each other"));
+    assert!(found[1].starts_with("import-circle: k/src/b: x, y import each other"));
+}
+
+/// The members come from `[workspace]` alone: comments, other tables and
+/// arrays over several lines do not confuse the reader.
+#[test]
+fn members_are_read_from_the_workspace_table() {
+    let manifest = "[package]\nmembers = [\"no\"]\n[workspace] # the crates\nmembers = [\n  \"a\", # first\n  \"b/*\",\n]\n[lib]\npath = \"src/x.rs\"\n";
+    let members = toml_value(manifest, "workspace", "members").unwrap();
+    assert_eq!(toml_strings(&members), vec!["a", "b/*"]);
+    assert_eq!(toml_value(manifest, "lib", "path").unwrap(), "\"src/x.rs\"");
+}
