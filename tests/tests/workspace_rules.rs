@@ -5,7 +5,10 @@
 //!    that want their own names, and is hard to review and to split later;
 //! 2. no import circle: within every folder of every crate the modules
 //!    import each other without cycles, so each can be read, tested and
-//!    moved knowing only those it names.
+//!    moved knowing only those it names;
+//! 3. library crates return typed errors: no `anyhow`, no
+//!    `Result<_, String>` or `Result<_, &str>`, so callers can match on what
+//!    went wrong instead of parsing text.
 //!
 //! The crates are the members of the root Cargo.toml's `[workspace]` plus
 //! any crate under `examples/`, so adding or moving a crate needs no edit
@@ -16,10 +19,10 @@
 mod crates;
 mod reader;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
-use crates::{crates, read, root, toml_strings, toml_value, units, Kind, Unit};
+use crates::{crates, read, root, strip_test_code, toml_strings, toml_value, units, Kind, Unit};
 use reader::{code_only, module_of, named_modules, root_items, rust_files};
 
 const MAX_LINES: usize = 800;
@@ -60,6 +63,25 @@ fn assert_none(what: &str, violations: &[Violation]) {
         lines.len(),
         lines.join("\n")
     );
+}
+
+fn line_of(code: &str, at: usize) -> usize {
+    code[..at].matches('\n').count() + 1
+}
+
+fn is_ident(c: char) -> bool {
+    c.is_alphanumeric() || c == '_'
+}
+
+/// Where `word` stands alone in `code` (not inside a longer identifier).
+fn word_at(code: &str, word: &str) -> Vec<usize> {
+    code.match_indices(word)
+        .filter(|(at, _)| {
+            !code[..*at].chars().next_back().is_some_and(is_ident)
+                && !code[at + word.len()..].chars().next().is_some_and(is_ident)
+        })
+        .map(|(at, _)| at)
+        .collect()
 }
 
 // ----------------------------------------------------------------- the rules
@@ -199,6 +221,87 @@ fn import_circles(dir: &str, roots: &[String], files: &[(String, String)]) -> Ve
     found
 }
 
+/// Whether a `Result`'s error type is text.
+fn is_text(error: &str) -> bool {
+    let e: String = error.chars().filter(|c| !c.is_whitespace()).collect();
+    let lifetime = |s: &str| {
+        s.strip_prefix('\'')
+            .is_some_and(|l| l.chars().all(is_ident))
+    };
+    matches!(
+        e.as_str(),
+        "String" | "std::string::String" | "alloc::string::String"
+    ) || e
+        .strip_prefix('&')
+        .and_then(|r| r.strip_suffix("str"))
+        .is_some_and(|l| l.is_empty() || lifetime(l))
+}
+
+/// The type arguments of the generic list opening at `code[at]` (`<`),
+/// split at its top-level commas.
+fn type_arguments(code: &str, at: usize) -> Vec<String> {
+    let (mut args, mut from, mut depth) = (Vec::new(), at + 1, 0);
+    let mut prev = ' ';
+    for (i, c) in code[at..].char_indices() {
+        let i = at + i;
+        match c {
+            '<' | '(' | '[' => depth += 1,
+            '>' if prev == '-' => {}
+            '>' | ')' | ']' => {
+                depth -= 1;
+                if depth == 0 {
+                    args.push(code[from..i].trim().to_string());
+                    return args;
+                }
+            }
+            ',' if depth == 1 => {
+                args.push(code[from..i].trim().to_string());
+                from = i + 1;
+            }
+            ';' | '{' => return Vec::new(),
+            _ => {}
+        }
+        prev = c;
+    }
+    Vec::new()
+}
+
+/// Rule 3: `anyhow`, and `Result`s whose error is a `String` or `&str`
+/// (a function's return, a closure's, an alias), in library files
+/// (workspace path, text; test code is left out here).
+fn untyped_errors(files: &[(String, String)]) -> Vec<Violation> {
+    let mut found = Vec::new();
+    for (path, text) in files {
+        let code = strip_test_code(&code_only(text)).0;
+        let anyhow: BTreeSet<usize> = word_at(&code, "anyhow")
+            .into_iter()
+            .map(|at| line_of(&code, at))
+            .collect();
+        if !anyhow.is_empty() {
+            let lines: Vec<String> = anyhow.iter().map(ToString::to_string).collect();
+            let detail = format!("uses anyhow (lines {})", lines.join(", "));
+            found.push(violation("typed-errors", path, detail));
+        }
+        for at in word_at(&code, "Result") {
+            let open = at + "Result".len();
+            if !code[open..].starts_with('<') {
+                continue;
+            }
+            let args = type_arguments(&code, open);
+            if let [ok, error] = args.as_slice() {
+                if is_text(error) {
+                    let detail = format!(
+                        "line {}: Result<{ok}, {error}> (an error as text, not a thiserror type)",
+                        line_of(&code, at)
+                    );
+                    found.push(violation("typed-errors", path, detail));
+                }
+            }
+        }
+    }
+    found
+}
+
 // ------------------------------------------------------- the workspace today
 
 /// Every module tree of every crate.
@@ -262,6 +365,19 @@ fn no_import_circle_in_any_crate() {
     assert_none("import circles", &found);
 }
 
+/// Rule 3 on the workspace: the `[lib]` trees, less their test code;
+/// programs (`src/bin/`, `main.rs`) may report errors as they like.
+#[test]
+fn library_crates_return_typed_errors() {
+    let files: Vec<(String, String)> = all_units()
+        .iter()
+        .filter(|u| u.kind == Kind::Library)
+        .flat_map(Unit::non_test_files)
+        .collect();
+    assert!(files.iter().any(|(p, _)| p == "burn-offload/src/lib.rs"));
+    assert_none("untyped errors in library crates", &untyped_errors(&files));
+}
+
 // ------------------------------------------------ each rule fails on a breach
 
 fn files(list: &[(&str, &str)]) -> Vec<(String, String)> {
@@ -317,6 +433,69 @@ fn a_two_module_import_circle_is_found() {
     assert_eq!(found.len(), 2, "{found:?}");
     assert!(found[0].starts_with("import-circle: k/src: a, b import each other"));
     assert!(found[1].starts_with("import-circle: k/src/b: x, y import each other"));
+}
+
+/// Rule 3 fails on `anyhow` in library code, not in a comment or a test.
+#[test]
+fn anyhow_in_a_library_is_found() {
+    let lib = files(&[
+        (
+            "k/src/a.rs",
+            "use anyhow::Result;\n\nfn f() -> anyhow::Result<()> { Ok(()) }",
+        ),
+        ("k/src/b.rs", "// anyhow is for programs\nfn nohow() {}\n"),
+        (
+            "k/src/c.rs",
+            "#[cfg(test)]\nmod tests { use anyhow::Result; }\n",
+        ),
+    ]);
+    let found = untyped_errors(&lib);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(
+        found[0].to_string(),
+        "typed-errors: k/src/a.rs: uses anyhow (lines 1, 3)"
+    );
+}
+
+/// Rule 3 fails on a `Result` whose error is a `String` or `&str`, wherever
+/// the type is written; text as the `Ok` value, and test code, are fine.
+#[test]
+fn a_result_with_a_text_error_is_found() {
+    for breach in [
+        "pub fn f() -> Result<u8, String> { todo!() }",
+        "fn f() -> std::result::Result<(), &'static str> { todo!() }",
+        "fn f(x: &str) -> Result<Vec<(u8, u16)>, &str> { todo!() }",
+        "let g = || -> Result<impl Fn() -> u8, String> { todo!() };",
+        "type Out<T> = Result<T, std::string::String>;",
+    ] {
+        let found = untyped_errors(&files(&[("k/src/a.rs", breach)]));
+        assert_eq!(found.len(), 1, "{breach}: {found:?}");
+        assert!(found[0].detail.starts_with("line 1: Result<"), "{found:?}");
+    }
+    for typed in [
+        "fn f() -> Result<String, MyError> { todo!() }",
+        "fn f() -> Result<&str, Error> { todo!() } // Result<(), String>",
+        "fn f() -> io::Result<String> { todo!() }",
+        "#[cfg(test)]\nfn t() -> Result<(), String> { Ok(()) }",
+    ] {
+        let found = untyped_errors(&files(&[("k/src/a.rs", typed)]));
+        assert!(found.is_empty(), "{typed}: {found:?}");
+    }
+}
+
+/// `#[cfg(test)]` items are left out of library code, and a `mod tests;`
+/// under it names a test file, so rule 3 skips tests.
+#[test]
+fn test_code_is_told_from_library_code() {
+    let (code, modules) = strip_test_code(&code_only(
+        "#[cfg(test)]\nmod tests;\n#[cfg(test)]\n#[allow(unused)]\nmod more { fn f() { if x { } } }\nstatic KEPT: u8 = 0;\n",
+    ));
+    assert_eq!(modules, vec!["tests"]);
+    assert!(
+        !code.contains("fn f") && code.contains("static KEPT"),
+        "{code}"
+    );
+    assert_eq!(code.lines().count(), 6);
 }
 
 /// The members come from `[workspace]` alone: comments, other tables and

@@ -1,11 +1,12 @@
 //! The workspace's crates and their module trees, for `workspace_rules.rs`:
 //! the members read from the root Cargo.toml (plus any crate under
-//! `examples/`), each crate's library, programs and tests.
+//! `examples/`), each crate's library, programs and tests, and which code
+//! is test code.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use crate::reader::rust_files;
+use crate::reader::{code_only, module_of, rust_files};
 
 /// The workspace's root folder (this crate sits in `tests/`).
 pub fn root() -> PathBuf {
@@ -151,6 +152,39 @@ impl Unit {
             files,
         }
     }
+
+    /// The files that are not test code: the whole unit unless it is a
+    /// `tests/` folder, less the modules declared `#[cfg(test)] mod x;`.
+    /// Paths are workspace-relative.
+    pub fn non_test_files(&self) -> Vec<(String, String)> {
+        if self.kind == Kind::Test {
+            return Vec::new();
+        }
+        let mut test_modules = Vec::new();
+        for (path, text) in &self.files {
+            for name in strip_test_code(&code_only(text)).1 {
+                let mut module = self.module(path);
+                module.push(name);
+                test_modules.push(module);
+            }
+        }
+        self.files
+            .iter()
+            .filter(|(path, _)| {
+                let module = self.module(path);
+                !test_modules.iter().any(|t| module.starts_with(t))
+            })
+            .map(|(path, text)| (format!("{}/{path}", self.dir), text.clone()))
+            .collect()
+    }
+
+    fn module(&self, path: &str) -> Vec<String> {
+        if self.roots.iter().any(|r| r == path) {
+            Vec::new()
+        } else {
+            module_of(path)
+        }
+    }
 }
 
 /// Every module tree of the crate in `krate`: the library (`[lib] path` or
@@ -219,4 +253,54 @@ pub fn units(krate: &str) -> Vec<Unit> {
         units.push(unit);
     }
     units
+}
+
+/// `code` (from `code_only`) with every `#[cfg(test)]` item blanked (its
+/// newlines kept), and the names of the modules declared `#[cfg(test)] mod
+/// name;`, whose files are test code.
+pub fn strip_test_code(code: &str) -> (String, Vec<String>) {
+    const ATTRIBUTE: &str = "#[cfg(test)]";
+    let (mut out, mut modules, mut at) = (String::new(), Vec::new(), 0);
+    while let Some(i) = code[at..].find(ATTRIBUTE) {
+        let start = at + i;
+        out.push_str(&code[at..start]);
+        // The item ends at its first `;` or its first block's `}`.
+        let (mut depth, mut end, mut block) = (0i32, code.len(), false);
+        for (j, c) in code[start + ATTRIBUTE.len()..].char_indices() {
+            let j = start + ATTRIBUTE.len() + j;
+            match c {
+                '(' | '[' => depth += 1,
+                ')' | ']' => depth -= 1,
+                '{' => {
+                    depth += 1;
+                    block = true;
+                }
+                '}' => depth -= 1,
+                ';' if depth == 0 && !block => {
+                    end = j + 1;
+                    break;
+                }
+                _ => {}
+            }
+            if block && depth == 0 {
+                end = j + 1;
+                break;
+            }
+        }
+        let item = &code[start..end];
+        if !block {
+            let words: Vec<&str> = item
+                .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+                .collect();
+            if let Some(m) = words.iter().position(|w| *w == "mod") {
+                if let Some(name) = words[m + 1..].iter().find(|w| !w.is_empty()) {
+                    modules.push(name.to_string());
+                }
+            }
+        }
+        out.extend(item.chars().filter(|c| *c == '\n'));
+        at = end;
+    }
+    out.push_str(&code[at..]);
+    (out, modules)
 }
