@@ -8,7 +8,10 @@
 //!    moved knowing only those it names;
 //! 3. library crates return typed errors: no `anyhow`, no
 //!    `Result<_, String>` or `Result<_, &str>`, so callers can match on what
-//!    went wrong instead of parsing text.
+//!    went wrong instead of parsing text;
+//! 4. every process-wide static is listed, with its reason, in
+//!    docs/ARCHITECTURE.md §3: global state is a design decision that
+//!    everyone reading the code should find written down.
 //!
 //! The crates are the members of the root Cargo.toml's `[workspace]` plus
 //! any crate under `examples/`, so adding or moving a crate needs no edit
@@ -302,6 +305,108 @@ fn untyped_errors(files: &[(String, String)]) -> Vec<Violation> {
     found
 }
 
+/// The `static` items of `code` (from `code_only`): `static`, `static mut`
+/// and those inside `thread_local!`, with their lines.
+fn statics(code: &str) -> Vec<(String, usize)> {
+    let mut found = Vec::new();
+    for at in word_at(code, "static") {
+        if code[..at].ends_with('\'') {
+            continue; // `'static`, a lifetime
+        }
+        let rest = code[at + "static".len()..].trim_start();
+        let rest = rest
+            .strip_prefix("mut")
+            .filter(|r| r.starts_with(char::is_whitespace))
+            .map_or(rest, str::trim_start);
+        let name: String = rest.chars().take_while(|c| is_ident(*c)).collect();
+        if !name.is_empty() && rest[name.len()..].trim_start().starts_with(':') {
+            found.push((name, line_of(code, at)));
+        }
+    }
+    found
+}
+
+const ARCHITECTURE: &str = "docs/ARCHITECTURE.md";
+
+/// The rows (file, static, reason) of the "Process-wide statics" table in
+/// §3 of ARCHITECTURE.md, or why there is none.
+fn listed_statics(architecture: &str) -> Result<Vec<(String, String, String)>, &'static str> {
+    let section: Vec<&str> = architecture
+        .lines()
+        .skip_while(|l| !l.starts_with("## 3."))
+        .take_while(|l| !l.starts_with("## 4."))
+        .collect();
+    let heading = section
+        .iter()
+        .position(|l| l.starts_with('#') && l.contains("Process-wide statics"))
+        .ok_or("§3 has no \"Process-wide statics\" table")?;
+    let rows = section[heading + 1..]
+        .iter()
+        .skip_while(|l| !l.starts_with('|'))
+        .take_while(|l| l.starts_with('|'))
+        .map(|l| {
+            l.split('|')
+                .map(|c| c.trim().trim_matches('`'))
+                .collect::<Vec<_>>()
+        })
+        .filter(|cells| cells.len() >= 4 && cells[1] != "static" && !cells[1].starts_with('-'))
+        .map(|cells| {
+            let reason = cells[3..cells.len() - 1].join("|");
+            (cells[2].to_string(), cells[1].to_string(), reason)
+        })
+        .collect();
+    Ok(rows)
+}
+
+/// Rule 4: the statics of `files` (workspace path, text; non-test code)
+/// against the table in `architecture`: one not listed, one listed that is
+/// gone, one listed without a reason.
+fn unlisted_statics(files: &[(String, String)], architecture: &str) -> Vec<Violation> {
+    let listed = match listed_statics(architecture) {
+        Ok(rows) => rows,
+        Err(why) => return vec![violation("statics", ARCHITECTURE, why.to_string())],
+    };
+    let mut found: BTreeMap<(String, String), Vec<usize>> = BTreeMap::new();
+    for (path, text) in files {
+        for (name, line) in statics(&strip_test_code(&code_only(text)).0) {
+            found.entry((path.clone(), name)).or_default().push(line);
+        }
+    }
+    let mut counted: BTreeMap<(String, String), usize> = BTreeMap::new();
+    let mut wrong = Vec::new();
+    for (file, name, reason) in &listed {
+        *counted.entry((file.clone(), name.clone())).or_default() += 1;
+        if reason.is_empty() {
+            let detail = format!("`{name}` of {file} is listed without its reason");
+            wrong.push(violation("statics", ARCHITECTURE, detail));
+        }
+    }
+    for ((file, name), lines) in &found {
+        let listed = counted
+            .get(&(file.clone(), name.clone()))
+            .copied()
+            .unwrap_or(0);
+        if listed < lines.len() {
+            let lines: Vec<String> = lines.iter().map(ToString::to_string).collect();
+            let detail = format!(
+                "static `{name}` (line {}) is not listed in {ARCHITECTURE} §3 \"Process-wide statics\" ({listed} row(s) for it)",
+                lines.join(", ")
+            );
+            wrong.push(violation("statics", file, detail));
+        }
+    }
+    for ((file, name), listed) in &counted {
+        let exists = found.get(&(file.clone(), name.clone())).map_or(0, Vec::len);
+        if *listed > exists {
+            let detail = format!(
+                "lists static `{name}` of {file} {listed} time(s), the code has {exists}: remove the row"
+            );
+            wrong.push(violation("statics", ARCHITECTURE, detail));
+        }
+    }
+    wrong
+}
+
 // ------------------------------------------------------- the workspace today
 
 /// Every module tree of every crate.
@@ -376,6 +481,15 @@ fn library_crates_return_typed_errors() {
         .collect();
     assert!(files.iter().any(|(p, _)| p == "burn-offload/src/lib.rs"));
     assert_none("untyped errors in library crates", &untyped_errors(&files));
+}
+
+/// Rule 4 on the workspace: the statics of every crate's non-test code
+/// against the table in ARCHITECTURE.md §3, both ways.
+#[test]
+fn every_process_wide_static_is_listed_in_architecture() {
+    let files: Vec<(String, String)> = all_units().iter().flat_map(Unit::non_test_files).collect();
+    let architecture = read(&root().join(ARCHITECTURE));
+    assert_none("unlisted statics", &unlisted_statics(&files, &architecture));
 }
 
 // ------------------------------------------------ each rule fails on a breach
@@ -483,19 +597,49 @@ fn a_result_with_a_text_error_is_found() {
     }
 }
 
+/// A table with `COUNT` and a `GONE` that the code no longer has.
+const DOC: &str = "## 3. Layers\n\n### Process-wide statics\n\n| static | file | why |\n|---|---|---|\n| `COUNT` | `k/src/a.rs` | counts across threads |\n| `GONE` | `k/src/a.rs` | was here |\n\n## 4. Other\n";
+
+/// Rule 4 fails on a static missing from the table (plain, `mut`, inside
+/// `thread_local!` or a function), on a row whose static is gone, and when
+/// there is no table; a `'static` lifetime, a string and test code are not
+/// statics.
+#[test]
+fn an_unlisted_static_is_found() {
+    let code = "static COUNT: AtomicU64 = AtomicU64::new(0);\n\
+        pub(crate) static mut RAW: u8 = 0;\n\
+        thread_local! {\n    static LOCAL: Cell<u8> = const { Cell::new(0) };\n}\n\
+        fn f() -> &'static str { static INSIDE: OnceLock<u8> = OnceLock::new(); \"static X: u8\" }\n\
+        #[cfg(test)]\nmod tests { static TEST_ONLY: u8 = 0; }\n";
+    let found: Vec<String> = unlisted_statics(&files(&[("k/src/a.rs", code)]), DOC)
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    let unlisted = |name: &str, line: usize| {
+        format!("statics: k/src/a.rs: static `{name}` (line {line}) is not listed in docs/ARCHITECTURE.md §3 \"Process-wide statics\" (0 row(s) for it)")
+    };
+    assert_eq!(
+        found,
+        vec![
+            unlisted("INSIDE", 6),
+            unlisted("LOCAL", 4),
+            unlisted("RAW", 2),
+            "statics: docs/ARCHITECTURE.md: lists static `GONE` of k/src/a.rs 1 time(s), the code has 0: remove the row".to_string(),
+        ]
+    );
+    let no_table = unlisted_statics(&[], "## 3. Layers\n\nstatics are here\n## 4.\n");
+    assert_eq!(no_table.len(), 1);
+}
+
 /// `#[cfg(test)]` items are left out of library code, and a `mod tests;`
-/// under it names a test file, so rule 3 skips tests.
+/// under it names a test file, so rules 3 and 4 skip tests.
 #[test]
 fn test_code_is_told_from_library_code() {
     let (code, modules) = strip_test_code(&code_only(
         "#[cfg(test)]\nmod tests;\n#[cfg(test)]\n#[allow(unused)]\nmod more { fn f() { if x { } } }\nstatic KEPT: u8 = 0;\n",
     ));
     assert_eq!(modules, vec!["tests"]);
-    assert!(
-        !code.contains("fn f") && code.contains("static KEPT"),
-        "{code}"
-    );
-    assert_eq!(code.lines().count(), 6);
+    assert_eq!(statics(&code), vec![("KEPT".to_string(), 6)]);
 }
 
 /// The members come from `[workspace]` alone: comments, other tables and
