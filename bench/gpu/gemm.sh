@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Matmul throughput per cubek strategy (trainer/src/bin/gemm_bench.rs) beside
+# Matmul throughput per cubek strategy (examples/train/src/bin/gemm_bench.rs) beside
 # cuBLAS through PyTorch (bench/gpu/torch_gemm.py) and through burn-offload's
 # fenced `--matmul cublas` path, on the 0.85B block's shapes.
 # Carry .device/gemm (the stripped, xz-packed gemm_bench: cargo build --release

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""cuBLAS (through PyTorch) on the shapes of trainer/src/bin/gemm_bench.rs:
+"""cuBLAS (through PyTorch) on the shapes of examples/train/src/bin/gemm_bench.rs:
 the ceiling a matmul of the bench block can reach on this GPU. TF32 off."""
 import json, sys, time
 import torch

@@ -11,7 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 # The train crate's folder: examples/train (trainer before the move).
-for DATA in examples/train/data/alpaca-tiny.json trainer/data/alpaca-tiny.json; do
+for DATA in examples/train/data/alpaca-tiny.json; do
   [ -f "$DATA" ] && break
 done
 cargo run --release --bin train -- --init-from tests/fixtures/families/llama3 --data "$DATA" \

@@ -188,7 +188,7 @@ fn varied_text(bytes: usize, line: usize) -> String {
 #[test]
 fn pieces_give_the_ids_of_the_whole_text() {
     let dir = tempfile::tempdir().unwrap();
-    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tokenizer");
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tokenizer");
     let tokenizers = [
         Tokenizer::from_name("gpt2").unwrap(),
         Tokenizer::from_name(fixture.to_str().unwrap()).unwrap(),

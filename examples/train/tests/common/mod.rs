@@ -43,7 +43,7 @@ pub fn checkpoint_names(dir: &Path) -> Vec<String> {
 
 /// The fixtures folder of the workspace.
 pub fn fixtures() -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
 }
 
 /// A Llama 3-style checkpoint folder in `dir`: the llama3 family fixture

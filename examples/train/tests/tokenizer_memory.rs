@@ -155,7 +155,7 @@ fn tokenizing_with_a_tokenizer_json_streams() {
     let corpus_path = dir.path().join("corpus.txt");
     std::fs::write(&corpus_path, corpus(CORPUS_BYTES)).unwrap();
     let fixture =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tokenizer/tokenizer.json");
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tokenizer/tokenizer.json");
     let (gpt2_rss, gpt2_tokens, gpt2_s) = child("gpt2", &corpus_path, &dir.path().join("a"));
     let (hf_rss, hf_tokens, hf_s) = child(
         fixture.to_str().unwrap(),

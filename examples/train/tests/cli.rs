@@ -172,7 +172,7 @@ fn invalid_numbers() {
 fn a_sequence_longer_than_the_sliding_window_trains() {
     let mistral = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../tests/fixtures/families/mistral"
+        "/../../tests/fixtures/families/mistral"
     );
     let (ok, stderr) = train(&["--init-from", mistral, "--seq-len", "40"]);
     assert!(ok, "{stderr}");
