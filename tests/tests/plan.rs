@@ -147,7 +147,10 @@ fn compact_host_layout_is_predicted_and_chosen_when_full_does_not_fit() {
     assert!(!accumulating.compact_gradients());
     assert_eq!(Plan::new(&accumulating).store_bytes(), 16 * params);
     // Forced full on the smaller host: the refusal names the compact layout.
-    let err = Plan::new(&full).check(&full, &between).unwrap_err();
+    let err = Plan::new(&full)
+        .check(&full, &between)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("--host-layout compact"), "{err}");
 }
 
@@ -190,7 +193,7 @@ fn too_little_gpu_memory_suggests_a_batch_that_fits() {
     })
     .device_total();
     let m = machine(u64::MAX, Some(small_need));
-    let err = Plan::new(&big).check(&big, &m).unwrap_err();
+    let err = Plan::new(&big).check(&big, &m).unwrap_err().to_string();
     assert!(err.contains("not enough GPU memory"), "{err}");
     assert!(err.contains("try --batch 4"), "{err}");
     assert!(Plan::new(&Job {
@@ -218,7 +221,8 @@ fn too_little_host_memory_suggests_fused_mode_when_it_fits() {
         .device_total();
     let err = Plan::new(&j)
         .check(&j, &machine(fused_need, None))
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("not enough host memory"), "{err}");
     assert!(err.contains("16 B/param"), "{err}");
     assert!(err.contains("try --fused"), "{err}");
