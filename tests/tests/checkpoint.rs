@@ -3,8 +3,9 @@
 
 use std::path::{Path, PathBuf};
 
+use trainer::options::TrainOptions;
 use trainer::plan::OptimState;
-use trainer::train::{run, TrainOptions};
+use trainer::run::run;
 
 fn opts(dir: &Path) -> TrainOptions {
     TrainOptions {

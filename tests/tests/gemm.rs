@@ -16,7 +16,8 @@ use burn_offload::{
 use burn_offload_tests::rel_err;
 use burn_offload_tests::{batch, Batch, TestBackend as B};
 use models::LlamaConfig;
-use trainer::train::{run, TrainOptions};
+use trainer::options::TrainOptions;
+use trainer::run::run;
 
 type G = Gemm<B>;
 

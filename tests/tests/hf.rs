@@ -371,7 +371,8 @@ fn unsupported_architecture_is_a_clear_error() {
 
 #[test]
 fn train_fine_tunes_from_an_hf_checkpoint_and_exports_one() {
-    use trainer::train::{run, TrainOptions};
+    use trainer::options::TrainOptions;
+    use trainer::run::run;
     let out = tempfile::tempdir().unwrap();
     let families = ["llama3", "mistral", "qwen2", "qwen3"].map(|f| format!("families/{f}"));
     for name in ["llama-tiny", "gpt2-tiny"]

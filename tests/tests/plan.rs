@@ -8,8 +8,9 @@ use burn_offload::{Engine, EngineConfig};
 use burn_offload_tests::TestBackend as B;
 use models::{Gpt2Config, LlamaConfig, ModelConfig};
 use plan_common::{h100, job, llama_085b, machine, medium_llama};
+use trainer::options::TrainOptions;
 use trainer::plan::{BlockInputs, HostLayout, Job, KeptGraphs, Machine, OptimState, Plan};
-use trainer::train::{run, TrainOptions};
+use trainer::run::run;
 
 /// Host bytes of the store the engine builds for `config`.
 fn measured_store_bytes(config: &ModelConfig, fused: bool) -> u64 {
@@ -625,7 +626,7 @@ fn the_longest_sequence_is_the_last_that_fits() {
         ..job(ModelConfig::Llama(medium_llama()), false)
     };
     let gpu = machine(64 << 30, Some(6 << 30));
-    let longest = trainer::train::longest_sequence(&base, &gpu).expect("some sequence fits");
+    let longest = trainer::run::longest_sequence(&base, &gpu).expect("some sequence fits");
     let fits = |seq_len| {
         let job = Job {
             batch: 1,
@@ -643,5 +644,5 @@ fn the_longest_sequence_is_the_last_that_fits() {
     assert!(fits(longest));
     assert!(!fits(longest + 1024));
     let tiny = machine(64 << 30, Some(64 << 20));
-    assert_eq!(trainer::train::longest_sequence(&base, &tiny), None);
+    assert_eq!(trainer::run::longest_sequence(&base, &tiny), None);
 }

@@ -1,7 +1,8 @@
 //! End-to-end: the `tiny` models learn a small repetitive corpus.
 
 use burn_offload::Compute;
-use trainer::train::{run, TrainOptions};
+use trainer::options::TrainOptions;
+use trainer::run::run;
 
 /// A corpus a tiny model can nearly memorise: one sentence pattern repeated.
 fn repetitive_corpus(dir: &std::path::Path) -> std::path::PathBuf {

@@ -28,6 +28,19 @@ pub fn print_error(prefix: &str, err: &anyhow::Error) {
     let _ = std::io::stderr().write_all(text.as_bytes());
 }
 
+/// An error about the file a flag names, said as `--flag `path` …` when the
+/// message starts with the path (others name their subject themselves).
+pub fn flagged<E: std::fmt::Display>(flag: &'static str) -> impl Fn(E) -> anyhow::Error {
+    move |err| {
+        let text = err.to_string();
+        if text.starts_with('`') {
+            anyhow::anyhow!("{flag} {text}")
+        } else {
+            anyhow::anyhow!(text)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

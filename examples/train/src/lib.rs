@@ -6,16 +6,19 @@ pub mod error_line;
 pub mod export;
 pub mod instruct;
 pub mod links;
+pub mod metrics;
+pub mod options;
 pub mod outputs;
 pub mod plan;
 pub mod preflight;
 pub mod processes;
 pub mod progress;
+pub mod run;
+pub mod sample;
 pub mod schedule;
 pub mod signals;
 pub mod token_cache;
 pub mod tokenizer;
-pub mod train;
 
 /// The backend the examples run on: burn-flex on the CPU by default, burn's
 /// CUDA backend with `--features cuda`, under `Gemm` so that `--matmul` can

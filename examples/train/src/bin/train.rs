@@ -10,9 +10,10 @@ use burn_offload::Compute;
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
 use trainer::error_line::print_error;
+use trainer::options::{AttentionKernels, TrainOptions};
 use trainer::processes::RankOptions;
+use trainer::run::run;
 use trainer::signals;
-use trainer::train::{run, AttentionKernels, TrainOptions};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -29,7 +30,7 @@ struct Cli {
     #[arg(long, default_value = "tiny")]
     model: String,
     /// Optimizer steps.
-    #[arg(long, default_value_t = trainer::train::DEFAULT_STEPS)]
+    #[arg(long, default_value_t = trainer::options::DEFAULT_STEPS)]
     steps: usize,
     /// Sequences per step.
     #[arg(long, default_value_t = 16)]
@@ -93,7 +94,7 @@ struct Cli {
     sample_tokens: usize,
     /// Sampling temperature (0 = greedy, which repeats itself on small
     /// models).
-    #[arg(long, default_value_t = trainer::train::DEFAULT_TEMPERATURE)]
+    #[arg(long, default_value_t = trainer::options::DEFAULT_TEMPERATURE)]
     temperature: f64,
     /// Train with plain burn (whole model under Autodiff, burn-optim AdamW with
     /// per-tensor clipping) instead of the block-streamed offload engine.
@@ -383,9 +384,9 @@ fn main() -> ExitCode {
         batch: cli.batch,
         seq_len: cli.seq_len,
         lr: cli.lr.unwrap_or(if cli.init_from.is_some() {
-            trainer::train::DEFAULT_FINETUNE_LR
+            trainer::options::DEFAULT_FINETUNE_LR
         } else {
-            trainer::train::DEFAULT_LR
+            trainer::options::DEFAULT_LR
         }),
         warmup: cli.warmup,
         min_lr_ratio: cli.min_lr_ratio,
@@ -470,7 +471,7 @@ fn main() -> ExitCode {
             ..opts
         };
         if cli.plan {
-            return match trainer::train::plan_table(&opts) {
+            return match trainer::run::plan_table(&opts) {
                 Ok(table) => {
                     print!("{table}");
                     ExitCode::SUCCESS
@@ -482,7 +483,7 @@ fn main() -> ExitCode {
             };
         }
         // What every rank would refuse is refused once, before any starts.
-        if let Err(err) = trainer::train::preflight(&opts) {
+        if let Err(err) = trainer::run::preflight(&opts) {
             print_error("", &err);
             return ExitCode::FAILURE;
         }
@@ -497,7 +498,7 @@ fn main() -> ExitCode {
         };
     }
     if cli.plan {
-        return match trainer::train::plan_table(&opts) {
+        return match trainer::run::plan_table(&opts) {
             Ok(table) => {
                 print!("{table}");
                 ExitCode::SUCCESS

@@ -1,0 +1,639 @@
+//! A run once set up: the engine's loop and the resident loop, and what
+//! both do around a step (schedule, checkpoints, export, sample, log).
+
+use std::path::PathBuf;
+use std::sync::{Arc, MutexGuard};
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+use burn::backend::Autodiff;
+use burn::module::AutodiffModule;
+use burn::module::HasAutodiffModule;
+use burn::optim::{GradientsAccumulator, GradientsParams, Optimizer};
+use burn::prelude::*;
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{ElementConversion, TensorData};
+use burn_offload::checkpoint::{CheckpointDir, CheckpointError};
+use burn_offload::{
+    BlockModel, Compute, DecoderBlock, Documents, Engine, EngineConfig, OptimizerConfig,
+};
+use models::{cross_entropy, ModelConfig};
+
+use super::machine::*;
+use super::resume::*;
+use super::state::*;
+use crate::data::{trained_targets, Batcher};
+use crate::export;
+use crate::metrics::*;
+use crate::options::*;
+use crate::outputs::{MetricsFile, ResumeMarker};
+use crate::plan::{BlockInputs, OptimState};
+use crate::processes::agree_on_signal;
+use crate::progress::{human_count, Progress, StepLine};
+use crate::sample::*;
+use crate::schedule::WarmupCosine;
+use crate::signals;
+use crate::tokenizer::Tokenizer;
+use crate::{peak_rss_bytes, process_rss_bytes};
+use burn_offload::trace;
+use burn_offload::ProcessGroup;
+
+pub(crate) struct Job<'a> {
+    pub(crate) opts: &'a TrainOptions,
+    pub(crate) tokenizer: &'a Tokenizer,
+    pub(crate) batcher: Batcher,
+    pub(crate) metrics: Option<MetricsFile>,
+    /// The checkpoint folder, locked for this run.
+    pub(crate) checkpoints: Option<CheckpointDir>,
+    /// The checkpoint the run continues from, already checked against it.
+    pub(crate) resume: Option<Resume>,
+    pub(crate) config: ModelConfig,
+    /// (tokens, crc32) of the training token stream.
+    pub(crate) corpus: (usize, u32),
+    /// Where the engine keeps block inputs (decided by the memory plan).
+    pub(crate) block_inputs: BlockInputs,
+    /// Blocks whose forward graph the engine keeps (decided by the memory plan).
+    pub(crate) kept_graphs: usize,
+    /// How many recomputed blocks keep their attention outputs (decided by
+    /// the memory plan).
+    pub(crate) kept_attention: usize,
+    /// Blocks whose gradients may wait on the device (counted by the memory plan).
+    pub(crate) gradient_blocks_in_flight: usize,
+    /// The compact host layout: weights cast on the device (decided by the
+    /// memory plan).
+    pub(crate) cast_on_device: bool,
+    /// With it and one micro-batch, the blocks' gradients kept in the compute
+    /// precision (decided by the memory plan).
+    pub(crate) compute_precision_gradients: bool,
+    /// When the model began to be built (initialisation time is reported).
+    pub(crate) building: Instant,
+    /// The run's processes, when it has several.
+    pub(crate) group: Option<Arc<ProcessGroup>>,
+}
+
+impl Job<'_> {
+    pub(super) fn schedule(&self) -> WarmupCosine {
+        WarmupCosine {
+            peak: self.opts.lr,
+            warmup: self.opts.warmup.min(self.opts.steps),
+            total: self.opts.steps,
+            min_ratio: self.opts.min_lr_ratio,
+        }
+    }
+
+    pub(super) fn state(&self, steps_done: usize, skipped_total: usize) -> TrainerState {
+        TrainerState {
+            model: self.config.clone(),
+            tokenizer: self.tokenizer.name().to_string(),
+            batch: self.opts.batch,
+            seq_len: self.opts.seq_len,
+            accum: self.opts.accum,
+            gpus: self.opts.gpus,
+            processes: world_size(self.opts),
+            steps_done,
+            skipped_total,
+            batcher_rng: self.batcher.rng_state(),
+            corpus_tokens: self.corpus.0,
+            corpus_crc32: self.corpus.1,
+        }
+    }
+
+    /// Offload engine: parameters and AdamW state in host slabs, blocks streamed.
+    pub(super) fn train_engine<B, M>(
+        mut self,
+        (model, rng): (M, MutexGuard<'static, ()>),
+        devices: &[B::Device],
+    ) -> Result<Outcome>
+    where
+        B: Backend,
+        M: BlockModel<B> + HasAutodiffModule<Autodiff<B>>,
+        M::TrainModule: BlockModel<Autodiff<B>>,
+        M::Block: HasAutodiffModule<Autodiff<B>>,
+        <M::Block as HasAutodiffModule<Autodiff<B>>>::TrainModule: DecoderBlock<Autodiff<B>>,
+    {
+        let opts = self.opts;
+        let config = EngineConfig {
+            optimizer: OptimizerConfig::AdamW(burn_offload::AdamWConfig {
+                weight_decay: opts.weight_decay as f32,
+                ..Default::default()
+            }),
+            grad_clip: (opts.grad_clip > 0.0).then_some(opts.grad_clip),
+            fused: opts.fused,
+            loss_chunk_tokens: opts.loss_chunk_tokens,
+            skip_non_finite: !opts.no_guard,
+            overlap: !opts.serial_copies,
+            host_checkpoints: self.block_inputs == BlockInputs::Host,
+            compute: opts.compute,
+            cast_on_device: self.cast_on_device,
+            compute_precision_gradients: self.compute_precision_gradients,
+            eight_bit_moments: opts.optim_state == OptimState::EightBit,
+            kept_graphs: self.kept_graphs,
+            kept_attention: self.kept_attention,
+            blocking_sync: !opts.spin_waits,
+            hold_updates_for_copies: !opts.updates_during_copies,
+            gradient_blocks_in_flight: self.gradient_blocks_in_flight,
+        };
+        let device = &devices[0];
+        let mut engine = Engine::on_devices(model, config, devices)?;
+        drop(rng);
+        trace::mark("host store ready");
+        if opts.progress {
+            let copies = engine.compute_copy_bytes();
+            let store = engine.store();
+            eprintln!(
+                "host store ready: {} parameters, {:.2} GiB ({:.1} B/param) in {:.1} s; host peak so far {:.2} GiB",
+                human_count(store.num_params()),
+                store.host_bytes() as f64 / GIB,
+                store.bytes_per_param(),
+                self.building.elapsed().as_secs_f64(),
+                peak_rss_bytes().unwrap_or(0) as f64 / GIB,
+            );
+            if self.kept_graphs > 0 {
+                eprintln!(
+                    "the last {} of {} blocks keep their forward graph on the device (not recomputed)",
+                    self.kept_graphs,
+                    self.config.n_layer()
+                );
+            }
+            if self.kept_attention > 0 {
+                let recomputed =
+                    self.config.n_layer() - self.kept_graphs.min(self.config.n_layer());
+                eprintln!(
+                    "{} of {recomputed} recomputed blocks take their attention outputs from the forward",
+                    self.kept_attention.min(recomputed)
+                );
+            }
+            if copies > 0 {
+                eprintln!(
+                    "{} weights for upload: {:.2} GiB beside the fp32 store",
+                    opts.compute,
+                    copies as f64 / GIB
+                );
+            }
+        }
+        let mut outcome = Outcome::default();
+        if let Some(resume) = self.resume.take() {
+            engine.load_checkpoint(&resume.path)?;
+            self.batcher.set_rng_state(resume.state.batcher_rng);
+            outcome.start_step = resume.state.steps_done;
+            outcome.skipped_total = resume.state.skipped_total;
+            if let Some(metrics) = self.metrics.as_mut() {
+                metrics.line(&ResumeMarker {
+                    resumed_from: &resume.path,
+                    step: outcome.start_step,
+                })?;
+            }
+            if opts.progress {
+                eprintln!(
+                    "resumed from `{}` at step {} of {}",
+                    resume.path.display(),
+                    outcome.start_step,
+                    opts.steps
+                );
+            }
+        }
+        // Every process holds the same store from here on (checked).
+        if let Some(group) = &self.group {
+            engine.join_processes(group.clone())?;
+        }
+        let schedule = self.schedule();
+        let mut progress = self.progress(outcome.start_step);
+        let lanes = devices.len() * world_size(opts);
+        let tokens_per_step = (opts.batch * opts.seq_len * opts.accum * lanes) as f64;
+        let params = engine.store().num_params() as u64;
+        let block_params = params - engine.store().groups[0].numel() as u64;
+        let config = engine.config();
+        let passes = if config.fused && (config.grad_clip.is_some() || config.skip_non_finite) {
+            2.0
+        } else {
+            1.0
+        };
+        let model_flops = 6.0 * params as f64 * tokens_per_step;
+        // The recompute covers the blocks whose graph the forward did not keep.
+        let blocks = self.config.n_layer();
+        let recomputed = (blocks - config.kept_graphs.min(blocks)) as f64 / blocks.max(1) as f64;
+        // Causal attention's products, `seq² × width` FLOPs each a sequence
+        // and layer (half the square's multiply-adds): two forward, two more
+        // where the block is recomputed, five backward (the scores again,
+        // the probabilities', values', queries' and keys' gradients).
+        let sequences = (opts.batch * opts.accum * lanes) as f64;
+        let attention_product = sequences
+            * (opts.seq_len as f64).powi(2)
+            * self.config.attention_width() as f64
+            * blocks as f64;
+        let hardware_flops = passes
+            * (model_flops
+                + 2.0 * recomputed * block_params as f64 * tokens_per_step
+                + (7.0 + 2.0 * recomputed) * attention_product);
+        let mut consecutive_skips = 0;
+        let mut step = outcome.start_step;
+        // Steps done since the last checkpoint was written.
+        let mut unsaved = false;
+        loop {
+            // The one way out: the end, --stop-after or a signal, each with
+            // a checkpoint of whatever is not saved yet.
+            // Every process stops at the same step, with rank 0's checkpoint.
+            let signal = match &self.group {
+                Some(group) => agree_on_signal(group, signals::requested())?,
+                None => signals::requested(),
+            };
+            if signal.is_some() || step == opts.steps || opts.stop_after == Some(step) {
+                if unsaved {
+                    outcome.checkpoint = self
+                        .checkpoint(step, outcome.skipped_total, |dir, state| {
+                            engine.save_checkpoint(dir, state)
+                        })?
+                        .or(outcome.checkpoint);
+                }
+                outcome.interrupted = signal;
+                break;
+            }
+            let started = Instant::now();
+            let lr = schedule.lr(step);
+            // Rounds of one micro-batch per lane of the run, each drawn on
+            // its device (every process draws them all).
+            let mut trained_tokens = 0;
+            let mut documents = Vec::new();
+            let batches: Vec<_> = (0..opts.accum * lanes)
+                .map(|i| {
+                    let (inputs, targets, trained, docs) =
+                        self.batch_tensors::<B>(&devices[i % devices.len()]);
+                    trained_tokens += trained;
+                    documents.extend(docs);
+                    (inputs, targets)
+                })
+                .collect();
+            if opts.poison_at_step == Some(step) {
+                engine.store_mut().groups[0]
+                    .params
+                    .as_mut_slice()
+                    .fill(f32::NAN);
+            }
+            engine.reset_pager_counters();
+            let peak_reset = trace::reset_peak();
+            trace::mark(format_args!("step {step}: batches ready"));
+            // Packed instruction windows carry their examples' boundaries
+            // (every micro-batch of the batcher, or none).
+            let report = if documents.len() == batches.len() {
+                engine.step_in(&batches, &documents, lr)?
+            } else {
+                engine.step(&batches, lr)?
+            };
+            if report.skipped {
+                consecutive_skips += 1;
+                outcome.skipped_total += 1;
+            } else {
+                consecutive_skips = 0;
+            }
+            if opts.no_guard && !report.loss.is_finite() {
+                bail!(
+                    "loss became {} at step {step} and --no-guard applied the update; \
+                     resume from the last checkpoint with a lower --lr",
+                    report.loss
+                );
+            }
+            outcome.losses.push(report.loss);
+            let pager = engine.pager_stats();
+            let step_s = started.elapsed().as_secs_f64();
+            let tokens_per_s = tokens_per_step / step_s;
+            self.log(&StepMetrics {
+                step,
+                loss: report.loss,
+                trained_tokens,
+                lr,
+                tokens_per_s,
+                step_s,
+                params,
+                model_tflops: model_flops / step_s * 1e-12,
+                hardware_tflops: hardware_flops / step_s * 1e-12,
+                rss_bytes: process_rss_bytes(),
+                rss_peak_bytes: peak_reset.then(peak_rss_bytes).flatten(),
+                grad_norm: report.grad_norm.is_finite().then_some(report.grad_norm),
+                bytes_to_device: Some(pager.bytes_to_device),
+                bytes_to_host: Some(pager.bytes_to_host),
+                peak_device_param_bytes: Some(pager.peak_resident_bytes),
+                upload_wait_s: Some(pager.upload_wait_ns as f64 * 1e-9),
+                split: Some(report.split),
+                gpu_reserved_bytes: gpu_reserved_bytes(opts),
+                host_update_s: None,
+                paged_in_bytes: None,
+                skipped: report.skipped,
+                skipped_total: outcome.skipped_total,
+            })?;
+            if consecutive_skips >= opts.max_skips {
+                bail!(
+                    "stopped: {consecutive_skips} consecutive steps had a non-finite loss or gradient (last loss {}, \
+                     gradient norm {}); parameters are as after step {}; lower --lr or check the data",
+                    report.loss,
+                    report.grad_norm,
+                    step + 1 - consecutive_skips
+                );
+            }
+            trace::mark(format_args!("step {step}: logged"));
+            progress.step(StepLine {
+                done: step + 1,
+                loss: report.loss,
+                tokens_per_s,
+                trained_tokens,
+            });
+            step += 1;
+            unsaved = true;
+            signals::update(|progress| progress.steps_done = step);
+            if opts.checkpoint_every > 0 && step % opts.checkpoint_every == 0 {
+                outcome.checkpoint =
+                    self.checkpoint(step, outcome.skipped_total, |dir, state| {
+                        engine.save_checkpoint(dir, state)
+                    })?;
+                unsaved = false;
+            }
+        }
+        progress.finish();
+        if outcome.interrupted.is_some() {
+            // Stop promptly: the run is not finished, so neither export nor sample.
+            return Ok(outcome);
+        }
+        if !writes_outputs(opts) {
+            return Ok(outcome);
+        }
+        if self.opts.export_hf.is_some() {
+            // The export needs the whole model as burn modules on the device.
+            outcome.exported = self.export(&engine.model())?;
+        }
+        if !outcome.losses.is_empty() {
+            // Sampling streams the blocks like training does: a model larger
+            // than the device is never assembled on it.
+            outcome.sample = self.sample(device, |tokens| Ok(engine.last_logits(&tokens)?))?;
+        }
+        Ok(outcome)
+    }
+
+    /// Writes a checkpoint after `steps_done` steps with `save` (the engine's),
+    /// when the run has a checkpoint folder; returns its path.
+    pub(super) fn checkpoint(
+        &mut self,
+        steps_done: usize,
+        skipped_total: usize,
+        save: impl FnOnce(
+            &mut CheckpointDir,
+            serde_json::Value,
+        ) -> std::result::Result<PathBuf, CheckpointError>,
+    ) -> Result<Option<PathBuf>> {
+        let state = serde_json::to_value(self.state(steps_done, skipped_total))?;
+        let Some(dir) = self.checkpoints.as_mut() else {
+            return Ok(None);
+        };
+        let path = save(dir, state)?;
+        signals::update(|progress| progress.saved = Some((path.clone(), steps_done)));
+        Ok(Some(path))
+    }
+
+    /// Writes `model` to `--export-hf` as a whole Hugging Face folder (see
+    /// [`export`]); returns where it went.
+    pub(super) fn export<B: Backend, M: burn::module::Module<B>>(
+        &self,
+        model: &M,
+    ) -> Result<Option<PathBuf>> {
+        let Some(dir) = &self.opts.export_hf else {
+            return Ok(None);
+        };
+        let init_from = self.opts.init_from.as_deref();
+        let source_config = match init_from {
+            Some(dir) => Some(models::hf::read_json(&dir.join("config.json"))?),
+            None => None,
+        };
+        let ids = export::special_token_ids(source_config.as_ref(), self.tokenizer);
+        export::write(dir, |staging| {
+            models::hf::save_weights(model, &self.config, staging)?;
+            export::write_configs(
+                staging,
+                models::hf::hf_config(&self.config),
+                &ids,
+                init_from,
+            )?;
+            for file in self.tokenizer.files() {
+                let name = file.file_name().expect("a file");
+                std::fs::copy(file, staging.join(name)).map_err(|e| {
+                    anyhow::anyhow!("--export-hf: cannot copy `{}`: {e}", file.display())
+                })?;
+            }
+            Ok(())
+        })?;
+        Ok(Some(dir.clone()))
+    }
+
+    /// The resident model's export and sample.
+    pub(super) fn finish<B: Backend, M: BlockModel<B>>(
+        &mut self,
+        model: &M,
+        device: &B::Device,
+    ) -> Result<(Option<PathBuf>, String)> {
+        let exported = self.export(model)?;
+        let sample = self.sample(device, |tokens| Ok(last_logits(model, tokens)))?;
+        Ok((exported, sample))
+    }
+
+    /// Text generated from "The " with `logits` (last-position logits of a batch of one).
+    pub(super) fn sample<B: Backend>(
+        &self,
+        device: &B::Device,
+        logits: impl FnMut(Tensor<B, 2, Int>) -> Result<Tensor<B, 2>>,
+    ) -> Result<String> {
+        let prompt = self.tokenizer.encode("The ");
+        let opts = self.opts;
+        let ids = generate(
+            logits,
+            &prompt,
+            opts.sample_tokens,
+            opts.seq_len,
+            opts.temperature,
+            opts.seed,
+            device,
+        )?;
+        Ok(self.tokenizer.decode(&ids))
+    }
+
+    /// Plain burn: `Autodiff` over the whole model and `optim` (burn-optim's
+    /// AdamW, or the host AdamW over `Offload<B>`; clipping per parameter
+    /// tensor, not global). In bf16 the f32 parameters are cast for each
+    /// forward and the gradients arrive in f32.
+    pub(super) fn train_resident<AB, M, O>(
+        mut self,
+        mut model: M,
+        mut optim: O,
+        device: &AB::Device,
+    ) -> Result<Outcome>
+    where
+        AB: AutodiffBackend,
+        M: BlockModel<AB> + AutodiffModule<AB>,
+        M::InnerModule: BlockModel<AB::InnerBackend>,
+        O: Optimizer<M, AB>,
+    {
+        let opts = self.opts;
+        let schedule = self.schedule();
+        let mut progress = self.progress(0);
+        let tokens_per_step = (opts.batch * opts.seq_len * opts.accum) as f64;
+        let params = model.num_params() as u64;
+        let flops = 6.0 * params as f64 * tokens_per_step;
+        let mut losses = Vec::with_capacity(opts.steps);
+        // With --accum the graph holds one micro-batch's activations at a
+        // time; the gradients are summed into a second set of parameter-sized
+        // tensors (burn's accumulator, which takes a single micro-batch's as
+        // they are), each micro-batch's mean loss weighted by its share of
+        // the step's trained targets, so the sum is the mean over the step's
+        // trained tokens, as in the engine.
+        let mut accumulator = GradientsAccumulator::<M>::new();
+        // BURN_OFFLOAD_RESIDENT_SPLIT=1: wait for the device after each
+        // phase, so the step's split (forward with head and loss, backward,
+        // optimizer) is device time, to set beside the engine's. The waits
+        // cost the overlap of one phase's launches with the last one's tail,
+        // so these rows are for the split, not for tokens/s.
+        let timed = std::env::var("BURN_OFFLOAD_RESIDENT_SPLIT").is_ok_and(|v| v == "1");
+        let mark = |to: &mut f64, since: &mut Instant| -> Result<()> {
+            if timed {
+                AB::sync(device).map_err(|e| anyhow::anyhow!("device sync failed: {e:?}"))?;
+                *to += since.elapsed().as_secs_f64();
+                *since = Instant::now();
+            }
+            Ok(())
+        };
+
+        for step in 0..opts.steps {
+            if let Some(signal) = signals::requested() {
+                // No checkpoints in this mode: stop, without export or sample.
+                progress.finish();
+                return Ok(Outcome {
+                    losses,
+                    interrupted: Some(signal),
+                    ..Outcome::default()
+                });
+            }
+            let started = Instant::now();
+            let (updating, paged) = (
+                burn_offload::host_update_stats().updating,
+                burn_offload::residency::stats().bytes_to_device,
+            );
+            let mut phase = Instant::now();
+            let mut split = burn_offload::StepSplit::default();
+            let lr = schedule.lr(step);
+            let mut loss_value = 0.0f32;
+            let micro_batches: Vec<_> = (0..opts.accum)
+                .map(|_| self.batcher.next_batch_in(opts.batch))
+                .collect();
+            let trained_tokens: usize = micro_batches
+                .iter()
+                .map(|(_, t, _)| trained_targets(t))
+                .sum();
+            for (inputs, targets, documents) in micro_batches {
+                let scale = trained_targets(&targets) as f64 / trained_tokens.max(1) as f64;
+                let tensor = |v: Vec<i64>| {
+                    Tensor::from_data(TensorData::new(v, [opts.batch, opts.seq_len]), device)
+                };
+                let (inputs, targets) = (tensor(inputs), tensor(targets));
+                // Packed instruction windows: each example sees only itself.
+                let forward = |model: &M| match &documents {
+                    Some(documents) => model.forward_in(inputs.clone(), documents),
+                    None => model.forward(inputs.clone()),
+                };
+                let logits = match opts.compute {
+                    Compute::Fp32 => forward(&model),
+                    low => forward(&burn_offload::cast_params(model.clone(), low.dtype())),
+                };
+                let loss = cross_entropy(logits, targets) * scale;
+                let micro: f32 = loss.clone().into_scalar().elem();
+                mark(&mut split.forward_s, &mut phase)?;
+                if !micro.is_finite() {
+                    bail!("loss became {micro} at step {step}; try a lower --lr");
+                }
+                loss_value += micro;
+                let grads = GradientsParams::from_grads(loss.backward(), &model);
+                accumulator.accumulate(&model, grads);
+                mark(&mut split.backward_s, &mut phase)?;
+            }
+            model = optim.step(lr, model, accumulator.grads());
+            mark(&mut split.optimizer_s, &mut phase)?;
+            losses.push(loss_value);
+
+            let step_s = started.elapsed().as_secs_f64();
+            let tokens_per_s = tokens_per_step / step_s;
+            let line = StepMetrics {
+                step,
+                loss: loss_value,
+                trained_tokens,
+                lr,
+                tokens_per_s,
+                step_s,
+                params,
+                model_tflops: flops / step_s * 1e-12,
+                hardware_tflops: flops / step_s * 1e-12,
+                rss_bytes: process_rss_bytes(),
+                rss_peak_bytes: None,
+                grad_norm: None,
+                bytes_to_device: None,
+                bytes_to_host: None,
+                peak_device_param_bytes: None,
+                upload_wait_s: None,
+                split: timed.then_some(split),
+                gpu_reserved_bytes: gpu_reserved_bytes(opts),
+                host_update_s: opts
+                    .host_params
+                    .then(|| (burn_offload::host_update_stats().updating - updating).as_secs_f64()),
+                paged_in_bytes: opts
+                    .host_params
+                    .then(|| burn_offload::residency::stats().bytes_to_device - paged),
+                skipped: false,
+                skipped_total: 0,
+            };
+            self.log(&line)?;
+            progress.step(StepLine {
+                done: step + 1,
+                loss: loss_value,
+                tokens_per_s,
+                trained_tokens,
+            });
+            signals::update(|progress| progress.steps_done = step + 1);
+        }
+        progress.finish();
+        let (exported, sample) = self.finish(&model.valid(), device)?;
+        Ok(Outcome {
+            losses,
+            sample,
+            exported,
+            ..Outcome::default()
+        })
+    }
+
+    /// The next micro-batch on `device`, with the number of targets it
+    /// trains on and its rows' document boundaries (packed instruction data).
+    pub(super) fn batch_tensors<AB: Backend>(
+        &mut self,
+        device: &AB::Device,
+    ) -> (
+        Tensor<AB, 2, Int>,
+        Tensor<AB, 2, Int>,
+        usize,
+        Option<Documents>,
+    ) {
+        let (batch, seq) = (self.opts.batch, self.opts.seq_len);
+        let (inputs, targets, documents) = self.batcher.next_batch_in(batch);
+        let trained = trained_targets(&targets);
+        let tensor = |v: Vec<i64>| Tensor::from_data(TensorData::new(v, [batch, seq]), device);
+        (tensor(inputs), tensor(targets), trained, documents)
+    }
+
+    /// The run's progress display from step `start`.
+    pub(super) fn progress(&self, start: usize) -> Progress {
+        Progress::new(
+            self.opts.progress,
+            format!("{} params", human_count(self.config.num_params())),
+            start,
+            self.opts.steps,
+        )
+    }
+
+    pub(super) fn log(&mut self, line: &StepMetrics) -> Result<()> {
+        match self.metrics.as_mut() {
+            Some(metrics) => metrics.line(line),
+            None => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,233 @@
+//! What the machine has (host memory, GPUs and their free memory) and the
+//! memory plan of a run on it.
+
+use anyhow::Result;
+use models::ModelConfig;
+
+use crate::options::*;
+use crate::plan::{
+    BlockInputs, Job as PlanJob, KeptGraphs, Machine, ParamCache, Plan, GRADIENT_BLOCKS_IN_FLIGHT,
+};
+use crate::DefaultBackend;
+
+pub(crate) const GIB: f64 = (1u64 << 30) as f64;
+
+/// Host memory the OS reports available (`MemAvailable`), in bytes.
+pub(crate) fn available_host_bytes() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// The machine the job runs on: host memory from `--host-mem-gib` or
+/// MemAvailable (the GPU hosts grow RAM on demand, hence the flag), device
+/// memory from `--gpu-mem-gib` or the CUDA driver.
+pub fn machine(opts: &TrainOptions) -> Result<Machine> {
+    let (mut host_bytes, mut host_source) = match opts.host_mem_gib {
+        Some(gib) => ((gib * GIB) as u64, "--host-mem-gib".to_string()),
+        None => match available_host_bytes() {
+            Some(bytes) => (bytes, "MemAvailable".to_string()),
+            None => (u64::MAX, "unknown: not checked".to_string()),
+        },
+    };
+    // The processes on a host each keep a store of their own in its memory.
+    if let Some(place) = opts.processes.as_ref().filter(|p| p.local_world_size > 1) {
+        if opts.host_mem_gib.is_none() && host_bytes != u64::MAX {
+            host_bytes /= place.local_world_size as u64;
+            host_source = format!(
+                "MemAvailable / {} processes on this host",
+                place.local_world_size
+            );
+        }
+    }
+    let (device_bytes, device_source) = match opts.gpu_mem_gib {
+        Some(gib) => (Some((gib * GIB) as u64), "--gpu-mem-gib".to_string()),
+        None => gpu_free_bytes(&lane_gpus(opts))?,
+    };
+    Ok(Machine {
+        host_bytes,
+        host_source,
+        device_bytes,
+        device_source,
+    })
+}
+
+/// The GPUs this process's lanes run on: 0..`--gpus`, or in a run of
+/// several processes, `--local-rank`'s.
+pub(crate) fn lane_gpus(opts: &TrainOptions) -> Vec<usize> {
+    match &opts.processes {
+        Some(place) => vec![place.local_rank],
+        None => (0..opts.gpus).collect(),
+    }
+}
+
+/// Processes in the run (1 without `--world-size`).
+pub(crate) fn world_size(opts: &TrainOptions) -> usize {
+    opts.processes.as_ref().map_or(1, |p| p.world_size)
+}
+
+/// Whether this process writes the run's outputs: checkpoints, metrics,
+/// the export and the sample (rank 0 of several).
+pub(crate) fn writes_outputs(opts: &TrainOptions) -> bool {
+    opts.processes.as_ref().is_none_or(|p| p.rank == 0)
+}
+
+/// The free memory of the most loaded of `gpus` (each runs the same lane
+/// of the plan).
+#[cfg(feature = "cuda")]
+pub(crate) fn gpu_free_bytes(gpus: &[usize]) -> Result<(Option<u64>, String)> {
+    check_gpus(gpus)?;
+    let mut least = (u64::MAX, 0);
+    for &index in gpus {
+        let free = burn_offload::cuda_backend::free_device_bytes(index)
+            .map_err(|e| anyhow::anyhow!("cannot query GPU memory: {e}"))?;
+        least = least.min((free, index));
+    }
+    let source = if gpus.len() == 1 {
+        format!("free on GPU {} (CUDA driver)", least.1)
+    } else {
+        format!(
+            "free on GPU {} of 0..{}, the least (CUDA driver)",
+            least.1,
+            gpus.len()
+        )
+    };
+    Ok((Some(least.0), source))
+}
+
+#[cfg(not(feature = "cuda"))]
+pub(crate) fn gpu_free_bytes(_: &[usize]) -> Result<(Option<u64>, String)> {
+    Ok((None, "CPU backend".into()))
+}
+
+/// Refuses GPUs beyond those the driver sees.
+#[cfg(feature = "cuda")]
+pub(crate) fn check_gpus(gpus: &[usize]) -> Result<()> {
+    let count = burn_offload::cuda_backend::device_count()
+        .map_err(|e| anyhow::anyhow!("cannot count CUDA devices: {e}"))?;
+    match gpus {
+        [index] if *index >= count => {
+            anyhow::bail!("--local-rank {index} needs GPU {index}, and the CUDA driver sees {count}")
+        }
+        _ if gpus.len() > count => anyhow::bail!(
+            "--gpus {} asks for more GPUs than the {count} the CUDA driver sees",
+            gpus.len()
+        ),
+        _ => Ok(()),
+    }
+}
+
+/// The devices the engine trains on: [`lane_gpus`] on CUDA.
+#[cfg(feature = "cuda")]
+pub(crate) fn lane_devices(opts: &TrainOptions) -> Result<Vec<DefaultDevice>> {
+    let gpus = lane_gpus(opts);
+    check_gpus(&gpus)?;
+    Ok(gpus
+        .into_iter()
+        .map(burn::backend::cuda::CudaDevice::new)
+        .collect())
+}
+
+/// The devices the engine trains on: on CPU backends, `--gpus` logical
+/// devices (the one device, a lane each: the data-parallel schedule without
+/// GPUs), or one for each process of several.
+#[cfg(not(feature = "cuda"))]
+pub(crate) fn lane_devices(opts: &TrainOptions) -> Result<Vec<DefaultDevice>> {
+    Ok(vec![Default::default(); lane_gpus(opts).len()])
+}
+
+type DefaultDevice = burn::tensor::Device<DefaultBackend>;
+
+/// Bytes reserved by the GPU allocator's pools on the first GPU the run
+/// trains on (CUDA builds).
+pub(crate) fn gpu_reserved_bytes(opts: &TrainOptions) -> Option<u64> {
+    #[cfg(feature = "cuda")]
+    return Some(
+        burn_offload::cuda_backend::pool_bytes(&burn::backend::cuda::CudaDevice::new(
+            lane_gpus(opts)[0],
+        ))
+        .1,
+    );
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = opts;
+        None
+    }
+}
+
+/// The memory plan of this job on `machine` (nothing is allocated).
+pub fn plan(opts: &TrainOptions, config: ModelConfig, machine: &Machine) -> (Plan, PlanJob) {
+    let job = PlanJob {
+        config,
+        batch: opts.batch,
+        seq_len: opts.seq_len,
+        accum: opts.accum,
+        gpus: opts.gpus,
+        fused: opts.fused,
+        resident: opts.resident,
+        host_params: opts.host_params,
+        compute: opts.compute,
+        loss_chunk_tokens: opts.loss_chunk_tokens,
+        gpu: cfg!(feature = "cuda"),
+        block_inputs: opts.block_inputs,
+        kept_graphs: opts.kept_graphs,
+        kept_attention: 0,
+        host_layout: opts.host_layout,
+        optim_state: opts.optim_state,
+        gradient_blocks_in_flight: GRADIENT_BLOCKS_IN_FLIGHT,
+        mlp_tile: None,
+        param_cache: match opts.param_cache_gib {
+            Some(gib) => ParamCache::Bytes((gib * GIB) as u64),
+            None => ParamCache::Auto,
+        },
+    };
+    let job = job.placed(machine);
+    (Plan::new(&job), job)
+}
+
+/// The longest sequence, in whole thousands (1024) of tokens, whose plan
+/// fits `machine` at batch 1 with the job's other settings (the same
+/// choices made for it); `None` when not even 1024 tokens fit.
+pub fn longest_sequence(job: &PlanJob, machine: &Machine) -> Option<usize> {
+    let fits = |k: usize| {
+        let candidate = PlanJob {
+            batch: 1,
+            seq_len: k * 1024,
+            block_inputs: BlockInputs::Auto,
+            kept_graphs: KeptGraphs::Auto,
+            mlp_tile: None,
+            ..job.clone()
+        };
+        let candidate = candidate.placed(machine);
+        Plan::new(&candidate).check(&candidate, machine).is_ok()
+    };
+    if !fits(1) {
+        return None;
+    }
+    // Memory grows with the sequence: the last that fits, by bisection
+    // below the first of the doublings that does not (up to 16M tokens).
+    let (mut lo, mut hi) = (1, 2);
+    while hi <= 1 << 14 && fits(hi) {
+        (lo, hi) = (hi, 2 * hi);
+    }
+    while hi - lo > 1 {
+        let mid = (lo + hi) / 2;
+        if fits(mid) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    Some(lo * 1024)
+}
+
+/// Refuses, before anything is allocated, a job that does not fit the
+/// machine; otherwise the job with its block inputs placed and its kept
+/// graphs counted.
+pub(crate) fn check_memory(opts: &TrainOptions, config: &ModelConfig) -> Result<PlanJob> {
+    let machine = machine(opts)?;
+    let (plan, job) = plan(opts, config.clone(), &machine);
+    plan.check(&job, &machine).map_err(anyhow::Error::msg)?;
+    Ok(job)
+}

@@ -1,0 +1,14 @@
+//! A training run: set up from its options (`setup`: checks, model, data,
+//! resume), on a machine whose memory the plan fits (`machine`), stepped by
+//! the engine's loop or the resident one (`job`), with what it carries
+//! between steps and reports at the end (`state`, `resume`).
+
+mod job;
+mod machine;
+mod resume;
+mod setup;
+mod state;
+
+pub use machine::{longest_sequence, machine, plan};
+pub use setup::{plan_table, preflight, run, Checked};
+pub use state::{TrainReport, TrainerState};

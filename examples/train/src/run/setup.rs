@@ -1,0 +1,498 @@
+//! A run from its options: the checks, the model and its data, the resume,
+//! the memory plan, and the loop it hands them to.
+
+use std::path::Path;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+use burn::backend::Autodiff;
+use burn::module::{ModuleVisitor, Param};
+use burn::optim::AdamWConfig;
+use burn::prelude::*;
+use burn_offload::HostOptimizerConfig;
+use models::ModelConfig;
+
+use super::job::*;
+use super::machine::*;
+use super::resume::*;
+use super::state::*;
+use crate::data::{default_corpus, Batcher};
+use crate::error_line::flagged;
+use crate::export;
+use crate::instruct::{self, DataFormat};
+use crate::options::*;
+use crate::outputs::MetricsFile;
+use crate::signals;
+use crate::token_cache;
+use crate::tokenizer::Tokenizer;
+use crate::DefaultBackend;
+
+/// Model config after applying the tokenizer: presets take the tokenizer's
+/// vocabulary; a JSON config must already be large enough for it.
+pub(crate) fn resolve_config(opts: &TrainOptions, tokenizer: &Tokenizer) -> Result<ModelConfig> {
+    let from_hf = opts.init_from.is_some();
+    let mut config = match &opts.init_from {
+        Some(dir) => models::hf::load_config(dir)?,
+        None if Path::new(&opts.model).is_dir() => bail!(
+            "--model `{}` is a folder; --model takes a preset name or a config .json file \
+             (a Hugging Face checkpoint folder goes to --init-from)",
+            opts.model
+        ),
+        None => ModelConfig::from_arg(&opts.model)?,
+    };
+    let vocab = tokenizer.vocab_size();
+    if !from_hf && models::PRESETS.contains(&opts.model.as_str()) {
+        config.set_vocab_size(vocab);
+    } else if config.vocab_size() < vocab {
+        bail!(
+            "model vocab_size {} is smaller than the {} tokenizer's vocabulary ({vocab})",
+            config.vocab_size(),
+            tokenizer.name()
+        );
+    }
+    if opts.seq_len > config.max_seq_len() {
+        bail!(
+            "--seq-len {} exceeds the model's context length {}",
+            opts.seq_len,
+            config.max_seq_len()
+        );
+    }
+    Ok(config)
+}
+
+/// What a run reads, each part checked against the others; nothing is
+/// allocated or written to find it out.
+pub struct Checked {
+    pub tokenizer: Tokenizer,
+    pub config: ModelConfig,
+    /// What `--data` holds.
+    pub format: DataFormat,
+}
+
+/// The options, the tokenizer and the model config, checked.
+pub(crate) fn checked_model(opts: &TrainOptions) -> Result<(Tokenizer, ModelConfig)> {
+    validate(opts)?;
+    let tokenizer = Tokenizer::for_run(opts.tokenizer.as_deref(), opts.init_from.as_deref())?;
+    let config = resolve_config(opts, &tokenizer)?;
+    Ok((tokenizer, config))
+}
+
+/// Everything about a run that can be checked before anything is built:
+/// the options, the tokenizer, the model config, what `--data` holds and
+/// where the export goes. The launcher of several processes runs it before
+/// starting any, and every run before its memory plan.
+pub fn preflight(opts: &TrainOptions) -> Result<Checked> {
+    let (tokenizer, config) = checked_model(opts)?;
+    let format = match (&opts.data, opts.data_format) {
+        (Some(path), DataFormat::Auto) => instruct::detect(path).map_err(flagged("--data"))?,
+        (None, DataFormat::Auto) => DataFormat::Text,
+        (_, format) => format,
+    };
+    if format == DataFormat::Text && (opts.train_on_prompt || !opts.packing) {
+        bail!("--train-on-prompt and --no-packing apply to instruction data, and --data is text");
+    }
+    if opts.data_cache.is_some() && (format != DataFormat::Text || opts.data.is_none()) {
+        bail!("--data-cache holds tokenized text corpora; --data is not a text corpus");
+    }
+    if let Some(dir) = opts.export_hf.as_ref().filter(|_| writes_outputs(opts)) {
+        let sources: Vec<export::Source<'_>> = [
+            ("--init-from", &opts.init_from),
+            ("--resume", &opts.resume),
+            ("--checkpoint-dir", &opts.checkpoint_dir),
+        ]
+        .into_iter()
+        .filter_map(|(flag, path)| path.as_deref().map(|path| export::Source { flag, path }))
+        .collect();
+        export::check(dir, opts.overwrite, &sources)?;
+    }
+    Ok(Checked {
+        tokenizer,
+        config,
+        format,
+    })
+}
+
+/// Runs a training job on the default backend.
+pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
+    let Checked {
+        tokenizer,
+        config,
+        format,
+    } = preflight(opts)?;
+    // Before the first CUDA tensor: pages of the pools sized to the budget.
+    #[cfg(feature = "cuda")]
+    if let Some(gib) = opts.gpu_mem_gib {
+        burn_offload::cuda_backend::limit_memory_pages((gib * GIB) as u64);
+    }
+    if opts.progress {
+        if let (None, Some(dir), Tokenizer::Byte) = (&opts.tokenizer, &opts.init_from, &tokenizer) {
+            eprintln!(
+                "warning: --init-from `{}` has no tokenizer.json: tokenizing as bytes (256 ids); \
+                 give --tokenizer the model's tokenizer.json",
+                dir.display()
+            );
+        }
+    }
+    let placed = check_memory(opts, &config)?;
+    if opts.progress && !opts.resident {
+        let mlp = match placed.mlp_tile {
+            Some(tile) => format!("; MLP over tiles of {tile} tokens"),
+            None => String::new(),
+        };
+        eprintln!("memory plan: {}{mlp}", placed.store_mode());
+    }
+    if opts.host_params {
+        let bytes = placed.param_cache.bytes();
+        burn_offload::residency::set_param_cache_bytes(bytes);
+        if opts.progress {
+            eprintln!(
+                "parameter cache: {:.2} GiB of device copies",
+                bytes as f64 / GIB
+            );
+        }
+    }
+    let (batcher, corpus) = match (&opts.data, format) {
+        (Some(path), DataFormat::Alpaca | DataFormat::Sharegpt | DataFormat::Chat) => {
+            let shaping = instruct::Shaping {
+                format,
+                seq_len: opts.seq_len,
+                train_on_prompt: opts.train_on_prompt,
+                packing: opts.packing,
+            };
+            let prepared =
+                instruct::prepare(path, shaping, &tokenizer).map_err(flagged("--data"))?;
+            prepared.check_trains()?;
+            if opts.progress {
+                eprintln!(
+                    "{} data: {} examples, {} tokens ({:.0} tok/s tokenized), {} truncated to \
+                     --seq-len, {} windows{}, {} targets trained on",
+                    prepared.format,
+                    prepared.examples,
+                    prepared.tokens,
+                    prepared.tokens_per_s,
+                    prepared.truncated,
+                    prepared.windows.count(),
+                    if opts.packing {
+                        " (packed, each example attending only to itself)"
+                    } else {
+                        ""
+                    },
+                    prepared.trained,
+                );
+                if prepared.emptied > 0 {
+                    eprintln!(
+                        "warning: --seq-len {} leaves no token to train on in {} of the {} \
+                         examples (the longest, {}, has {} tokens); {} windows without a trained \
+                         token dropped",
+                        opts.seq_len,
+                        prepared.emptied,
+                        prepared.examples,
+                        prepared.longest.1,
+                        prepared.longest.0,
+                        prepared.dropped_windows
+                    );
+                }
+            }
+            let windows = prepared.windows;
+            // The inputs, then the targets (ignored ones as their u32 bits).
+            let identity = windows
+                .inputs
+                .iter()
+                .copied()
+                .chain(windows.targets.iter().map(|&t| t as u32));
+            let corpus = (windows.inputs.len(), corpus_crc32(identity));
+            (Batcher::windows(windows, opts.seed)?, corpus)
+        }
+        (Some(path), _) => {
+            let root = opts
+                .data_cache
+                .clone()
+                .unwrap_or_else(token_cache::default_root);
+            let tokenized =
+                token_cache::tokenize(path, &tokenizer, &root).map_err(flagged("--data"))?;
+            if opts.progress {
+                let how = match tokenized.tokens_per_s {
+                    Some(rate) => format!("tokenized at {rate:.0} tok/s into"),
+                    None => "read from".to_string(),
+                };
+                let forced = match tokenized.forced_cuts {
+                    0 => String::new(),
+                    n => format!(
+                        " ({n} pieces cut inside a run of 1 MiB without a space or line break)"
+                    ),
+                };
+                eprintln!(
+                    "corpus: {} tokens, {how} `{}`{forced}",
+                    tokenized.tokens.len(),
+                    tokenized.folder.display()
+                );
+            }
+            let corpus = (tokenized.tokens.len(), tokenized.crc32);
+            (
+                Batcher::mapped(tokenized.tokens, opts.seq_len, opts.seed)
+                    .map_err(flagged("--data"))?,
+                corpus,
+            )
+        }
+        (None, _) => {
+            let tokens = tokenizer.encode(&default_corpus());
+            let corpus = (tokens.len(), corpus_crc32(tokens.iter().copied()));
+            (Batcher::new(tokens, opts.seq_len, opts.seed)?, corpus)
+        }
+    };
+    let resume = match &opts.resume {
+        Some(path) => Some(Resume::read(path, opts, &config, &tokenizer, corpus)?),
+        None => None,
+    };
+
+    type B = DefaultBackend;
+    type AB = Autodiff<DefaultBackend>;
+    burn_offload::set_matmul(&opts.matmul).map_err(|why| anyhow::anyhow!("--matmul: {why}"))?;
+    #[cfg(feature = "cuda")]
+    burn_offload::ops::attention::set_cudnn_attention(opts.attention == AttentionKernels::Auto);
+    // The engine's devices (`--gpus`, or this rank's GPU), checked before
+    // the model is built; the model is drawn on the first.
+    let devices = lane_devices(opts)?;
+    let device = devices.first().cloned().expect("one device at least");
+    opts.compute
+        .check::<B>(&device)
+        .map_err(|why| anyhow::anyhow!("--compute {}: {why}", opts.compute))?;
+    if let Some(dir) = &opts.init_from {
+        // Every tensor present with its shape, before anything is written
+        // (the weights are read when the model is built).
+        match &config {
+            ModelConfig::Llama(c) => {
+                models::hf::check_weights(&c.init::<B>(&device), &config, dir)?
+            }
+            ModelConfig::Gpt2(c) => models::hf::check_weights(&c.init::<B>(&device), &config, dir)?,
+        }
+    }
+    if let Some(resume) = resume
+        .as_ref()
+        .filter(|r| r.state.steps_done == opts.steps && opts.export_hf.is_none())
+    {
+        // Nothing to train, export or sample: the run is complete.
+        return Ok(TrainReport {
+            config,
+            losses: Vec::new(),
+            sample: String::new(),
+            start_step: resume.state.steps_done,
+            resumed_from: Some(resume.path.clone()),
+            interrupted: None,
+            checkpoint: None,
+            exported: None,
+            skipped_total: resume.state.skipped_total,
+        });
+    }
+
+    // Every output is checked (the export folder in `preflight`, the
+    // checkpoint folder locked here) before the model is built: a bad path
+    // costs no training. Of several processes, rank 0 writes them.
+    let outputs = writes_outputs(opts);
+    let run_id = match &resume {
+        Some(resume) => resume.run.clone(),
+        None => format!("{:016x}", rand::random::<u64>()),
+    };
+    let checkpoints = match opts.checkpoint_dir.as_ref().filter(|_| outputs) {
+        Some(dir) => Some(crate::outputs::checkpoint_dir(dir, &run_id, opts.keep)?),
+        None => None,
+    };
+    let metrics = match opts.metrics.as_ref().filter(|_| outputs) {
+        Some(path) => Some(MetricsFile::open(path, resume.is_some())?),
+        None => None,
+    };
+    // The other ranks, met once each has checked its own inputs.
+    let group = match &opts.processes {
+        Some(place) => Some(place.join()?),
+        None => None,
+    };
+    signals::update(|progress| {
+        *progress = signals::Progress {
+            steps_done: resume.as_ref().map_or(0, |r| r.state.steps_done),
+            saved: resume
+                .as_ref()
+                .map(|r| (r.path.clone(), r.state.steps_done)),
+            checkpointing: checkpoints.is_some(),
+        }
+    });
+
+    let resumed_from = resume.as_ref().map(|r| r.path.clone());
+    let job = Job {
+        opts,
+        tokenizer: &tokenizer,
+        batcher,
+        metrics,
+        checkpoints,
+        resume,
+        config: config.clone(),
+        corpus,
+        block_inputs: placed.block_inputs,
+        kept_graphs: placed.kept_graphs.count(),
+        kept_attention: placed.kept_attention,
+        gradient_blocks_in_flight: placed.gradient_blocks_in_flight,
+        cast_on_device: placed.compact(),
+        compute_precision_gradients: placed.compact_gradients(),
+        building: Instant::now(),
+        group,
+    };
+    // `--host-params`: the same loop over `Offload<B>` with the host AdamW.
+    type HostAb = Autodiff<burn_offload::Offload<DefaultBackend>>;
+    let clipping = (opts.grad_clip > 0.0).then_some(
+        burn::grad_clipping::GradientClippingConfig::Norm(opts.grad_clip as f32),
+    );
+    let burn_adamw = AdamWConfig::new()
+        .with_weight_decay(opts.weight_decay as f32)
+        .with_grad_clipping(clipping.clone());
+    let host_adamw = HostOptimizerConfig::adamw(burn_offload::AdamWConfig {
+        weight_decay: opts.weight_decay as f32,
+        ..Default::default()
+    })
+    .with_grad_clipping(clipping);
+    let outcome = match (&config, opts.resident, opts.host_params) {
+        (ModelConfig::Gpt2(c), true, false) => job.train_resident::<AB, _, _>(
+            initial(opts, &config, &device, true, || c.init::<AB>(&device))?.0,
+            burn_adamw.init(),
+            &device,
+        )?,
+        (ModelConfig::Llama(c), true, false) => job.train_resident::<AB, _, _>(
+            initial(opts, &config, &device, true, || c.init::<AB>(&device))?.0,
+            burn_adamw.init(),
+            &device,
+        )?,
+        (ModelConfig::Gpt2(c), true, true) => job.train_resident::<HostAb, _, _>(
+            initial(opts, &config, &device, true, || c.init::<HostAb>(&device))?.0,
+            host_adamw.init(),
+            &device,
+        )?,
+        (ModelConfig::Llama(c), true, true) => job.train_resident::<HostAb, _, _>(
+            initial(opts, &config, &device, true, || c.init::<HostAb>(&device))?.0,
+            host_adamw.init(),
+            &device,
+        )?,
+        (ModelConfig::Gpt2(c), false, _) => job.train_engine::<B, _>(
+            initial(opts, &config, &device, false, || c.init::<B>(&device))?,
+            &devices,
+        )?,
+        (ModelConfig::Llama(c), false, _) => job.train_engine::<B, _>(
+            initial(opts, &config, &device, false, || c.init::<B>(&device))
+                .map(|(model, rng)| (model.with_mlp_tiles(placed.mlp_tile), rng))?,
+            &devices,
+        )?,
+    };
+    if opts.progress && opts.host_params {
+        let (paged, prefetch, updates) = (
+            burn_offload::residency::stats(),
+            burn_offload::prefetch::stats(),
+            burn_offload::host_update_stats(),
+        );
+        let steps = prefetch.steps.max(1) as f64;
+        eprintln!(
+            "offload: {:.2} GB paged in ({:.2} GB cache peak of {:.2}); prefetch: {} copies ({:.2} GB), \
+             trace followed by {} of {} steps; host updates {:.3} s a step, {:.3} s waiting for gradients",
+            paged.bytes_to_device as f64 / 1e9,
+            paged.peak_resident_bytes as f64 / 1e9,
+            paged.budget_bytes as f64 / 1e9,
+            prefetch.copies,
+            prefetch.bytes as f64 / 1e9,
+            prefetch.replayed,
+            prefetch.steps,
+            updates.updating.as_secs_f64() / steps,
+            updates.waiting.as_secs_f64() / steps,
+        );
+    }
+    #[cfg(feature = "cuda")]
+    if opts.progress && opts.matmul != "auto" {
+        // How much of the work the chosen kernel took, and what it left to
+        // burn's matmul: a kernel that declines the common cases buys nothing.
+        let stats = burn_offload::cuda_backend::matmul_stats();
+        eprintln!(
+            "matmul {}: ran {} matmuls ({:.2} s in its calls), left {} to burn's matmul",
+            opts.matmul, stats.launched, stats.call_s, stats.fell_back
+        );
+        for case in &stats.declined {
+            eprintln!("  declined: {case}");
+        }
+    }
+    Ok(TrainReport {
+        config,
+        losses: outcome.losses,
+        sample: outcome.sample,
+        start_step: outcome.start_step,
+        resumed_from,
+        interrupted: outcome.interrupted,
+        checkpoint: outcome.checkpoint,
+        exported: outcome.exported,
+        skipped_total: outcome.skipped_total,
+    })
+}
+
+/// burn's CPU backends draw random tensors from one process-wide RNG, and a
+/// module's parameters are drawn lazily, on first use. Seeding and drawing
+/// every initial weight happen under this lock, so two jobs in one process
+/// (the test suite, a sweep) cannot interleave their draws: a run's weights
+/// depend on its seed alone.
+pub(crate) static WEIGHT_RNG: Mutex<()> = Mutex::new(());
+
+/// The starting model: drawn from `--seed`, or with `--init-from`'s weights
+/// (burn's lazy parameters are replaced before any random init runs).
+///
+/// With `draw`, every weight is drawn here. Without, the weights stay lazy
+/// and the caller draws them while it holds the returned lock: the engine
+/// draws one tensor at a time straight into its host store, so a model larger
+/// than the device never exists on it whole.
+pub(crate) fn initial<X: Backend, M: burn::module::Module<X>>(
+    opts: &TrainOptions,
+    config: &ModelConfig,
+    device: &X::Device,
+    draw: bool,
+    init: impl FnOnce() -> M,
+) -> Result<(M, MutexGuard<'static, ()>)> {
+    let rng = WEIGHT_RNG.lock().unwrap_or_else(PoisonError::into_inner);
+    X::seed(device, opts.seed);
+    let model = init();
+    let model = match &opts.init_from {
+        Some(dir) => models::hf::load_weights(model, config, dir)?,
+        None => model,
+    };
+    if draw {
+        model.visit(&mut DrawWeights);
+    }
+    Ok((model, rng))
+}
+
+/// Forces every lazily initialised parameter to be drawn now.
+pub(crate) struct DrawWeights;
+
+impl<X: Backend> ModuleVisitor<X> for DrawWeights {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<X, D>>) {
+        let _ = param.val();
+    }
+}
+
+/// `train --plan`: the table of predicted memory against the machine, and
+/// the longest sequence these settings fit.
+pub fn plan_table(opts: &TrainOptions) -> Result<String> {
+    let (_, config) = checked_model(opts)?;
+    let machine = machine(opts)?;
+    let (plan, job) = plan(opts, config, &machine);
+    let mut table = plan.table(&machine);
+    match plan.check(&job, &machine) {
+        Ok(()) => table.push_str("fits\n"),
+        Err(why) => table.push_str(&format!("does not fit: {why}\n")),
+    }
+    if let Some(tile) = job.mlp_tile {
+        table.push_str(&format!("MLP over tiles of {tile} tokens\n"));
+    }
+    if let Some(links) = crate::links::Links::of(&job) {
+        table.push_str(&links.describe());
+    }
+    match longest_sequence(&job, &machine) {
+        Some(tokens) => table.push_str(&format!(
+            "longest sequence that fits at batch 1: {tokens} tokens (the model's max_seq_len: {})\n",
+            job.config.max_seq_len()
+        )),
+        None => table.push_str("no sequence of 1024 tokens fits at batch 1\n"),
+    }
+    Ok(table)
+}

@@ -1,0 +1,68 @@
+//! What a run carries between steps and what it reports at its end.
+
+use std::path::PathBuf;
+
+use models::ModelConfig;
+use serde::{Deserialize, Serialize};
+
+/// What a checkpoint records for the trainer to continue exactly where it stopped.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainerState {
+    pub model: ModelConfig,
+    pub tokenizer: String,
+    pub batch: usize,
+    pub seq_len: usize,
+    pub accum: usize,
+    /// Devices the run trained on (checkpoints before `--gpus` had one).
+    #[serde(default = "one")]
+    pub gpus: usize,
+    /// Processes the run trained in (`--world-size`; checkpoints before it
+    /// had one).
+    #[serde(default = "one")]
+    pub processes: usize,
+    /// Training steps completed (skipped ones included).
+    pub steps_done: usize,
+    pub skipped_total: usize,
+    /// State of the batch sampler's generator: the data position.
+    pub batcher_rng: u64,
+    /// Identity of the token stream, so a resume on other data is refused.
+    pub corpus_tokens: usize,
+    pub corpus_crc32: u32,
+}
+
+pub(crate) fn one() -> usize {
+    1
+}
+
+/// What a finished run returns.
+#[derive(Debug, Clone)]
+pub struct TrainReport {
+    pub config: ModelConfig,
+    /// Losses of the steps run by this call (after the resume point).
+    pub losses: Vec<f32>,
+    pub sample: String,
+    /// Step this call started from (non-zero after `--resume`).
+    pub start_step: usize,
+    /// The checkpoint the run continued from.
+    pub resumed_from: Option<PathBuf>,
+    /// Stopped by this signal (SIGINT, SIGTERM) after saving what it could;
+    /// nothing was exported or sampled.
+    pub interrupted: Option<i32>,
+    /// The last checkpoint written, if any.
+    pub checkpoint: Option<PathBuf>,
+    /// The Hugging Face folder written, if any.
+    pub exported: Option<PathBuf>,
+    pub skipped_total: usize,
+}
+
+/// How a training loop ended.
+#[derive(Default)]
+pub(crate) struct Outcome {
+    pub(crate) losses: Vec<f32>,
+    pub(crate) sample: String,
+    pub(crate) start_step: usize,
+    pub(crate) interrupted: Option<i32>,
+    pub(crate) checkpoint: Option<PathBuf>,
+    pub(crate) exported: Option<PathBuf>,
+    pub(crate) skipped_total: usize,
+}
