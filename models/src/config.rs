@@ -182,6 +182,22 @@ impl ModelConfig {
             ModelConfig::Llama(c) => c.num_params(),
         }
     }
+
+    /// Parameters of one block (every block has the same).
+    pub fn block_params(&self) -> usize {
+        match self {
+            ModelConfig::Gpt2(c) => c.block_params(),
+            ModelConfig::Llama(c) => c.block_params(),
+        }
+    }
+
+    /// Parameters outside the blocks: embeddings, final norm, an untied head.
+    pub fn stem_params(&self) -> usize {
+        match self {
+            ModelConfig::Gpt2(c) => c.stem_params(),
+            ModelConfig::Llama(c) => c.stem_params(),
+        }
+    }
 }
 
 /// Shared shape checks for attention.

@@ -66,10 +66,22 @@ impl Gpt2Config {
         check_heads(self.d_model, self.n_head, self.n_head)
     }
 
-    pub fn num_params(&self) -> usize {
+    /// Parameters of one block: attention and MLP with their biases, two
+    /// LayerNorms.
+    pub fn block_params(&self) -> usize {
         let d = self.d_model;
-        let block = 12 * d * d + 13 * d;
-        self.vocab_size * d + self.n_ctx * d + self.n_layer * block + 2 * d
+        12 * d * d + 13 * d
+    }
+
+    /// Parameters outside the blocks: token and position embeddings and the
+    /// final LayerNorm (the head is tied to the embedding).
+    pub fn stem_params(&self) -> usize {
+        let d = self.d_model;
+        self.vocab_size * d + self.n_ctx * d + 2 * d
+    }
+
+    pub fn num_params(&self) -> usize {
+        self.stem_params() + self.n_layer * self.block_params()
     }
 
     /// Random initialisation as in GPT-2: N(0, 0.02), residual projections scaled

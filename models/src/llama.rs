@@ -425,7 +425,9 @@ impl LlamaConfig {
         Ok(())
     }
 
-    pub fn num_params(&self) -> usize {
+    /// Parameters of one decoder block: the attention and MLP projections
+    /// with their biases, the two norms and the q/k norms.
+    pub fn block_params(&self) -> usize {
         let (d, hd) = (self.d_model, self.head_dim());
         let (q, kv) = (self.n_head * hd, self.n_kv_head * hd);
         let attention = 2 * d * q + 2 * d * kv;
@@ -436,13 +438,23 @@ impl LlamaConfig {
         };
         let mlp = 3 * d * self.d_ff + if self.mlp_bias { 2 * self.d_ff + d } else { 0 };
         let norms = 2 * d + if self.qk_norm { 2 * hd } else { 0 };
-        let block = attention + attention_bias + mlp + norms;
+        attention + attention_bias + mlp + norms
+    }
+
+    /// Parameters outside the blocks: the embedding, the final norm and the
+    /// LM head unless it is tied to the embedding.
+    pub fn stem_params(&self) -> usize {
+        let d = self.d_model;
         let head = if self.tie_embeddings {
             0
         } else {
             self.vocab_size * d
         };
-        self.vocab_size * d + head + self.n_layer * block + d
+        self.vocab_size * d + head + d
+    }
+
+    pub fn num_params(&self) -> usize {
+        self.stem_params() + self.n_layer * self.block_params()
     }
 
     /// Random initialisation: N(0, 0.02) everywhere, output projections scaled by

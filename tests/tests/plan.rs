@@ -646,3 +646,55 @@ fn the_longest_sequence_is_the_last_that_fits() {
     let tiny = machine(64 << 30, Some(64 << 20));
     assert_eq!(trainer::run::longest_sequence(&base, &tiny), None);
 }
+
+/// The plan counts parameters as `models` does, one formula for both: the
+/// weights it binds (the stem and a block at a time) for every preset, and
+/// for the held Hugging Face fixtures (biases, q/k norms, tied heads,
+/// queries wider than the model) the formula against the modules burn
+/// builds from their configs.
+#[test]
+fn plan_parameter_counts_are_the_models() {
+    let weights = |config: &ModelConfig| {
+        let job = job(config.clone(), false);
+        Plan::new(&job)
+            .device
+            .iter()
+            .find(|i| i.what == "weights: stem + two blocks")
+            .map(|i| i.bytes)
+            .expect("the weights item")
+    };
+    for name in models::PRESETS {
+        let config = ModelConfig::from_arg(name).unwrap();
+        assert_eq!(
+            weights(&config),
+            4 * (config.stem_params() + 2 * config.block_params()) as u64,
+            "{name}"
+        );
+        assert_eq!(
+            config.num_params(),
+            config.stem_params() + config.n_layer() * config.block_params(),
+            "{name}"
+        );
+    }
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/families");
+    let device = Default::default();
+    for family in ["llama3", "mistral", "qwen2", "qwen3"] {
+        let config = models::hf::load_config(&fixtures.join(family)).unwrap();
+        let ModelConfig::Llama(c) = &config else {
+            panic!("{family} is a Llama-family config")
+        };
+        use burn::module::Module;
+        let model = c.init::<B>(&device);
+        assert_eq!(model.num_params(), config.num_params(), "{family}");
+        assert_eq!(
+            model.layers[0].num_params(),
+            config.block_params(),
+            "{family}"
+        );
+        assert_eq!(
+            weights(&config),
+            4 * (config.stem_params() + 2 * config.block_params()) as u64,
+            "{family}"
+        );
+    }
+}

@@ -35,6 +35,12 @@ const MAX_LINES: usize = 800;
 /// today.
 const GENERATED: &[(&str, &str)] = &[];
 
+/// Breaches the workspace still owes, by rule and file, each paid off by
+/// issue 51's remaining work (the trainer's `anyhow` errors becoming typed
+/// ones). A breach not listed here fails its test, and so does an entry
+/// whose breach is gone: the list only shrinks.
+const OWED: &[(&str, &str)] = &[];
+
 /// One breach: the rule, the file (or folder) and what is wrong.
 #[derive(Debug)]
 struct Violation {
@@ -57,8 +63,18 @@ fn violation(rule: &'static str, file: &str, detail: String) -> Violation {
     }
 }
 
-/// Fails with every violation on its own line.
-fn assert_none(what: &str, violations: &[Violation]) {
+/// Fails with every violation not in [`OWED`] on its own line, and with
+/// every entry of [`OWED`] for `rule` whose breach is gone.
+fn assert_none(rule: &str, what: &str, violations: &[Violation]) {
+    let owed = |v: &Violation| OWED.iter().any(|(r, f)| *r == v.rule && *f == v.file);
+    let paid: Vec<String> = OWED
+        .iter()
+        .filter(|(r, _)| *r == rule)
+        .filter(|(r, f)| !violations.iter().any(|v| v.rule == *r && v.file == *f))
+        .map(|(r, f)| format!("{r}: {f}: no longer breached; remove it from OWED"))
+        .collect();
+    assert!(paid.is_empty(), "{}", paid.join("\n"));
+    let violations: Vec<&Violation> = violations.iter().filter(|v| !owed(v)).collect();
     let lines: Vec<String> = violations.iter().map(ToString::to_string).collect();
     assert!(
         lines.is_empty(),
@@ -456,7 +472,7 @@ fn no_rust_file_in_any_crate_is_over_800_lines() {
     assert!(files
         .iter()
         .any(|(p, _)| p == "tests/tests/workspace_rules.rs"));
-    assert_none("files over the line limit", &long_files(&files));
+    assert_none("lines", "files over the line limit", &long_files(&files));
 }
 
 /// Rule 2 on the workspace: every module tree of every crate (library,
@@ -467,7 +483,7 @@ fn no_import_circle_in_any_crate() {
         .iter()
         .flat_map(|u| import_circles(&u.dir, &u.roots, &u.files))
         .collect();
-    assert_none("import circles", &found);
+    assert_none("import-circle", "import circles", &found);
 }
 
 /// Rule 3 on the workspace: the `[lib]` trees, less their test code;
@@ -480,7 +496,11 @@ fn library_crates_return_typed_errors() {
         .flat_map(Unit::non_test_files)
         .collect();
     assert!(files.iter().any(|(p, _)| p == "burn-offload/src/lib.rs"));
-    assert_none("untyped errors in library crates", &untyped_errors(&files));
+    assert_none(
+        "typed-errors",
+        "untyped errors in library crates",
+        &untyped_errors(&files),
+    );
 }
 
 /// Rule 4 on the workspace: the statics of every crate's non-test code
@@ -489,7 +509,11 @@ fn library_crates_return_typed_errors() {
 fn every_process_wide_static_is_listed_in_architecture() {
     let files: Vec<(String, String)> = all_units().iter().flat_map(Unit::non_test_files).collect();
     let architecture = read(&root().join(ARCHITECTURE));
-    assert_none("unlisted statics", &unlisted_statics(&files, &architecture));
+    assert_none(
+        "statics",
+        "unlisted statics",
+        &unlisted_statics(&files, &architecture),
+    );
 }
 
 // ------------------------------------------------ each rule fails on a breach

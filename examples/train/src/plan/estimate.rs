@@ -33,7 +33,7 @@ pub fn kept_graph_bytes(job: &Job) -> u64 {
 pub fn kept_attention_bytes(job: &Job) -> u64 {
     let s = shape(&job.config);
     let tokens = (job.batch * job.seq_len) as u64;
-    tokens * (job.compute.bytes() as u64 * s.d + F32 * s.heads)
+    tokens * (job.compute.bytes() as u64 * s.q + F32 * s.heads)
 }
 
 /// One line of the plan.
@@ -84,6 +84,9 @@ pub struct Plan {
 pub(crate) struct Shape {
     pub(crate) vocab: u64,
     pub(crate) d: u64,
+    /// Width of the queries and of attention's output (`d` unless the
+    /// heads' width says otherwise).
+    pub(crate) q: u64,
     pub(crate) layers: u64,
     pub(crate) heads: u64,
     /// Width of the keys (and of the values).
@@ -116,23 +119,24 @@ pub(crate) fn shape(config: &ModelConfig) -> Shape {
     match config {
         ModelConfig::Llama(c) => {
             let (d, kv) = (c.d_model as u64, (c.n_kv_head * c.head_dim()) as u64);
+            let q = (c.n_head * c.head_dim()) as u64;
             let ff = c.d_ff as u64;
-            let block_params = 2 * d + 2 * d * d + 2 * d * kv + 3 * d * ff;
             let vocab = c.vocab_size as u64;
             Shape {
                 vocab,
                 d,
+                q,
                 layers: c.n_layer as u64,
                 heads: c.n_head as u64,
                 kv,
-                block_params,
-                stem_params: 2 * vocab * d + d,
+                block_params: c.block_params() as u64,
+                stem_params: c.stem_params() as u64,
                 largest_tensor: (vocab * d).max(ff * d),
                 // The block input and the first norm 3d; attention's q, k,
-                // v, output and log-sum-exp d+2kv+d+heads; the o-proj input
-                // d; the residual and second norm 3d; SwiGLU 5ff (gate, its
+                // v, output and log-sum-exp q+2kv+q+heads; the o-proj input
+                // q; the residual and second norm 3d; SwiGLU 5ff (gate, its
                 // sigmoid, silu, up, their product).
-                saved_per_token: 3 * d + (2 * d + 2 * kv + c.n_head as u64) + d + 3 * d + 5 * ff,
+                saved_per_token: 3 * d + (2 * q + 2 * kv + c.n_head as u64) + q + 3 * d + 5 * ff,
                 mlp_per_token: if c.mlp_bias { 0 } else { 5 * ff },
                 ff,
             }
@@ -143,11 +147,12 @@ pub(crate) fn shape(config: &ModelConfig) -> Shape {
             Shape {
                 vocab,
                 d,
+                q: d,
                 layers: c.n_layer as u64,
                 heads: c.n_head as u64,
                 kv: d,
-                block_params: 12 * d * d + 13 * d,
-                stem_params: vocab * d + c.n_ctx as u64 * d + 2 * d,
+                block_params: c.block_params() as u64,
+                stem_params: c.stem_params() as u64,
                 largest_tensor: vocab * d,
                 // LayerNorms 2×3d, qkv 3d, attention out, proj and residuals 4d, GELU MLP 3×4d.
                 saved_per_token: 6 * d + 3 * d + 4 * d + 12 * d,
@@ -174,10 +179,10 @@ impl Plan {
         let tiling = attention::Tiling::new(heads, seq);
         let mut scores = width * 4 * tiling.score_elements(b as usize, heads, seq) as u64;
         if tiling.tiles_keys(seq) {
-            scores += F32 * tokens * (2 * s.d + 2 * s.kv);
+            scores += F32 * tokens * (2 * s.q + 2 * s.kv);
         }
         // cuDNN's fused attention, where it runs instead, needs far less.
-        let head_dim = (s.d / s.heads.max(1)) as usize;
+        let head_dim = (s.q / s.heads.max(1)) as usize;
         let cudnn = attention::cudnn_scratch_bytes(b as usize, heads, seq, head_dim) as u64;
         let scores = scores.max(cudnn);
         let block_saved = width * tokens * s.saved_per_token(job.mlp_tile);

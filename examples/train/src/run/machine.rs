@@ -108,7 +108,9 @@ pub(crate) fn check_gpus(gpus: &[usize]) -> Result<()> {
         .map_err(|e| anyhow::anyhow!("cannot count CUDA devices: {e}"))?;
     match gpus {
         [index] if *index >= count => {
-            anyhow::bail!("--local-rank {index} needs GPU {index}, and the CUDA driver sees {count}")
+            anyhow::bail!(
+                "--local-rank {index} needs GPU {index}, and the CUDA driver sees {count}"
+            )
         }
         _ if gpus.len() > count => anyhow::bail!(
             "--gpus {} asks for more GPUs than the {count} the CUDA driver sees",
