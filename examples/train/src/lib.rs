@@ -13,7 +13,6 @@ pub mod processes;
 pub mod progress;
 pub mod schedule;
 pub mod signals;
-pub mod token_cache;
 pub mod tokenizer;
 pub mod train;
 

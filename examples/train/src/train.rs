@@ -26,6 +26,7 @@ use models::{cross_entropy, ModelConfig};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
+use crate::data::token_cache;
 use crate::data::{default_corpus, trained_targets, Batcher};
 use crate::export;
 use crate::instruct::{self, DataFormat};
@@ -38,7 +39,6 @@ use crate::processes::{agree_on_signal, RankOptions};
 use crate::progress::{human_count, Progress, StepLine};
 use crate::schedule::WarmupCosine;
 use crate::signals;
-use crate::token_cache;
 use crate::tokenizer::Tokenizer;
 use crate::{peak_rss_bytes, process_rss_bytes, DefaultBackend};
 use burn_offload::trace;
