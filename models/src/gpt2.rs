@@ -8,7 +8,7 @@ use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
 use burn_offload::{BlockModel, DecoderBlock, Documents};
 use serde::{Deserialize, Serialize};
 
-use crate::config::{check_heads, check_positive, ConfigError};
+use crate::checks::{check_heads, check_positive, ConfigError};
 use crate::tokens::{forward_tokens, linear_tokens};
 use burn_offload::ops::attention::{causal_attention, causal_attention_in};
 

@@ -6,6 +6,7 @@
 //! block by block. Each model file starts with its config; [`ModelConfig`]
 //! names the presets and reads JSON configs.
 
+mod checks;
 pub mod config;
 pub mod gpt2;
 pub mod hf;

@@ -11,7 +11,7 @@ use burn::tensor::{backend::Backend, Int, Tensor};
 use burn_offload::{BlockModel, DecoderBlock, Documents};
 use serde::{Deserialize, Serialize};
 
-use crate::config::{check_heads, check_positive, ConfigError};
+use crate::checks::{check_heads, check_positive, ConfigError};
 pub use crate::rope::{
     apply_rope, apply_rope_rows, cached_rope_tables, document_rope_tables, rope_tables,
 };

@@ -17,7 +17,6 @@ pub mod run;
 pub mod sample;
 pub mod schedule;
 pub mod signals;
-pub mod token_cache;
 pub mod tokenizer;
 
 /// The backend the examples run on: burn-flex on the CPU by default, burn's

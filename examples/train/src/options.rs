@@ -124,7 +124,7 @@ pub struct TrainOptions {
     /// What `--data` holds (`Auto`: decided from the files).
     pub data_format: DataFormat,
     /// Where tokenized text corpora are cached (default:
-    /// [`token_cache::default_root`]).
+    /// [`crate::data::token_cache::default_root`]).
     pub data_cache: Option<PathBuf>,
     /// Instruction data: train on the prompt's tokens too, not only the
     /// assistant's.

@@ -4,12 +4,12 @@
 use std::path::Path;
 
 use trainer::data::read_corpus;
-use trainer::token_cache::{pieces, tokenize, CHUNK_BYTES, MAX_PIECE_BYTES, PIECE_BYTES};
+use trainer::data::token_cache::{pieces, tokenize, CHUNK_BYTES, MAX_PIECE_BYTES, PIECE_BYTES};
 use trainer::tokenizer::Tokenizer;
 
 mod common;
 
-fn ids(file: &trainer::token_cache::TokenFile) -> Vec<u32> {
+fn ids(file: &trainer::data::token_cache::TokenFile) -> Vec<u32> {
     (0..file.len()).map(|i| file.get(i)).collect()
 }
 

@@ -12,7 +12,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
-use trainer::token_cache::tokenize;
+use trainer::data::token_cache::tokenize;
 use trainer::tokenizer::Tokenizer;
 
 const NAME: &str = "tokenizing_with_a_tokenizer_json_streams";

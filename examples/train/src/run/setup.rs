@@ -17,6 +17,7 @@ use super::job::*;
 use super::machine::*;
 use super::resume::*;
 use super::state::*;
+use crate::data::token_cache;
 use crate::data::{default_corpus, Batcher};
 use crate::error_line::flagged;
 use crate::export;
@@ -24,7 +25,6 @@ use crate::instruct::{self, DataFormat};
 use crate::options::*;
 use crate::outputs::MetricsFile;
 use crate::signals;
-use crate::token_cache;
 use crate::tokenizer::Tokenizer;
 use crate::DefaultBackend;
 

@@ -24,7 +24,8 @@ use std::time::Instant;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::data::{corpus_files, has_extension, read_corpus_file, DataError, DOC_SEPARATOR};
+use super::corpus::{corpus_files, has_extension, read_corpus_file, DOC_SEPARATOR};
+use super::error::DataError;
 use crate::tokenizer::Tokenizer;
 
 /// Text tokenized per batch of pieces: bounds the ids held before they are

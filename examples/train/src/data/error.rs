@@ -1,0 +1,87 @@
+//! [`DataError`]: everything that can go wrong while loading data, caching
+//! its tokens or setting up batching.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// Everything that can go wrong while loading data or setting up batching.
+///
+/// Messages are single lines that name the offending path so that a CLI can
+/// print them as-is.
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    #[error("`{}` does not exist", .0.display())]
+    NotFound(PathBuf),
+
+    #[error("`{}` is empty", .0.display())]
+    Empty(PathBuf),
+
+    #[error("`{}` is neither a file nor a folder", .0.display())]
+    NotAFile(PathBuf),
+
+    #[error(
+        "`{}` is a Parquet file, which is not read yet; convert it to JSON Lines (with pandas: \
+         `pandas.read_parquet(path).to_json(out, orient=\"records\", lines=True)`)",
+        .0.display()
+    )]
+    Parquet(PathBuf),
+
+    #[error(
+        "`{}` contains no .txt or .jsonl files{}",
+        path.display(),
+        if *parquet > 0 {
+            format!(" ({parquet} Parquet files, which are not read yet; convert them to JSON Lines)")
+        } else {
+            String::new()
+        }
+    )]
+    NoCorpusFiles { path: PathBuf, parquet: usize },
+
+    #[error("`{}` is not UTF-8 text (invalid byte at offset {offset})", path.display())]
+    NotUtf8 { path: PathBuf, offset: usize },
+
+    #[error("`{}` line {line}: JSON object has no string field `text`", path.display())]
+    MissingText { path: PathBuf, line: usize },
+
+    // The serde_json error is shown in the message rather than exposed as a
+    // `source`, so that error-chain printers do not repeat it.
+    #[error("`{}` line {line}: invalid JSON: {error}", path.display())]
+    InvalidJson {
+        path: PathBuf,
+        line: usize,
+        error: serde_json::Error,
+    },
+
+    #[error("cannot read `{}`: {error}", path.display())]
+    Io { path: PathBuf, error: io::Error },
+
+    #[error("seq_len must be at least 1")]
+    ZeroSeqLen,
+
+    #[error("the data makes no training window")]
+    NoWindows,
+
+    #[error("{starts} lists of document starts for {windows} windows")]
+    DocumentCount { starts: usize, windows: usize },
+
+    #[error("window {window}: {error}")]
+    Documents {
+        window: usize,
+        error: burn_offload::DocumentsError,
+    },
+
+    #[error("token cache `{}` (--data-cache): {error}", path.display())]
+    Cache { path: PathBuf, error: io::Error },
+
+    #[error("corpus has {tokens} tokens but a window needs seq_len + 1 = {needed} tokens")]
+    CorpusTooShort { tokens: usize, needed: usize },
+}
+
+impl DataError {
+    pub(crate) fn io(path: &Path, error: io::Error) -> Self {
+        DataError::Io {
+            path: path.to_path_buf(),
+            error,
+        }
+    }
+}

@@ -1,0 +1,22 @@
+//! Training data for the examples: reading a text corpus from disk, a built-in
+//! synthetic corpus, and a seeded random-window batcher.
+//!
+//! Everything that involves randomness here (the built-in corpus and the
+//! batcher) uses a private SplitMix64 generator instead of `rand`, so the
+//! produced bytes and batches never change with a dependency upgrade and a
+//! run can be resumed bit-exactly from a checkpointed generator state.
+//!
+//! The token cache ([`token_cache`]) keeps a tokenized corpus on disk for the
+//! batcher to map.
+
+mod batcher;
+mod builtin;
+mod corpus;
+mod error;
+mod rng;
+pub mod token_cache;
+
+pub use batcher::{trained_targets, Batcher, Windows};
+pub use builtin::default_corpus;
+pub use corpus::{corpus_files, read_corpus};
+pub use error::DataError;
