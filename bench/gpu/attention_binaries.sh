@@ -5,10 +5,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 cargo build --release --features cuda -p trainer --bin train --bin attention_bench
-cargo test --release --features cuda -p burn-offload-tests --test kernels --test documents --test engine --no-run
+cargo test --release --features cuda -p burn-offload-tests --test kernels --test documents --test engine_gradients --test engine_training --test engine_failures --no-run
 rm -rf .device/att && mkdir -p .device/att
 cp target/release/train target/release/attention_bench .device/att/
-for t in kernels documents engine; do
+for t in kernels documents engine_gradients engine_training engine_failures; do
   cp "$(ls -t target/release/deps/$t-* | grep -v '\.d$' | head -1)" .device/att/$t-tests
 done
 strip .device/att/*

@@ -10,10 +10,10 @@ cd "$(dirname "$0")/../.."
 PKG=${TRAIN_PACKAGE:-trainer}
 cargo build --release --features cuda -p "$PKG" --bin train
 cargo build --release --features cuda -p "$PKG" --bin gemm_bench
-cargo test --release --features cuda -p burn-offload-tests --test engine --test init --test precision --test gemm --test eight_bit --test data_parallel --no-run
+cargo test --release --features cuda -p burn-offload-tests --test engine_gradients --test engine_training --test engine_failures --test init --test precision --test gemm --test eight_bit --test data_parallel --no-run
 rm -rf .device/bin && mkdir -p .device/bin
 cp target/release/train .device/bin/train
-for t in engine init precision gemm eight_bit data_parallel; do
+for t in engine_gradients engine_training engine_failures init precision gemm eight_bit data_parallel; do
   exe=$(ls -t target/release/deps/$t-* | grep -v '\.d$' | head -1)
   cp "$exe" .device/bin/$t-tests
 done

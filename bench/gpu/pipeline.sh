@@ -213,7 +213,7 @@ bench_rows() {
 
 for part in "$@"; do case $part in
 parity)
-# Parity of the engine with plain burn, on CUDA (tolerances in tests/tests/engine.rs;
+# Parity of the engine with plain burn, on CUDA (tolerances in tests/src/lib.rs, the tests in tests/tests/engine_*.rs;
 # bf16 against fp32 in tests/tests/precision.rs).
 echo "== parity tests on CUDA"
 for t in .device/bin/*-tests; do

@@ -18,7 +18,7 @@ use cudarc::nccl::{result, sys};
 
 use super::copier::{bind_context, device_ptr_and_stream};
 use super::types::{as_cuda, cuda_as, is_cuda};
-use crate::host::processes::ProcessGroup;
+use crate::host::processes::{ProcessError, ProcessGroup};
 
 /// The communicators of one set of devices, rank `d` on `devices[d]`.
 struct Communicators {
@@ -186,11 +186,31 @@ struct ProcessComm {
 unsafe impl Send for ProcessComm {}
 unsafe impl Sync for ProcessComm {}
 
+/// Why this process's communicator could not be made (the group's first
+/// collective panics with it, naming the rank).
+#[derive(Debug, thiserror::Error)]
+enum ProcessCommError {
+    /// Rank 0's unique id did not reach every rank.
+    #[error("handing out NCCL's unique id: {0}")]
+    Broadcast(#[source] ProcessError),
+    /// Rank 0 had no unique id to hand out.
+    #[error("rank 0 could not draw NCCL's unique id")]
+    NoUniqueId,
+    /// `ncclCommInitRank` failed.
+    #[error("ncclCommInitRank on GPU {gpu} failed: {error:?}")]
+    InitRank {
+        /// The GPU it was made on.
+        gpu: usize,
+        /// What NCCL said (no `std::error::Error` in cudarc).
+        error: result::NcclError,
+    },
+}
+
 /// The group's communicator, made on `gpu` by its first collective (every
 /// rank reaches it at the same point of the run).
 fn process_comm<'g>(group: &'g ProcessGroup, gpu: &CudaDevice) -> &'g ProcessComm {
-    let made = group.device_state(|| -> Result<ProcessComm, String> {
-        let id = result::get_uniqueid().map_err(|e| format!("ncclGetUniqueId failed: {e:?}"));
+    let made = group.device_state(|| -> Result<ProcessComm, ProcessCommError> {
+        let id = result::get_uniqueid();
         // Every rank takes part in the exchange, whatever rank 0 drew.
         let mine: Vec<u8> = match &id {
             Ok(id) => id.internal.iter().map(|&c| c as u8).collect(),
@@ -198,10 +218,10 @@ fn process_comm<'g>(group: &'g ProcessGroup, gpu: &CudaDevice) -> &'g ProcessCom
         };
         let shared = group
             .broadcast(&mine)
-            .map_err(|e| format!("handing out NCCL's unique id: {e}"))?;
+            .map_err(ProcessCommError::Broadcast)?;
         let mut id = sys::ncclUniqueId { internal: [0; 128] };
         if shared.len() != id.internal.len() {
-            return Err("rank 0 could not draw NCCL's unique id".into());
+            return Err(ProcessCommError::NoUniqueId);
         }
         for (slot, byte) in id.internal.iter_mut().zip(shared) {
             *slot = byte as _;
@@ -210,7 +230,10 @@ fn process_comm<'g>(group: &'g ProcessGroup, gpu: &CudaDevice) -> &'g ProcessCom
         let mut comm = std::ptr::null_mut();
         // SAFETY: room for one communicator; the id is rank 0's.
         unsafe { result::comm_init_rank(&mut comm, group.world() as i32, id, group.rank() as i32) }
-            .map_err(|e| format!("ncclCommInitRank on GPU {} failed: {e:?}", gpu.index))?;
+            .map_err(|error| ProcessCommError::InitRank {
+                gpu: gpu.index,
+                error,
+            })?;
         Ok(ProcessComm {
             gpu: gpu.index,
             comm,

@@ -547,7 +547,7 @@ mod tests {
         assert_eq!(rows[23], "bench-3b-64k-torch-fsdp2-bf16");
         // The report reads back the same shape, tokens and system.
         for row in &rows {
-            let (shape, tokens, system) = super::super::parse_name(row).unwrap();
+            let (shape, tokens, system) = super::super::rows::parse_name(row).unwrap();
             assert!(s.shapes.contains(&shape.as_str()));
             assert!(s.tokens.contains(&((tokens / 1024) as u32)));
             assert!(s.system_names().contains(&system));
