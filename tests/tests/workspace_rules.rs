@@ -39,7 +39,19 @@ const GENERATED: &[(&str, &str)] = &[];
 /// issue 51's remaining work (the trainer's `anyhow` errors becoming typed
 /// ones). A breach not listed here fails its test, and so does an entry
 /// whose breach is gone: the list only shrinks.
-const OWED: &[(&str, &str)] = &[];
+const OWED: &[(&str, &str)] = &[
+    ("typed-errors", "examples/train/src/error_line.rs"),
+    ("typed-errors", "examples/train/src/export.rs"),
+    ("typed-errors", "examples/train/src/options.rs"),
+    ("typed-errors", "examples/train/src/outputs.rs"),
+    ("typed-errors", "examples/train/src/processes.rs"),
+    ("typed-errors", "examples/train/src/run/job.rs"),
+    ("typed-errors", "examples/train/src/run/machine.rs"),
+    ("typed-errors", "examples/train/src/run/resume.rs"),
+    ("typed-errors", "examples/train/src/run/setup.rs"),
+    ("typed-errors", "examples/train/src/sample.rs"),
+    ("typed-errors", "examples/train/src/signals.rs"),
+];
 
 /// One breach: the rule, the file (or folder) and what is wrong.
 #[derive(Debug)]
