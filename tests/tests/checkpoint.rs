@@ -13,7 +13,7 @@ fn opts(dir: &Path) -> TrainOptions {
         steps: 10,
         batch: 2,
         seq_len: 16,
-        lr: 3e-3,
+        lr: Some(3e-3),
         warmup: 3,
         sample_tokens: 4,
         checkpoint_dir: Some(dir.to_path_buf()),

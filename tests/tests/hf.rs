@@ -388,7 +388,7 @@ fn train_fine_tunes_from_an_hf_checkpoint_and_exports_one() {
             batch: 2,
             seq_len: 16,
             // So small that the exported weights must equal the imported ones.
-            lr: 1e-12,
+            lr: Some(1e-12),
             warmup: 1,
             sample_tokens: 2,
             ..TrainOptions::default()

@@ -20,120 +20,241 @@ pub enum AttentionKernels {
     Cubecl,
 }
 
-/// Everything the `train` command line can set.
-#[derive(Debug, Clone)]
+/// Everything a run can be asked to do: `train`'s command line flattens
+/// into it (each field's doc is its `--help`), and the library's callers
+/// build it with `..Default::default()`, whose values are the flags'
+/// defaults.
+#[derive(Debug, Clone, clap::Args)]
 pub struct TrainOptions {
+    /// Model preset (tiny, gpt2-tiny, llama-tiny, gpt2-124m, gpt2-xl, llama-1b,
+    /// llama-3b, llama-7b, llama-8b) or a path to a config .json.
+    #[arg(long, default_value = "tiny")]
     pub model: String,
+    /// Optimizer steps.
+    #[arg(long, default_value_t = DEFAULT_STEPS)]
     pub steps: usize,
+    /// Sequences per step.
+    #[arg(long, default_value_t = 16)]
     pub batch: usize,
+    /// Tokens per sequence.
+    #[arg(long, default_value_t = 64)]
     pub seq_len: usize,
-    pub lr: f64,
+    /// Peak learning rate (after warm-up; cosine decay afterwards).
+    /// Default: 1e-2 from scratch (the built-in tiny model's), 2e-5 with
+    /// --init-from (fine-tuning a pretrained model).
+    #[arg(long)]
+    pub lr: Option<f64>,
+    /// Warm-up steps.
+    #[arg(long, default_value_t = 20)]
     pub warmup: usize,
+    /// Final learning rate as a fraction of the peak.
+    #[arg(long, default_value_t = 0.1)]
     pub min_lr_ratio: f64,
+    /// AdamW decoupled weight decay.
+    #[arg(long, default_value_t = 0.01)]
     pub weight_decay: f64,
+    /// Gradient-norm clip, 0 disables (global norm in the engine; per tensor with --resident).
+    #[arg(long, default_value_t = 1.0)]
     pub grad_clip: f64,
+    /// Seed for initialisation, batches and sampling.
+    #[arg(long, default_value_t = 42)]
     pub seed: u64,
+    /// Text file, .jsonl file (field `text`) or directory of them, or
+    /// instruction data (see --data-format); the built-in corpus when omitted.
+    #[arg(long)]
     pub data: Option<PathBuf>,
-    /// `byte`, `gpt2` or a `tokenizer.json` (file or folder); `None`: the
-    /// `--init-from` checkpoint's tokenizer.json when it has one, else byte.
+    /// Tokenizer: `byte`, `gpt2` (BPE), or a Hugging Face tokenizer.json
+    /// (the file or its folder). Default: the tokenizer.json of --init-from
+    /// when it has one, else `byte`.
+    #[arg(long)]
     pub tokenizer: Option<String>,
+    /// What --data holds: `auto` (decided from the files), `text`, or the
+    /// instruction formats `alpaca`, `sharegpt`, `chat` (JSON Lines or a
+    /// JSON array), rendered with the tokenizer's chat template.
+    #[arg(long, default_value = "auto")]
+    pub data_format: DataFormat,
+    /// Where tokenized text corpora are cached (keyed by the data files and
+    /// the tokenizer; reused by later runs and resumes). Default:
+    /// $XDG_CACHE_HOME/burn-offload/tokens or ~/.cache/burn-offload/tokens.
+    #[arg(long)]
+    pub data_cache: Option<PathBuf>,
+    /// Instruction data: train on the prompt's tokens too (by default the
+    /// loss covers the assistant's tokens only).
+    #[arg(long)]
+    pub train_on_prompt: bool,
+    /// Instruction data: one example per window, padded, instead of packing
+    /// several into each (packed examples keep their boundaries: none
+    /// attends to another, positions restart at each).
+    #[arg(long = "no-packing", action = clap::ArgAction::SetFalse)]
+    pub packing: bool,
+    /// Write per-step metrics as JSON lines to this file.
+    #[arg(long)]
     pub metrics: Option<PathBuf>,
+    /// Tokens to generate after training.
+    #[arg(long, default_value_t = 200)]
     pub sample_tokens: usize,
+    /// Sampling temperature (0 = greedy, which repeats itself on small
+    /// models).
+    #[arg(long, default_value_t = DEFAULT_TEMPERATURE)]
     pub temperature: f64,
-    pub progress: bool,
-    /// Plain burn (`Autodiff` on the whole model + burn-optim AdamW) instead of the offload engine.
+    /// Train with plain burn (whole model under Autodiff, burn-optim AdamW with
+    /// per-tensor clipping) instead of the block-streamed offload engine.
+    #[arg(long)]
     pub resident: bool,
-    /// With `resident`: the model on `Offload<B>` (parameters in host memory,
-    /// paged in as operations read them) with the host AdamW (its state in
-    /// host memory too): the type parameter's path.
+    /// With --resident: the model on burn-offload's `Offload<B>` backend (the
+    /// type parameter: parameters in host memory, paged in as operations
+    /// read them) and the host AdamW (optimizer state in host memory).
+    #[arg(long)]
     pub host_params: bool,
-    /// With `host_params`: bytes (GiB) of device copies of the parameters the
-    /// cache keeps; `None`: decided by the memory plan.
+    /// With --host-params: GPU memory for device copies of the host-resident
+    /// parameters, in GiB, kept between the forward and the backward of a
+    /// step (and the page-ins ahead of use). Default: every parameter's,
+    /// when the plan fits the GPU with them, else 1 GiB.
+    #[arg(long)]
     pub param_cache_gib: Option<f64>,
-    /// Engine: update each block as its gradient arrives (no gradient buffer).
+    /// Engine: apply each block's AdamW update as soon as its gradient arrives
+    /// (12 host bytes/param instead of 16; no --accum). The gradient norm is
+    /// needed before the first update (non-finite guard, clipping), so the
+    /// backward runs twice per step.
+    #[arg(long)]
     pub fused: bool,
-    /// Engine: no overlap (the bench's serialised baseline): every weight copy
-    /// starts once the device is idle and lands before compute goes on, and
-    /// the CPU handles a block's gradients only once the device is idle.
+    /// Engine: switch the overlap off, the serialised baseline for benchmarks:
+    /// each block's weight copy lands before it computes, and the CPU works on
+    /// a block's gradients only while the GPU is idle.
+    #[arg(long)]
     pub serial_copies: bool,
-    /// Engine on CUDA: let threads that wait for the device spin (the
-    /// driver's default) instead of sleeping; a benchmark baseline.
+    /// Engine on CUDA: let threads that wait for the device spin on a core
+    /// (the driver's default) instead of sleeping; a benchmark baseline.
+    #[arg(long)]
     pub spin_waits: bool,
     /// Engine: let the host optimizer run while the forward's weight copies
     /// are in flight (sharing host memory bandwidth with them) instead of
     /// waiting for each to land; a benchmark baseline.
+    #[arg(long)]
     pub updates_during_copies: bool,
     /// Engine: update without first checking the gradients for non-finite
-    /// values (fused mode then runs the backward once instead of twice).
+    /// values. With --fused and --grad-clip 0 the backward then runs once per
+    /// step instead of twice; a non-finite loss stops the run after the fact.
+    #[arg(long)]
     pub no_guard: bool,
-    /// Micro-batches of `batch` sequences accumulated per optimizer step (on
-    /// each device).
+    /// Micro-batches of --batch sequences accumulated per step (with --resident
+    /// too: one micro-batch's graph at a time, gradients summed on the device).
+    #[arg(long, default_value_t = 1)]
     pub accum: usize,
-    /// Engine: devices trained on, data parallel (each its own micro-batches
-    /// of `batch` sequences, `accum` of them per step): GPUs 0..n on CUDA, n
-    /// logical devices elsewhere.
+    /// Devices to train on, data parallel (offload engine only): GPUs
+    /// 0..N, each running its own --accum micro-batches of --batch sequences
+    /// per step, their gradients summed with NCCL; on the CPU build, N
+    /// logical devices on the one CPU.
+    #[arg(long, default_value_t = 1)]
     pub gpus: usize,
-    /// Engine: this process's place in a run of several processes, one GPU
-    /// each (`--rank`/`--world-size`); `None`: a run of one process.
-    pub processes: Option<RankOptions>,
-    /// Precision of the device's compute (host state stays f32).
+    /// Precision the device computes in: fp32, or bf16 (weights, activations
+    /// and gradients on the device; master weights, Adam state and gradient
+    /// accumulation stay f32 on the host; the loss is taken in f32). With
+    /// --resident, bf16 casts the f32 parameters for each forward (autocast-like).
+    #[arg(long, default_value = "fp32")]
     pub compute: Compute,
-    /// The matmul kernel of the CUDA backend: `auto` (burn's) or one of
-    /// [`burn_offload::matmul_names`].
+    /// The matmul kernel on CUDA: `fast` (the default of CUDA builds: cuBLAS
+    /// when libcublas is on LD_LIBRARY_PATH, f32 in TF32 math as burn's own
+    /// f32 matmul computes it; else cubek's fastest strategies), `auto` (burn's own choice), `cublas` (f32 in full
+    /// f32), `cublas-tf32` (f32 in TF32, as cubek computes it), or one of
+    /// cubek's strategies by name, e.g. `matmul_specialized_tma_mma` (a case
+    /// the kernel cannot run falls back to burn's). An unknown name lists the others.
+    #[arg(long, default_value = burn_offload::DEFAULT_MATMUL)]
     pub matmul: String,
-    /// Attention's implementation on CUDA (bf16 and f16).
+    /// Attention on CUDA in bf16/f16: `auto` (cuDNN's fused attention where
+    /// libcudnn.so.9 is on LD_LIBRARY_PATH, as a CUDA install or the
+    /// nvidia-cudnn wheel puts it; else the crate's CubeCL kernels) or
+    /// `cubecl` (the crate's kernels). The run says once which ran.
+    #[arg(long, value_enum, default_value = "auto")]
     pub attention: AttentionKernels,
     /// Engine: tokens per chunk of the LM head and loss.
+    #[arg(long, default_value_t = 4096)]
     pub loss_chunk_tokens: usize,
     /// Engine on a GPU: where the block inputs it recomputes from are kept.
+    /// `device` saves a copy each way per block and step; `host` keeps GPU
+    /// memory flat in depth; `auto` takes `device` when the memory plan
+    /// still fits the GPU with them there (`--plan` shows the choice).
+    #[arg(long, default_value = "auto")]
     pub block_inputs: BlockInputs,
-    /// Engine below fp32 compute: how the host holds gradients and the
-    /// weights for upload (`auto`: compact when the full layout does not fit).
+    /// Engine below fp32 compute: how the host holds the weights for upload
+    /// and the gradients. `full`: bf16 weights and an fp32 gradient buffer
+    /// (18 B/param; fused 14); `compact`: the fp32 weights cast on the GPU
+    /// and, with one micro-batch, the blocks' gradients kept in bf16 as they
+    /// arrive (14 B/param; fused 12). Neither changes what clipping sees.
+    /// `auto`: compact when full does not fit the host (`--plan` shows it).
+    #[arg(long, default_value = "auto")]
     pub host_layout: HostLayout,
-    /// Engine: the optimizer's moments in fp32 or 8-bit.
+    /// Engine: the optimizer's moments in host memory. `fp32`: 8 B/param;
+    /// `8bit`: blockwise 8-bit (bitsandbytes' 8-bit Adam scheme: a byte per
+    /// value, a scale per 256, a non-linear code), about 2 B/param,
+    /// dequantised and quantised again in the update loop.
+    #[arg(long, default_value = "fp32")]
     pub optim_state: OptimState,
-    /// Engine: how many of the last blocks keep their forward graph on the
-    /// device instead of being recomputed (`auto`: as many as fit a GPU).
+    /// Engine: how many of the last blocks run their forward under autodiff
+    /// and keep the graph on the device until the backward, which then skips
+    /// their recompute. `auto`: on a GPU, as many as the memory plan fits in
+    /// 90% of the free memory it leaves (`--plan` shows the count); 0 on CPU.
+    #[arg(
+        long = "keep-graphs",
+        id = "keep_graphs",
+        value_name = "KEEP_GRAPHS",
+        default_value = "auto"
+    )]
     pub kept_graphs: KeptGraphs,
-    /// Write checkpoints into this folder (every `checkpoint_every` steps, at
-    /// the end, and on Ctrl-C).
+    /// Write checkpoints (safetensors + manifest) into this folder: every
+    /// --checkpoint-every steps, at the end, and on Ctrl-C.
+    #[arg(long)]
     pub checkpoint_dir: Option<PathBuf>,
-    /// Steps between checkpoints (0: only at the end and on Ctrl-C).
+    /// Steps between checkpoints (0: only at the end and on Ctrl-C/SIGTERM).
+    #[arg(long, default_value_t = 0)]
     pub checkpoint_every: usize,
-    /// Checkpoints to keep.
+    /// This run's checkpoints to keep in --checkpoint-dir (the oldest written
+    /// are removed; other runs' checkpoints are never touched).
+    #[arg(long, default_value_t = 3)]
     pub keep: usize,
-    /// Continue from a checkpoint (its folder, or a folder of checkpoints: the newest).
+    /// Continue from a checkpoint folder (or the newest one inside a folder).
+    #[arg(long)]
     pub resume: Option<PathBuf>,
     /// Stop after this many consecutive steps with a non-finite loss or gradient.
+    #[arg(long, default_value_t = 5)]
     pub max_skips: usize,
-    /// Host memory the run may use, in GiB (default: what the OS reports available).
-    pub host_mem_gib: Option<f64>,
-    /// GPU memory the run may use, in GiB (default: free memory on the GPU).
-    pub gpu_mem_gib: Option<f64>,
-    /// Start from a Hugging Face checkpoint folder (config.json + safetensors);
-    /// its config replaces `model`.
+    /// Fine-tune from a Hugging Face checkpoint folder (config.json +
+    /// model.safetensors or shards); its config replaces --model.
+    #[arg(long)]
     pub init_from: Option<PathBuf>,
-    /// After training, write the model as a Hugging Face checkpoint here.
+    /// After training, write the model as a Hugging Face checkpoint folder
+    /// (config.json with the special tokens' ids, generation_config.json,
+    /// model.safetensors and the tokenizer's files). A folder that holds
+    /// files, or is (or is inside) --init-from, --resume or
+    /// --checkpoint-dir, is refused before the first step.
+    #[arg(long)]
     pub export_hf: Option<PathBuf>,
-    /// Let `export_hf` replace a folder that holds files or that the run
-    /// starts from.
+    /// Let --export-hf replace a folder that holds files or that the run
+    /// starts from (the new folder takes its place once it is complete).
+    #[arg(long)]
     pub overwrite: bool,
-    /// Stop (with a checkpoint, if a folder is set) once this many steps are
-    /// done, keeping `--steps` as the schedule's length (time-sliced jobs).
+    /// Stop after this many steps (checkpointing if --checkpoint-dir is set),
+    /// keeping --steps as the length of the learning-rate schedule.
+    #[arg(long)]
     pub stop_after: Option<usize>,
-    /// What `--data` holds (`Auto`: decided from the files).
-    pub data_format: DataFormat,
-    /// Where tokenized text corpora are cached (default:
-    /// [`crate::data::token_cache::default_root`]).
-    pub data_cache: Option<PathBuf>,
-    /// Instruction data: train on the prompt's tokens too, not only the
-    /// assistant's.
-    pub train_on_prompt: bool,
-    /// Instruction data: pack several examples into a window (else one each,
-    /// padded).
-    pub packing: bool,
+    /// Host memory the run may use, in GiB (default: MemAvailable).
+    #[arg(long)]
+    pub host_mem_gib: Option<f64>,
+    /// GPU memory the run may use, in GiB (default: free memory on GPU 0).
+    #[arg(long)]
+    pub gpu_mem_gib: Option<f64>,
+    /// Whether the run reports its progress on stderr (`train` sets it for
+    /// rank 0; off for the library's callers by default).
+    #[arg(skip)]
+    pub progress: bool,
+    /// Engine: this process's place in a run of several processes, one GPU
+    /// each (`--rank`/`--world-size`, set by the program); `None`: a run of
+    /// one process.
+    #[arg(skip)]
+    pub processes: Option<RankOptions>,
     /// Fault injection for tests: make the stem parameters NaN before this step.
     #[doc(hidden)]
+    #[arg(skip)]
     pub poison_at_step: Option<usize>,
 }
 
@@ -153,60 +274,49 @@ pub const DEFAULT_FINETUNE_LR: f64 = 2e-5;
 pub const DEFAULT_TEMPERATURE: f64 = 0.7;
 
 impl Default for TrainOptions {
+    /// The flags' defaults: what `train` with no arguments runs.
     fn default() -> Self {
-        Self {
-            model: "tiny".into(),
-            steps: DEFAULT_STEPS,
-            batch: 16,
-            seq_len: 64,
-            lr: DEFAULT_LR,
-            warmup: 20,
-            min_lr_ratio: 0.1,
-            weight_decay: 0.01,
-            grad_clip: 1.0,
-            seed: 42,
-            data: None,
-            tokenizer: None,
-            metrics: None,
-            sample_tokens: 200,
-            temperature: DEFAULT_TEMPERATURE,
-            progress: false,
-            resident: false,
-            host_params: false,
-            param_cache_gib: None,
-            fused: false,
-            serial_copies: false,
-            spin_waits: false,
-            updates_during_copies: false,
-            no_guard: false,
-            accum: 1,
-            gpus: 1,
-            processes: None,
-            compute: Compute::Fp32,
-            matmul: burn_offload::DEFAULT_MATMUL.into(),
-            attention: AttentionKernels::Auto,
-            loss_chunk_tokens: 4096,
-            block_inputs: BlockInputs::Auto,
-            host_layout: HostLayout::Auto,
-            optim_state: OptimState::Fp32,
-            kept_graphs: KeptGraphs::Auto,
-            checkpoint_dir: None,
-            checkpoint_every: 0,
-            keep: 3,
-            resume: None,
-            max_skips: 5,
-            host_mem_gib: None,
-            gpu_mem_gib: None,
-            init_from: None,
-            export_hf: None,
-            overwrite: false,
-            stop_after: None,
-            data_format: DataFormat::Auto,
-            data_cache: None,
-            train_on_prompt: false,
-            packing: true,
-            poison_at_step: None,
+        #[derive(clap::Parser)]
+        struct Defaults {
+            #[command(flatten)]
+            opts: TrainOptions,
         }
+        <Defaults as clap::Parser>::parse_from(["train"]).opts
+    }
+}
+
+impl TrainOptions {
+    /// AdamW's settings, as the engine and the host optimizer take them.
+    pub fn adamw(&self) -> burn_offload::AdamWConfig {
+        burn_offload::AdamWConfig {
+            weight_decay: self.weight_decay as f32,
+            ..Default::default()
+        }
+    }
+
+    /// The same settings for burn-optim's AdamW (the resident loop), with
+    /// its per-tensor clipping at `grad_clip`.
+    pub fn burn_adamw(&self) -> burn::optim::AdamWConfig {
+        let adamw = self.adamw();
+        let clipping = (self.grad_clip > 0.0).then_some(
+            burn::grad_clipping::GradientClippingConfig::Norm(self.grad_clip as f32),
+        );
+        burn::optim::AdamWConfig::new()
+            .with_beta_1(adamw.beta_1)
+            .with_beta_2(adamw.beta_2)
+            .with_epsilon(adamw.epsilon)
+            .with_weight_decay(adamw.weight_decay)
+            .with_grad_clipping(clipping)
+    }
+
+    /// The peak learning rate: `lr` where given, else the default of a run
+    /// from scratch or, with `init_from`, of a fine-tune.
+    pub fn lr(&self) -> f64 {
+        self.lr.unwrap_or(if self.init_from.is_some() {
+            DEFAULT_FINETUNE_LR
+        } else {
+            DEFAULT_LR
+        })
     }
 }
 
@@ -227,8 +337,8 @@ pub(crate) fn validate(opts: &TrainOptions) -> Result<()> {
     if !cfg!(feature = "cuda") && opts.attention != AttentionKernels::Auto {
         bail!("--attention chooses CUDA's attention kernels, and this build runs on the CPU");
     }
-    if !(opts.lr.is_finite() && opts.lr > 0.0) {
-        bail!("--lr must be a positive number, got {}", opts.lr);
+    if !(opts.lr().is_finite() && opts.lr() > 0.0) {
+        bail!("--lr must be a positive number, got {}", opts.lr());
     }
     if !(opts.temperature.is_finite() && opts.temperature >= 0.0) {
         bail!("--temperature must be >= 0, got {}", opts.temperature);

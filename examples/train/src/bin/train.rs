@@ -3,14 +3,12 @@
 //! With no arguments it trains the `tiny` GPT-2 on the built-in corpus on the
 //! CPU and prints a sample of generated text at the end.
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
-use burn_offload::Compute;
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
 use trainer::error_line::print_error;
-use trainer::options::{AttentionKernels, TrainOptions};
+use trainer::options::TrainOptions;
 use trainer::processes::RankOptions;
 use trainer::run::run;
 use trainer::signals;
@@ -25,127 +23,8 @@ use trainer::signals;
     allow_negative_numbers = true
 )]
 struct Cli {
-    /// Model preset (tiny, gpt2-tiny, llama-tiny, gpt2-124m, gpt2-xl, llama-1b,
-    /// llama-3b, llama-7b, llama-8b) or a path to a config .json.
-    #[arg(long, default_value = "tiny")]
-    model: String,
-    /// Optimizer steps.
-    #[arg(long, default_value_t = trainer::options::DEFAULT_STEPS)]
-    steps: usize,
-    /// Sequences per step.
-    #[arg(long, default_value_t = 16)]
-    batch: usize,
-    /// Tokens per sequence.
-    #[arg(long, default_value_t = 64)]
-    seq_len: usize,
-    /// Peak learning rate (after warm-up; cosine decay afterwards).
-    /// Default: 1e-2 from scratch (the built-in tiny model's), 2e-5 with
-    /// --init-from (fine-tuning a pretrained model).
-    #[arg(long)]
-    lr: Option<f64>,
-    /// Warm-up steps.
-    #[arg(long, default_value_t = 20)]
-    warmup: usize,
-    /// Final learning rate as a fraction of the peak.
-    #[arg(long, default_value_t = 0.1)]
-    min_lr_ratio: f64,
-    /// AdamW decoupled weight decay.
-    #[arg(long, default_value_t = 0.01)]
-    weight_decay: f64,
-    /// Gradient-norm clip, 0 disables (global norm in the engine; per tensor with --resident).
-    #[arg(long, default_value_t = 1.0)]
-    grad_clip: f64,
-    /// Seed for initialisation, batches and sampling.
-    #[arg(long, default_value_t = 42)]
-    seed: u64,
-    /// Text file, .jsonl file (field `text`) or directory of them, or
-    /// instruction data (see --data-format); the built-in corpus when omitted.
-    #[arg(long)]
-    data: Option<PathBuf>,
-    /// Tokenizer: `byte`, `gpt2` (BPE), or a Hugging Face tokenizer.json
-    /// (the file or its folder). Default: the tokenizer.json of --init-from
-    /// when it has one, else `byte`.
-    #[arg(long)]
-    tokenizer: Option<String>,
-    /// What --data holds: `auto` (decided from the files), `text`, or the
-    /// instruction formats `alpaca`, `sharegpt`, `chat` (JSON Lines or a
-    /// JSON array), rendered with the tokenizer's chat template.
-    #[arg(long, default_value = "auto")]
-    data_format: trainer::instruct::DataFormat,
-    /// Where tokenized text corpora are cached (keyed by the data files and
-    /// the tokenizer; reused by later runs and resumes). Default:
-    /// $XDG_CACHE_HOME/burn-offload/tokens or ~/.cache/burn-offload/tokens.
-    #[arg(long)]
-    data_cache: Option<PathBuf>,
-    /// Instruction data: train on the prompt's tokens too (by default the
-    /// loss covers the assistant's tokens only).
-    #[arg(long)]
-    train_on_prompt: bool,
-    /// Instruction data: one example per window, padded, instead of packing
-    /// several into each (packed examples keep their boundaries: none
-    /// attends to another, positions restart at each).
-    #[arg(long)]
-    no_packing: bool,
-    /// Write per-step metrics as JSON lines to this file.
-    #[arg(long)]
-    metrics: Option<PathBuf>,
-    /// Tokens to generate after training.
-    #[arg(long, default_value_t = 200)]
-    sample_tokens: usize,
-    /// Sampling temperature (0 = greedy, which repeats itself on small
-    /// models).
-    #[arg(long, default_value_t = trainer::options::DEFAULT_TEMPERATURE)]
-    temperature: f64,
-    /// Train with plain burn (whole model under Autodiff, burn-optim AdamW with
-    /// per-tensor clipping) instead of the block-streamed offload engine.
-    #[arg(long)]
-    resident: bool,
-    /// With --resident: the model on burn-offload's `Offload<B>` backend (the
-    /// type parameter: parameters in host memory, paged in as operations
-    /// read them) and the host AdamW (optimizer state in host memory).
-    #[arg(long)]
-    host_params: bool,
-    /// With --host-params: GPU memory for device copies of the host-resident
-    /// parameters, in GiB, kept between the forward and the backward of a
-    /// step (and the page-ins ahead of use). Default: every parameter's,
-    /// when the plan fits the GPU with them, else 1 GiB.
-    #[arg(long)]
-    param_cache_gib: Option<f64>,
-    /// Engine: apply each block's AdamW update as soon as its gradient arrives
-    /// (12 host bytes/param instead of 16; no --accum). The gradient norm is
-    /// needed before the first update (non-finite guard, clipping), so the
-    /// backward runs twice per step.
-    #[arg(long)]
-    fused: bool,
-    /// Engine: switch the overlap off, the serialised baseline for benchmarks:
-    /// each block's weight copy lands before it computes, and the CPU works on
-    /// a block's gradients only while the GPU is idle.
-    #[arg(long)]
-    serial_copies: bool,
-    /// Engine on CUDA: let threads that wait for the device spin on a core
-    /// (the driver's default) instead of sleeping; a benchmark baseline.
-    #[arg(long)]
-    spin_waits: bool,
-    /// Engine: let the host optimizer run while the forward's weight copies
-    /// are in flight (sharing host memory bandwidth with them) instead of
-    /// waiting for each to land; a benchmark baseline.
-    #[arg(long)]
-    updates_during_copies: bool,
-    /// Engine: update without first checking the gradients for non-finite
-    /// values. With --fused and --grad-clip 0 the backward then runs once per
-    /// step instead of twice; a non-finite loss stops the run after the fact.
-    #[arg(long)]
-    no_guard: bool,
-    /// Micro-batches of --batch sequences accumulated per step (with --resident
-    /// too: one micro-batch's graph at a time, gradients summed on the device).
-    #[arg(long, default_value_t = 1)]
-    accum: usize,
-    /// Devices to train on, data parallel (offload engine only): GPUs
-    /// 0..N, each running its own --accum micro-batches of --batch sequences
-    /// per step, their gradients summed with NCCL; on the CPU build, N
-    /// logical devices on the one CPU.
-    #[arg(long, default_value_t = 1)]
-    gpus: usize,
+    #[command(flatten)]
+    opts: TrainOptions,
     /// Engine: start N processes of this program on this host that train
     /// as one run, one GPU each (rank r on GPU r), each with its own host
     /// store and its own --accum micro-batches of --batch sequences per
@@ -171,97 +50,6 @@ struct Cli {
     /// (default: --world-size, all on one host).
     #[arg(long)]
     local_world_size: Option<usize>,
-    /// Precision the device computes in: fp32, or bf16 (weights, activations
-    /// and gradients on the device; master weights, Adam state and gradient
-    /// accumulation stay f32 on the host; the loss is taken in f32). With
-    /// --resident, bf16 casts the f32 parameters for each forward (autocast-like).
-    #[arg(long, default_value = "fp32")]
-    compute: Compute,
-    /// The matmul kernel on CUDA: `fast` (the default of CUDA builds: cuBLAS
-    /// when libcublas is on LD_LIBRARY_PATH, f32 in TF32 math as burn's own
-    /// f32 matmul computes it; else cubek's fastest strategies), `auto` (burn's own choice), `cublas` (f32 in full
-    /// f32), `cublas-tf32` (f32 in TF32, as cubek computes it), or one of
-    /// cubek's strategies by name, e.g. `matmul_specialized_tma_mma` (a case
-    /// the kernel cannot run falls back to burn's). An unknown name lists the others.
-    #[arg(long, default_value = burn_offload::DEFAULT_MATMUL)]
-    matmul: String,
-    /// Attention on CUDA in bf16/f16: `auto` (cuDNN's fused attention where
-    /// libcudnn.so.9 is on LD_LIBRARY_PATH, as a CUDA install or the
-    /// nvidia-cudnn wheel puts it; else the crate's CubeCL kernels) or
-    /// `cubecl` (the crate's kernels). The run says once which ran.
-    #[arg(long, value_enum, default_value = "auto")]
-    attention: AttentionKernels,
-    /// Engine: tokens per chunk of the LM head and loss.
-    #[arg(long, default_value_t = 4096)]
-    loss_chunk_tokens: usize,
-    /// Engine on a GPU: where the block inputs it recomputes from are kept.
-    /// `device` saves a copy each way per block and step; `host` keeps GPU
-    /// memory flat in depth; `auto` takes `device` when the memory plan
-    /// still fits the GPU with them there (`--plan` shows the choice).
-    #[arg(long, default_value = "auto")]
-    block_inputs: trainer::plan::BlockInputs,
-    /// Engine below fp32 compute: how the host holds the weights for upload
-    /// and the gradients. `full`: bf16 weights and an fp32 gradient buffer
-    /// (18 B/param; fused 14); `compact`: the fp32 weights cast on the GPU
-    /// and, with one micro-batch, the blocks' gradients kept in bf16 as they
-    /// arrive (14 B/param; fused 12). Neither changes what clipping sees.
-    /// `auto`: compact when full does not fit the host (`--plan` shows it).
-    #[arg(long, default_value = "auto")]
-    host_layout: trainer::plan::HostLayout,
-    /// Engine: the optimizer's moments in host memory. `fp32`: 8 B/param;
-    /// `8bit`: blockwise 8-bit (bitsandbytes' 8-bit Adam scheme: a byte per
-    /// value, a scale per 256, a non-linear code), about 2 B/param,
-    /// dequantised and quantised again in the update loop.
-    #[arg(long, default_value = "fp32")]
-    optim_state: trainer::plan::OptimState,
-    /// Engine: how many of the last blocks run their forward under autodiff
-    /// and keep the graph on the device until the backward, which then skips
-    /// their recompute. `auto`: on a GPU, as many as the memory plan fits in
-    /// 90% of the free memory it leaves (`--plan` shows the count); 0 on CPU.
-    #[arg(long, default_value = "auto")]
-    keep_graphs: trainer::plan::KeptGraphs,
-    /// Write checkpoints (safetensors + manifest) into this folder: every
-    /// --checkpoint-every steps, at the end, and on Ctrl-C.
-    #[arg(long)]
-    checkpoint_dir: Option<PathBuf>,
-    /// Steps between checkpoints (0: only at the end and on Ctrl-C/SIGTERM).
-    #[arg(long, default_value_t = 0)]
-    checkpoint_every: usize,
-    /// This run's checkpoints to keep in --checkpoint-dir (the oldest written
-    /// are removed; other runs' checkpoints are never touched).
-    #[arg(long, default_value_t = 3)]
-    keep: usize,
-    /// Continue from a checkpoint folder (or the newest one inside a folder).
-    #[arg(long)]
-    resume: Option<PathBuf>,
-    /// Stop after this many consecutive steps with a non-finite loss or gradient.
-    #[arg(long, default_value_t = 5)]
-    max_skips: usize,
-    /// Fine-tune from a Hugging Face checkpoint folder (config.json +
-    /// model.safetensors or shards); its config replaces --model.
-    #[arg(long)]
-    init_from: Option<PathBuf>,
-    /// After training, write the model as a Hugging Face checkpoint folder
-    /// (config.json with the special tokens' ids, generation_config.json,
-    /// model.safetensors and the tokenizer's files). A folder that holds
-    /// files, or is (or is inside) --init-from, --resume or
-    /// --checkpoint-dir, is refused before the first step.
-    #[arg(long)]
-    export_hf: Option<PathBuf>,
-    /// Let --export-hf replace a folder that holds files or that the run
-    /// starts from (the new folder takes its place once it is complete).
-    #[arg(long)]
-    overwrite: bool,
-    /// Stop after this many steps (checkpointing if --checkpoint-dir is set),
-    /// keeping --steps as the length of the learning-rate schedule.
-    #[arg(long)]
-    stop_after: Option<usize>,
-    /// Host memory the run may use, in GiB (default: MemAvailable).
-    #[arg(long)]
-    host_mem_gib: Option<f64>,
-    /// GPU memory the run may use, in GiB (default: free memory on GPU 0).
-    #[arg(long)]
-    gpu_mem_gib: Option<f64>,
     /// Print the predicted host and GPU memory of the job against the
     /// machine's, then exit without allocating anything.
     #[arg(long)]
@@ -277,13 +65,13 @@ fn refuse_ignored_flags(matches: &ArgMatches, cli: &Cli) -> Result<(), String> {
         (
             "processes",
             "--processes",
-            cli.resident,
+            cli.opts.resident,
             "is an option of the offload engine; drop it or --resident",
         ),
         (
             "processes",
             "--processes",
-            cli.gpus > 1,
+            cli.opts.gpus > 1,
             "starts one process per GPU; drop --gpus",
         ),
         (
@@ -307,55 +95,55 @@ fn refuse_ignored_flags(matches: &ArgMatches, cli: &Cli) -> Result<(), String> {
         (
             "keep",
             "--keep",
-            cli.checkpoint_dir.is_none(),
+            cli.opts.checkpoint_dir.is_none(),
             "needs --checkpoint-dir",
         ),
         (
             "checkpoint_every",
             "--checkpoint-every",
-            cli.checkpoint_dir.is_none(),
+            cli.opts.checkpoint_dir.is_none(),
             "needs --checkpoint-dir",
         ),
         (
             "temperature",
             "--temperature",
-            cli.sample_tokens == 0,
+            cli.opts.sample_tokens == 0,
             "has no effect with --sample-tokens 0",
         ),
         (
             "max_skips",
             "--max-skips",
-            cli.resident,
+            cli.opts.resident,
             "is an option of the offload engine; drop it or --resident",
         ),
         (
             "loss_chunk_tokens",
             "--loss-chunk-tokens",
-            cli.resident,
+            cli.opts.resident,
             "is an option of the offload engine; drop it or --resident",
         ),
         (
             "block_inputs",
             "--block-inputs",
-            cli.resident,
+            cli.opts.resident,
             "is an option of the offload engine; drop it or --resident",
         ),
         (
             "keep_graphs",
             "--keep-graphs",
-            cli.resident,
+            cli.opts.resident,
             "is an option of the offload engine; drop it or --resident",
         ),
         (
             "host_layout",
             "--host-layout",
-            cli.resident,
+            cli.opts.resident,
             "is an option of the offload engine; drop it or --resident",
         ),
         (
             "optim_state",
             "--optim-state",
-            cli.resident,
+            cli.opts.resident,
             "is an option of the offload engine; drop it or --resident",
         ),
     ];
@@ -379,37 +167,8 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let opts = TrainOptions {
-        model: cli.model,
-        steps: cli.steps,
-        batch: cli.batch,
-        seq_len: cli.seq_len,
-        lr: cli.lr.unwrap_or(if cli.init_from.is_some() {
-            trainer::options::DEFAULT_FINETUNE_LR
-        } else {
-            trainer::options::DEFAULT_LR
-        }),
-        warmup: cli.warmup,
-        min_lr_ratio: cli.min_lr_ratio,
-        weight_decay: cli.weight_decay,
-        grad_clip: cli.grad_clip,
-        seed: cli.seed,
-        data: cli.data,
-        tokenizer: cli.tokenizer,
-        metrics: cli.metrics,
-        sample_tokens: cli.sample_tokens,
-        temperature: cli.temperature,
         // Of several processes, rank 0 reports.
         progress: cli.rank.is_none_or(|rank| rank == 0),
-        resident: cli.resident,
-        host_params: cli.host_params,
-        param_cache_gib: cli.param_cache_gib,
-        fused: cli.fused,
-        serial_copies: cli.serial_copies,
-        spin_waits: cli.spin_waits,
-        updates_during_copies: cli.updates_during_copies,
-        no_guard: cli.no_guard,
-        accum: cli.accum,
-        gpus: cli.gpus,
         processes: match (cli.rank, cli.world_size) {
             (Some(rank), Some(world_size)) => Some(RankOptions {
                 rank,
@@ -420,30 +179,7 @@ fn main() -> ExitCode {
             }),
             _ => None,
         },
-        compute: cli.compute,
-        matmul: cli.matmul,
-        attention: cli.attention,
-        loss_chunk_tokens: cli.loss_chunk_tokens,
-        block_inputs: cli.block_inputs,
-        host_layout: cli.host_layout,
-        optim_state: cli.optim_state,
-        kept_graphs: cli.keep_graphs,
-        checkpoint_dir: cli.checkpoint_dir,
-        checkpoint_every: cli.checkpoint_every,
-        keep: cli.keep,
-        resume: cli.resume,
-        max_skips: cli.max_skips,
-        host_mem_gib: cli.host_mem_gib,
-        gpu_mem_gib: cli.gpu_mem_gib,
-        init_from: cli.init_from,
-        export_hf: cli.export_hf,
-        overwrite: cli.overwrite,
-        stop_after: cli.stop_after,
-        data_format: cli.data_format,
-        data_cache: cli.data_cache,
-        train_on_prompt: cli.train_on_prompt,
-        packing: !cli.no_packing,
-        poison_at_step: None,
+        ..cli.opts.clone()
     };
     #[cfg(feature = "cuda")]
     if let Err(err) = trainer::preflight::cuda_driver() {

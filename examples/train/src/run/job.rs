@@ -74,7 +74,7 @@ pub(crate) struct Job<'a> {
 impl Job<'_> {
     pub(super) fn schedule(&self) -> WarmupCosine {
         WarmupCosine {
-            peak: self.opts.lr,
+            peak: self.opts.lr(),
             warmup: self.opts.warmup.min(self.opts.steps),
             total: self.opts.steps,
             min_ratio: self.opts.min_lr_ratio,
@@ -113,10 +113,7 @@ impl Job<'_> {
     {
         let opts = self.opts;
         let config = EngineConfig {
-            optimizer: OptimizerConfig::AdamW(burn_offload::AdamWConfig {
-                weight_decay: opts.weight_decay as f32,
-                ..Default::default()
-            }),
+            optimizer: OptimizerConfig::AdamW(opts.adamw()),
             grad_clip: (opts.grad_clip > 0.0).then_some(opts.grad_clip),
             fused: opts.fused,
             loss_chunk_tokens: opts.loss_chunk_tokens,

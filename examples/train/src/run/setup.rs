@@ -8,7 +8,6 @@ use std::time::Instant;
 use anyhow::{bail, Result};
 use burn::backend::Autodiff;
 use burn::module::{ModuleVisitor, Param};
-use burn::optim::AdamWConfig;
 use burn::prelude::*;
 use burn_offload::HostOptimizerConfig;
 use models::ModelConfig;
@@ -338,17 +337,11 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
     };
     // `--host-params`: the same loop over `Offload<B>` with the host AdamW.
     type HostAb = Autodiff<burn_offload::Offload<DefaultBackend>>;
+    let burn_adamw = opts.burn_adamw();
     let clipping = (opts.grad_clip > 0.0).then_some(
         burn::grad_clipping::GradientClippingConfig::Norm(opts.grad_clip as f32),
     );
-    let burn_adamw = AdamWConfig::new()
-        .with_weight_decay(opts.weight_decay as f32)
-        .with_grad_clipping(clipping.clone());
-    let host_adamw = HostOptimizerConfig::adamw(burn_offload::AdamWConfig {
-        weight_decay: opts.weight_decay as f32,
-        ..Default::default()
-    })
-    .with_grad_clipping(clipping);
+    let host_adamw = HostOptimizerConfig::adamw(opts.adamw()).with_grad_clipping(clipping);
     let outcome = match (&config, opts.resident, opts.host_params) {
         (ModelConfig::Gpt2(c), true, false) => job.train_resident::<AB, _, _>(
             initial(opts, &config, &device, true, || c.init::<AB>(&device))?.0,
