@@ -53,6 +53,13 @@ pub struct TrainOptions {
     /// AdamW decoupled weight decay.
     #[arg(long, default_value_t = 0.01)]
     pub weight_decay: f64,
+    /// AdamW's decay rates of the first and second moments, `B1,B2`, each
+    /// in [0, 1) (0.9,0.95 is the usual choice for large language models).
+    #[arg(long, value_delimiter = ',', default_value = "0.9,0.999")]
+    pub adam_betas: Vec<f32>,
+    /// AdamW's epsilon, added to the second moment's root (positive).
+    #[arg(long, default_value_t = 1e-5)]
+    pub adam_eps: f32,
     /// Gradient-norm clip, 0 disables (global norm in the engine; per tensor with --resident).
     #[arg(long, default_value_t = 1.0)]
     pub grad_clip: f64,
@@ -289,8 +296,10 @@ impl TrainOptions {
     /// AdamW's settings, as the engine and the host optimizer take them.
     pub fn adamw(&self) -> burn_offload::AdamWConfig {
         burn_offload::AdamWConfig {
+            beta_1: self.adam_betas[0],
+            beta_2: self.adam_betas[1],
+            epsilon: self.adam_eps,
             weight_decay: self.weight_decay as f32,
-            ..Default::default()
         }
     }
 
@@ -321,6 +330,19 @@ impl TrainOptions {
 }
 
 pub(crate) fn validate(opts: &TrainOptions) -> Result<()> {
+    match opts.adam_betas[..] {
+        [b1, b2] if (0.0..1.0).contains(&b1) && (0.0..1.0).contains(&b2) => {}
+        _ => bail!(
+            "--adam-betas takes two decay rates in [0, 1) as B1,B2, got {:?}",
+            opts.adam_betas
+        ),
+    }
+    if !(opts.adam_eps.is_finite() && opts.adam_eps > 0.0) {
+        bail!(
+            "--adam-eps must be a positive number, got {}",
+            opts.adam_eps
+        );
+    }
     let positive = [
         ("--accum", opts.accum),
         ("--gpus", opts.gpus),
@@ -448,4 +470,47 @@ pub(crate) fn validate(opts: &TrainOptions) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> TrainOptions {
+        #[derive(clap::Parser)]
+        struct Args {
+            #[command(flatten)]
+            opts: TrainOptions,
+        }
+        let args = std::iter::once("train").chain(args.iter().copied());
+        <Args as clap::Parser>::try_parse_from(args).unwrap().opts
+    }
+
+    /// `--adam-betas` and `--adam-eps` reach the optimizers; burn-optim's
+    /// defaults otherwise; rates outside [0, 1), a third rate or a
+    /// non-positive epsilon are refused.
+    #[test]
+    fn adam_settings_reach_the_optimizers_and_are_checked() {
+        let default = parse(&[]).adamw();
+        assert_eq!(
+            (default.beta_1, default.beta_2, default.epsilon),
+            (0.9, 0.999, 1e-5)
+        );
+        let opts = parse(&["--adam-betas", "0.9,0.95", "--adam-eps", "1e-8"]);
+        let adamw = opts.adamw();
+        assert_eq!(
+            (adamw.beta_1, adamw.beta_2, adamw.epsilon),
+            (0.9, 0.95, 1e-8)
+        );
+        validate(&opts).unwrap();
+        for bad in [
+            &["--adam-betas", "0.9,1.0"][..],
+            &["--adam-betas", "0.9,0.95,0.99"],
+            &["--adam-betas", "0.9"],
+            &["--adam-eps", "0"],
+        ] {
+            let err = validate(&parse(bad)).unwrap_err().to_string();
+            assert!(err.starts_with(bad[0]), "{bad:?}: {err}");
+        }
+    }
 }
