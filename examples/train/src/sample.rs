@@ -1,6 +1,5 @@
 //! Text generated from the trained model (the sample after training).
 
-use anyhow::Result;
 use burn::prelude::*;
 use burn::tensor::TensorData;
 use burn_offload::{BlockModel, DecoderBlock};
@@ -8,15 +7,16 @@ use rand::{rngs::StdRng, Rng, SeedableRng};
 
 /// Continues a short prompt with the trained model: greedy at temperature 0,
 /// otherwise sampled (seeded). The window slides over the last `seq_len` tokens.
-pub fn generate<B: Backend>(
-    mut last_logits: impl FnMut(Tensor<B, 2, Int>) -> Result<Tensor<B, 2>>,
+/// Fails with `last_logits`' first error.
+pub fn generate<B: Backend, E>(
+    mut last_logits: impl FnMut(Tensor<B, 2, Int>) -> Result<Tensor<B, 2>, E>,
     prompt: &[u32],
     new_tokens: usize,
     seq_len: usize,
     temperature: f64,
     seed: u64,
     device: &B::Device,
-) -> Result<Vec<u32>> {
+) -> Result<Vec<u32>, E> {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut ids = prompt.to_vec();
     for _ in 0..new_tokens {
