@@ -8,7 +8,6 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Mutex;
 
-use anyhow::{Context, Result};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
@@ -33,12 +32,20 @@ pub struct Progress {
     pub checkpointing: bool,
 }
 
+/// Why the stop signals could not be routed.
+#[derive(Debug, thiserror::Error)]
+pub enum SignalsError {
+    #[error("cannot install the SIGINT/SIGTERM handler: {0}")]
+    Handler(#[source] std::io::Error),
+    #[error("cannot start the signal thread: {0}")]
+    Thread(#[source] std::io::Error),
+}
+
 /// Routes SIGINT and SIGTERM to [`requested`]; a second one of either exits
 /// the process at once with 128 + the signal's number, saying what was not
 /// saved.
-pub fn install() -> Result<()> {
-    let mut signals =
-        Signals::new([SIGINT, SIGTERM]).context("cannot install the SIGINT/SIGTERM handler")?;
+pub fn install() -> Result<(), SignalsError> {
+    let mut signals = Signals::new([SIGINT, SIGTERM]).map_err(SignalsError::Handler)?;
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
@@ -62,7 +69,7 @@ pub fn install() -> Result<()> {
                 std::process::exit(128 + signal);
             }
         })
-        .context("cannot start the signal thread")?;
+        .map_err(SignalsError::Thread)?;
     Ok(())
 }
 

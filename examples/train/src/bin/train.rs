@@ -246,7 +246,7 @@ fn main() -> ExitCode {
         };
     }
     if let Err(err) = signals::install() {
-        print_error("", &err);
+        print_error("", &anyhow::Error::new(err));
         return ExitCode::FAILURE;
     }
     // Of several processes, rank 0 reports the run; the others only their errors.
