@@ -307,15 +307,20 @@ impl TrainOptions {
     /// its per-tensor clipping at `grad_clip`.
     pub fn burn_adamw(&self) -> burn::optim::AdamWConfig {
         let adamw = self.adamw();
-        let clipping = (self.grad_clip > 0.0).then_some(
-            burn::grad_clipping::GradientClippingConfig::Norm(self.grad_clip as f32),
-        );
         burn::optim::AdamWConfig::new()
             .with_beta_1(adamw.beta_1)
             .with_beta_2(adamw.beta_2)
             .with_epsilon(adamw.epsilon)
             .with_weight_decay(adamw.weight_decay)
-            .with_grad_clipping(clipping)
+            .with_grad_clipping(self.grad_clipping())
+    }
+
+    /// Clipping of the resident loops' optimizers at `grad_clip` (per
+    /// tensor); `None` when 0 switches it off.
+    pub fn grad_clipping(&self) -> Option<burn::grad_clipping::GradientClippingConfig> {
+        (self.grad_clip > 0.0).then_some(burn::grad_clipping::GradientClippingConfig::Norm(
+            self.grad_clip as f32,
+        ))
     }
 
     /// The peak learning rate: `lr` where given, else the default of a run

@@ -156,6 +156,20 @@ fn refuse_ignored_flags(matches: &ArgMatches, cli: &Cli) -> Result<(), String> {
     }
 }
 
+/// `--plan`: the predicted memory table, printed, or the one-line error.
+fn print_plan(opts: &TrainOptions) -> ExitCode {
+    match trainer::run::plan_table(opts) {
+        Ok(table) => {
+            print!("{table}");
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            print_error("", &err);
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let matches = Cli::command().get_matches();
     let cli = match Cli::from_arg_matches(&matches) {
@@ -207,16 +221,7 @@ fn main() -> ExitCode {
             ..opts
         };
         if cli.plan {
-            return match trainer::run::plan_table(&opts) {
-                Ok(table) => {
-                    print!("{table}");
-                    ExitCode::SUCCESS
-                }
-                Err(err) => {
-                    print_error("", &err);
-                    ExitCode::FAILURE
-                }
-            };
+            return print_plan(&opts);
         }
         // What every rank would refuse is refused once, before any starts.
         if let Err(err) = trainer::run::preflight(&opts) {
@@ -234,16 +239,7 @@ fn main() -> ExitCode {
         };
     }
     if cli.plan {
-        return match trainer::run::plan_table(&opts) {
-            Ok(table) => {
-                print!("{table}");
-                ExitCode::SUCCESS
-            }
-            Err(err) => {
-                print_error("", &err);
-                ExitCode::FAILURE
-            }
-        };
+        return print_plan(&opts);
     }
     if let Err(err) = signals::install() {
         print_error("", &anyhow::Error::new(err));

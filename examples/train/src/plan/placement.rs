@@ -46,19 +46,23 @@ impl Job {
     /// projections again. Models whose MLP has biases, or whose micro-batch
     /// is one tile, run it plain.
     pub fn place_mlp_tile(mut self, machine: &Machine) -> Self {
-        let tile = burn_offload::ops::mlp::MLP_TILE_TOKENS;
-        let tokens = self.batch * self.seq_len;
-        if self.mlp_tile.is_some()
-            || !self.gpu
+        if !self.gpu
             || self.resident
-            || tokens <= tile
-            || shape(&self.config).mlp_per_token == 0
+            || !self.mlp_can_tile()
             || Plan::new(&self).fits_device(machine)
         {
             return self;
         }
-        self.mlp_tile = Some(tile);
+        self.mlp_tile = Some(burn_offload::ops::mlp::MLP_TILE_TOKENS);
         self
+    }
+
+    /// Whether the plan may still put the MLP over tiles: not yet tiled, an
+    /// MLP without biases, and a micro-batch of more than one tile.
+    fn mlp_can_tile(&self) -> bool {
+        self.mlp_tile.is_none()
+            && shape(&self.config).mlp_per_token > 0
+            && self.batch * self.seq_len > burn_offload::ops::mlp::MLP_TILE_TOKENS
     }
 
     /// The job with [`ParamCache::Auto`] decided for `machine`: with
@@ -121,10 +125,7 @@ impl Job {
         if first.kept_attention >= layers - first.kept_graphs.count().min(layers) {
             return first;
         }
-        let tile = burn_offload::ops::mlp::MLP_TILE_TOKENS;
-        let can_tile = self.mlp_tile.is_none()
-            && shape(&self.config).mlp_per_token > 0
-            && self.batch * self.seq_len > tile;
+        let can_tile = self.mlp_can_tile();
         let mut best = first;
         for (host_inputs, tiles) in [(true, false), (false, true), (true, true)] {
             if (host_inputs && self.block_inputs != BlockInputs::Auto) || (tiles && !can_tile) {
@@ -135,7 +136,7 @@ impl Job {
                 job.block_inputs = BlockInputs::Host;
             }
             if tiles {
-                job.mlp_tile = Some(tile);
+                job.mlp_tile = Some(burn_offload::ops::mlp::MLP_TILE_TOKENS);
             }
             let job = chain(job);
             if job.kept_attention > best.kept_attention && Plan::new(&job).check_quiet(machine) {
@@ -161,7 +162,7 @@ impl Job {
         let recomputed = layers - self.kept_graphs.count().min(layers);
         let per_block = kept_attention_bytes(&self).max(1);
         let rest = Plan::new(&self).device_peak(machine);
-        let room = (gpu as f64 * 0.9) as u64;
+        let room = fillable(gpu);
         let fit = (room.saturating_sub(rest) / per_block) as usize;
         self.kept_attention = fit.min(recomputed);
         self
@@ -182,7 +183,7 @@ impl Job {
         };
         let per_block = kept_graph_bytes(&self).max(1);
         let rest = Plan::new(&self).device_peak(machine);
-        let room = (gpu as f64 * 0.9) as u64;
+        let room = fillable(gpu);
         let layers = shape(&self.config).layers as usize;
         let fit = (room.saturating_sub(rest) / per_block) as usize;
         self.kept_graphs = KeptGraphs::Count(fit.min(layers));
@@ -190,4 +191,10 @@ impl Job {
         self.kept_attention = self.kept_attention.min(layers - fit.min(layers));
         self
     }
+}
+
+/// The device bytes the plan lets kept values fill: 90% of the free memory
+/// measured at start, the margin for the allocator's fragmentation.
+fn fillable(gpu: u64) -> u64 {
+    (gpu as f64 * 0.9) as u64
 }

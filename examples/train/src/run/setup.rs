@@ -338,10 +338,8 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
     // `--host-params`: the same loop over `Offload<B>` with the host AdamW.
     type HostAb = Autodiff<burn_offload::Offload<DefaultBackend>>;
     let burn_adamw = opts.burn_adamw();
-    let clipping = (opts.grad_clip > 0.0).then_some(
-        burn::grad_clipping::GradientClippingConfig::Norm(opts.grad_clip as f32),
-    );
-    let host_adamw = HostOptimizerConfig::adamw(opts.adamw()).with_grad_clipping(clipping);
+    let host_adamw =
+        HostOptimizerConfig::adamw(opts.adamw()).with_grad_clipping(opts.grad_clipping());
     let outcome = match (&config, opts.resident, opts.host_params) {
         (ModelConfig::Gpt2(c), true, false) => job.train_resident::<AB, _, _>(
             initial(opts, &config, &device, true, || c.init::<AB>(&device))?.0,
