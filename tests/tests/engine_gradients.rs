@@ -31,26 +31,30 @@ where
     let grads = cross_entropy(model.forward(x), y).backward();
     let want = values::<AD, _>(&model, Some(&grads));
 
-    // Block inputs in host memory and on the device (on a CPU backend both
-    // are the same memory; the GPU run of this test covers both paths), and
+    // Block inputs in host memory, on the device, or the last recomputed
+    // blocks' on the device and the others' in host memory (on a CPU
+    // backend all are the same memory; the GPU run of this test covers the
+    // paths), and
     // none, one or every block's forward graph kept instead of recomputed
     // (more than there are blocks means all), and the recomputed blocks'
     // attention outputs kept from the forward, the last one's or every
     // one's (which the recompute must then take in place of its own, each
     // block its own: the count of those it took grows).
     let cases = [
-        (true, 0, 0),
-        (false, 0, 0),
-        (true, 1, 0),
-        (false, 99, 0),
-        (true, 0, 99),
-        (false, 1, 99),
-        (true, 0, 1),
-        (false, 1, 1),
+        (0, 0, 0),
+        (usize::MAX, 0, 0),
+        (0, 1, 0),
+        (usize::MAX, 99, 0),
+        (0, 0, 99),
+        (usize::MAX, 1, 99),
+        (0, 0, 1),
+        (usize::MAX, 1, 1),
+        (1, 0, 0),
+        (2, 1, 1),
     ];
-    for (host_checkpoints, kept_graphs, kept_attention) in cases {
+    for (device_checkpoints, kept_graphs, kept_attention) in cases {
         let config = EngineConfig {
-            host_checkpoints,
+            device_checkpoints,
             kept_graphs,
             kept_attention,
             ..engine_config(false)
@@ -65,7 +69,7 @@ where
             let err = rel_err(&engine.grad(id).unwrap(), reference);
             assert!(
                 err <= TOL,
-                "gradient of {id} (host checkpoints: {host_checkpoints}, kept graphs: {kept_graphs}, kept attention: {kept_attention}): relative error {err}"
+                "gradient of {id} (checkpoints on the device: {device_checkpoints}, kept graphs: {kept_graphs}, kept attention: {kept_attention}): relative error {err}"
             );
         }
         if kept_attention > 0 && memo_used {

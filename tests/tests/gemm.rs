@@ -33,7 +33,7 @@ fn engine_config() -> EngineConfig {
         loss_chunk_tokens: 8,
         skip_non_finite: true,
         overlap: true,
-        host_checkpoints: true,
+        device_checkpoints: 0,
         compute: Compute::Fp32,
         cast_on_device: false,
         compute_precision_gradients: false,

@@ -147,7 +147,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
             .iter()
             .map(|device| Lane {
                 device: device.clone(),
-                pager: Pager::new(!config.overlap, config.host_checkpoints),
+                pager: Pager::new(!config.overlap),
             })
             .collect();
         // Host work runs on every core beside the device: waiting threads

@@ -27,9 +27,13 @@ pub struct EngineConfig {
     /// to go idle and then for its copies, and the CPU handles a block's
     /// gradients only once the device is idle.
     pub overlap: bool,
-    /// Keep block-input checkpoints in host memory on GPU backends, so device
-    /// memory stays flat in depth (each costs one small copy each way).
-    pub host_checkpoints: bool,
+    /// Recomputed blocks, counted back from the last one recomputed, whose
+    /// input checkpoint stays on the device until its backward; on GPU
+    /// backends the others' go to host memory, so device memory stays flat
+    /// in depth (each costs one copy each way). 0 sends every one to the
+    /// host; more than there are keeps every one on the device. A plan
+    /// whose host memory cannot hold them all keeps some here instead.
+    pub device_checkpoints: usize,
     /// The precision the device computes in; the host state stays f32.
     pub compute: Compute,
     /// With a compute precision below f32: upload the f32 weights and cast
@@ -89,7 +93,7 @@ impl Default for EngineConfig {
             loss_chunk_tokens: 4096,
             skip_non_finite: true,
             overlap: true,
-            host_checkpoints: true,
+            device_checkpoints: 0,
             compute: Compute::Fp32,
             cast_on_device: false,
             compute_precision_gradients: false,

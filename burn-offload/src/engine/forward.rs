@@ -159,7 +159,11 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
                 let output = match block {
                     ForwardBlock::Plain(block) => {
                         if train {
-                            let stash = self.lanes[d].pager.stash(input.clone());
+                            // The last recomputed blocks' stay on the device
+                            // (the backward takes them first).
+                            let on_device =
+                                i.saturating_add(self.config.device_checkpoints) >= first_kept;
+                            let stash = self.lanes[d].pager.stash(input.clone(), on_device);
                             state[d].checkpoints.push(stash);
                         }
                         // The last recomputed blocks keep theirs: the

@@ -82,8 +82,6 @@ pub struct Pager<T: Transfer> {
     /// Overlap off: each bind waits for the device to finish the work
     /// submitted before it, then for its own copies.
     serial: bool,
-    /// Keep block-input checkpoints in host memory (GPU backends).
-    host_checkpoints: bool,
     /// Host sources of uploads still in flight (freed by `ready`).
     in_flight: Vec<Vec<u8>>,
     /// Page-locked host slabs; unlocked when the pager drops.
@@ -109,7 +107,6 @@ impl<T: Transfer> std::fmt::Debug for Pager<T> {
             .field("resident", &self.resident)
             .field("stats", &self.stats)
             .field("serial", &self.serial)
-            .field("host_checkpoints", &self.host_checkpoints)
             .finish()
     }
 }
@@ -118,14 +115,11 @@ impl<T: Transfer> Pager<T> {
     /// A pager whose binds wait for the device to be idle and return only once
     /// their copies have landed (`serial`), or that lets copies run behind
     /// compute until [`Pager::ready`].
-    /// With `host_checkpoints`, [`Pager::stash`] moves activations to host
-    /// memory where the backend is a GPU.
-    pub fn new(serial: bool, host_checkpoints: bool) -> Self {
+    pub fn new(serial: bool) -> Self {
         Self {
             resident: Vec::new(),
             stats: PagerStats::default(),
             serial,
-            host_checkpoints,
             in_flight: Vec::new(),
             pinned: Vec::new(),
             filled: UploadBuffer {
@@ -137,11 +131,11 @@ impl<T: Transfer> Pager<T> {
     }
 
     /// Keeps a block-input checkpoint until the backward needs it: in host
-    /// memory on a GPU backend when host checkpoints are on (so device memory
-    /// does not grow with depth), as it is otherwise. The copy waits for the
-    /// work that produced `x`.
-    pub fn stash<B: Backend>(&mut self, x: Tensor<B, 3>) -> Stash<B> {
-        if self.host_checkpoints {
+    /// memory on a GPU backend unless `on_device` (so device memory does not
+    /// grow with depth), as it is otherwise. The copy waits for the work
+    /// that produced `x`.
+    pub fn stash<B: Backend>(&mut self, x: Tensor<B, 3>, on_device: bool) -> Stash<B> {
+        if !on_device {
             let (dims, dtype) = (x.dims(), x.dtype());
             match T::read_bytes(x) {
                 Ok((bytes, copy)) => {

@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 
 use models::ModelConfig;
 
-use crate::plan::{shape, BlockInputs, Job};
+use crate::plan::{shape, Job};
 
 /// What one GPU's link carries each way per step, in the engine.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -42,11 +42,13 @@ impl Links {
         let upload = if job.compact() { 4 } else { width };
         let recomputed = s.layers - (job.kept_graphs.count() as u64).min(s.layers);
         let tokens = (job.batch * job.seq_len) as u64;
-        let inputs = if job.block_inputs == BlockInputs::Host {
-            width * tokens * s.d * s.layers
+        // The recomputed blocks' inputs held in host memory come back once each.
+        let on_host = if job.host_block_inputs(s.layers) > 0 {
+            recomputed.saturating_sub(job.device_block_inputs as u64)
         } else {
             0
         };
+        let inputs = width * tokens * s.d * on_host;
         let per_pass_to_device =
             upload * s.block_params * (s.layers + recomputed) + 4 * s.stem_params + inputs;
         // Lanes of one process take turns at sending the blocks' sums, in
@@ -106,7 +108,9 @@ impl Links {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::{HostLayout, KeptGraphs, OptimState, ParamCache, GRADIENT_BLOCKS_IN_FLIGHT};
+    use crate::plan::{
+        BlockInputs, HostLayout, KeptGraphs, OptimState, ParamCache, GRADIENT_BLOCKS_IN_FLIGHT,
+    };
     use burn_offload::Compute;
 
     fn bytes(compute: Compute) -> u64 {
@@ -126,7 +130,9 @@ mod tests {
             compute,
             loss_chunk_tokens: 4096,
             gpu: true,
+            cudnn: true,
             block_inputs: BlockInputs::Device,
+            device_block_inputs: 0,
             kept_graphs: KeptGraphs::Count(0),
             kept_attention: 0,
             host_layout: HostLayout::Full,

@@ -23,7 +23,7 @@ pub fn engine_config(fused: bool) -> EngineConfig {
         // Off here so fused mode runs its single-pass schedule; tested below.
         skip_non_finite: false,
         overlap: true,
-        host_checkpoints: true,
+        device_checkpoints: 0,
         compute: Compute::Fp32,
         cast_on_device: false,
         compute_precision_gradients: false,

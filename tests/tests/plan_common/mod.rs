@@ -19,8 +19,10 @@ pub fn job(config: ModelConfig, fused: bool) -> Job {
         compute: Compute::Fp32,
         loss_chunk_tokens: 4096,
         gpu: false,
+        cudnn: false,
         // The H100 figures below were measured with block inputs in host memory.
         block_inputs: BlockInputs::Host,
+        device_block_inputs: 0,
         kept_graphs: KeptGraphs::Count(0),
         kept_attention: 0,
         host_layout: HostLayout::Full,

@@ -86,5 +86,8 @@ pub use memo::{capture, replay, replayed_attention_outputs, AttentionMemo};
 pub use packed::{
     causal_attention_in, causal_attention_tiled_in, reference_attention_in, windowed_attention_in,
 };
-pub use route::{cudnn_scratch_bytes, FUSED_BACKWARD_UP_TO, MMA_BACKWARD_MAX_WIDTH};
+pub use route::{
+    backward_scratch_bytes, cudnn_scratch_bytes, cudnn_takes, FUSED_BACKWARD_UP_TO,
+    MMA_BACKWARD_MAX_WIDTH,
+};
 pub use tiling::{Tiling, QUERY_BLOCKS, SCORE_CHUNK_ELEMENTS};

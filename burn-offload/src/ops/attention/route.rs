@@ -80,12 +80,48 @@ pub(super) fn after_cudnn(
     }
 }
 
+/// Whether cuDNN's fused attention takes heads of `head_dim` values in
+/// `dtype` (16-bit, a multiple of 8 up to 256 wide), where the library is
+/// found and not switched off.
+pub fn cudnn_takes(dtype: DType, head_dim: usize) -> bool {
+    half_precision(dtype) && head_dim.is_multiple_of(8) && head_dim <= 256
+}
+
+/// Bytes of device memory attention's backward of `batch` sequences of
+/// `seq` positions takes besides its inputs, outputs and their gradients,
+/// on the path that runs it: cuDNN's where `cudnn` (the library found and
+/// allowed) and it takes the heads ([`cudnn_scratch_bytes`]); else, for
+/// the CubeCL kernels, whose choice between the fused ones and the tiles
+/// goes by length and width, the larger of the fused kernels' f32 sums of
+/// the query gradients and the tiles' temporaries: score-sized ones
+/// (scores, probabilities and their gradients, one chunk at a time) and,
+/// where a sequence's keys are cut into several tiles, the f32 sums of the
+/// tiles' outputs and gradients.
+pub fn backward_scratch_bytes(
+    batch: usize,
+    heads: usize,
+    kv_heads: usize,
+    seq: usize,
+    head_dim: usize,
+    dtype: DType,
+    cudnn: bool,
+) -> usize {
+    if cudnn && cudnn_takes(dtype, head_dim) {
+        return cudnn_scratch_bytes(batch, heads, seq, head_dim);
+    }
+    let tiling = Tiling::new(heads, seq);
+    let mut tiles = dtype.size() * 4 * tiling.score_elements(batch, heads, seq);
+    if tiling.tiles_keys(seq) {
+        tiles += 4 * batch * seq * (2 * heads + 2 * kv_heads) * head_dim;
+    }
+    tiles.max(cudnn_scratch_bytes(batch, heads, seq, head_dim))
+}
+
 /// Bytes of device memory cuDNN's backward of `batch` sequences of `seq`
 /// positions with `heads` query heads of `head_dim` values takes besides its
 /// inputs, outputs and the engine's workspace (which cuDNN reports only
 /// once a plan is built, and measured at most a few MiB): the query
-/// gradient's f32 sums and each row's f32 `rowsum(dO ⊙ O)`. The planner
-/// counts it beside the tiles' temporaries, whichever runs.
+/// gradient's f32 sums and each row's f32 `rowsum(dO ⊙ O)`.
 pub fn cudnn_scratch_bytes(batch: usize, heads: usize, seq: usize, head_dim: usize) -> usize {
     batch * heads * seq * (head_dim + 1) * 4
 }

@@ -7,7 +7,7 @@ use burn_offload::Compute;
 use models::ModelConfig;
 
 use super::job::{Job, Machine};
-use super::knobs::{BlockInputs, OptimState, F32};
+use super::knobs::{OptimState, F32};
 
 pub(super) const GIB: f64 = (1u64 << 30) as f64;
 
@@ -171,20 +171,17 @@ impl Plan {
         let (b, t) = (job.batch as u64, job.seq_len as u64);
         // Bytes of one device value (weights, activations, checkpoints).
         let width = job.compute.bytes() as u64;
-        // Attention's score-sized temporaries (scores, probabilities and
-        // their gradients), one query block and key tile of one chunk of
-        // sequences at a time, and the f32 sums of the tiles' outputs and
-        // gradients (queries, keys, values) where a sequence has several.
-        let (heads, seq) = (s.heads as usize, t as usize);
-        let tiling = attention::Tiling::new(heads, seq);
-        let mut scores = width * 4 * tiling.score_elements(b as usize, heads, seq) as u64;
-        if tiling.tiles_keys(seq) {
-            scores += F32 * tokens * (2 * s.q + 2 * s.kv);
-        }
-        // cuDNN's fused attention, where it runs instead, needs far less.
+        // Attention's temporaries on the path that will run it.
         let head_dim = (s.q / s.heads.max(1)) as usize;
-        let cudnn = attention::cudnn_scratch_bytes(b as usize, heads, seq, head_dim) as u64;
-        let scores = scores.max(cudnn);
+        let scores = attention::backward_scratch_bytes(
+            b as usize,
+            s.heads as usize,
+            (s.kv / head_dim.max(1) as u64) as usize,
+            t as usize,
+            head_dim,
+            job.compute.dtype(),
+            job.cudnn,
+        ) as u64;
         let block_saved = width * tokens * s.saved_per_token(job.mlp_tile);
         // An MLP over tiles holds one tile's six `[tile, ff]` values in its
         // backward (the projections recomputed, the gate, their gradients)
@@ -313,20 +310,30 @@ impl Plan {
                 },
                 F32 * s.stem_params + block_bytes,
             ));
-            let checkpoints = width * (s.layers + 1) * tokens * s.d;
-            if job.gpu && job.block_inputs == BlockInputs::Host {
+            let checkpoint = width * tokens * s.d;
+            let on_host = job.host_block_inputs(s.layers);
+            if on_host > 0 {
                 // In host memory the device stays flat in depth; every
                 // device keeps its own micro-batch's.
                 host.push(Item::held(
                     "block-input checkpoints",
-                    job.gpus as u64 * checkpoints,
+                    job.gpus as u64 * on_host * checkpoint,
                 ));
                 device.push(Item::held(
                     "block input and output in flight",
-                    2 * width * tokens * s.d,
+                    2 * checkpoint,
                 ));
-            } else {
-                device.push(Item::held("block-input checkpoints", checkpoints));
+            }
+            let on_device = s.layers + 1 - on_host;
+            if on_device > 0 {
+                device.push(Item::held(
+                    if on_host > 0 {
+                        "block-input checkpoints kept on the device"
+                    } else {
+                        "block-input checkpoints"
+                    },
+                    on_device * checkpoint,
+                ));
             }
             if job.gpus > 1 {
                 // A block's gradients summed across the devices, beside the

@@ -29,8 +29,17 @@ pub struct Job {
     pub loss_chunk_tokens: usize,
     /// Whether the device is a GPU (its context and pools cost memory).
     pub gpu: bool,
+    /// Whether cuDNN's fused attention runs attention where it takes the
+    /// heads (a CUDA build, the library found, `--attention auto`): its
+    /// backward needs far less scratch than the CubeCL kernels'.
+    pub cudnn: bool,
     /// Where the engine keeps the block-input checkpoints on a GPU.
     pub block_inputs: BlockInputs,
+    /// With the block inputs in host memory: how many recomputed blocks
+    /// (the last ones) keep theirs on the device anyway, where the host
+    /// cannot hold every one (`EngineConfig::device_checkpoints`); decided
+    /// by [`Job::place_device_block_inputs`].
+    pub device_block_inputs: usize,
     /// How many of the last blocks keep their forward graph (no recompute).
     pub kept_graphs: KeptGraphs,
     /// How many recomputed blocks (the last ones) keep their attention
@@ -52,6 +61,28 @@ pub struct Job {
 }
 
 impl Job {
+    /// How many block-input checkpoints (of `layers + 1`: every block's
+    /// input and the last one's output) the engine keeps in host memory.
+    pub fn host_block_inputs(&self, layers: u64) -> u64 {
+        if self.gpu && !self.resident && self.block_inputs == BlockInputs::Host {
+            (layers + 1).saturating_sub(self.device_block_inputs as u64)
+        } else {
+            0
+        }
+    }
+
+    /// The engine's [`EngineConfig::device_checkpoints`] for this job: every
+    /// block's on the device unless they go to host memory, where the
+    /// plan's count stays on the device.
+    ///
+    /// [`EngineConfig::device_checkpoints`]: burn_offload::EngineConfig::device_checkpoints
+    pub fn device_checkpoints(&self) -> usize {
+        match self.block_inputs {
+            BlockInputs::Host => self.device_block_inputs,
+            BlockInputs::Device | BlockInputs::Auto => usize::MAX,
+        }
+    }
+
     /// Whether the compact host layout can apply to this job: the engine,
     /// a compute precision below fp32.
     pub fn compact_applies(&self) -> bool {

@@ -38,6 +38,36 @@ impl Job {
         self
     }
 
+    /// The job with as few recomputed blocks' inputs kept on the device as
+    /// let the host hold the rest, where block inputs go to host memory and
+    /// the host cannot hold every one (call it after
+    /// [`Job::place_gradient_blocks`], before [`Job::place_kept_attention`],
+    /// which fills the room left): a long sequence's checkpoints outgrow the
+    /// host's memory before the GPU's, which holds one block's activations
+    /// at a time. None where no count fits both the host and the GPU: the
+    /// plan then says how much host memory is short.
+    pub fn place_device_block_inputs(mut self, machine: &Machine) -> Self {
+        self.device_block_inputs = 0;
+        if self.host_block_inputs(shape(&self.config).layers) == 0 {
+            return self;
+        }
+        let fits_host = |job: &Job| Plan::new(job).needs(machine).0 <= machine.host_bytes;
+        if fits_host(&self) {
+            return self;
+        }
+        let layers = shape(&self.config).layers as usize;
+        let fewest = (1..=layers)
+            .map(|n| Job {
+                device_block_inputs: n,
+                ..self.clone()
+            })
+            .find(fits_host);
+        match fewest {
+            Some(job) if Plan::new(&job).fits_device(machine) => job,
+            _ => self,
+        }
+    }
+
     /// The job with the blocks' MLP over tiles of
     /// [`burn_offload::ops::mlp::MLP_TILE_TOKENS`] where the engine's plan
     /// does not fit the GPU without (call it after
@@ -117,6 +147,7 @@ impl Job {
                 .place_block_inputs(machine)
                 .place_mlp_tile(machine)
                 .place_gradient_blocks(machine)
+                .place_device_block_inputs(machine)
                 .place_kept_attention(machine)
                 .place_kept_graphs(machine)
         };

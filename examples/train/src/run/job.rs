@@ -27,7 +27,7 @@ use crate::export;
 use crate::metrics::*;
 use crate::options::*;
 use crate::outputs::{MetricsFile, ResumeMarker};
-use crate::plan::{BlockInputs, OptimState};
+use crate::plan::OptimState;
 use crate::processes::agree_on_signal;
 use crate::progress::{human_count, Progress, StepLine};
 use crate::sample::*;
@@ -50,8 +50,9 @@ pub(crate) struct Job<'a> {
     pub(crate) config: ModelConfig,
     /// (tokens, crc32) of the training token stream.
     pub(crate) corpus: (usize, u32),
-    /// Where the engine keeps block inputs (decided by the memory plan).
-    pub(crate) block_inputs: BlockInputs,
+    /// The blocks whose input checkpoints stay on the device, the others'
+    /// going to host memory (decided by the memory plan).
+    pub(crate) device_checkpoints: usize,
     /// Blocks whose forward graph the engine keeps (decided by the memory plan).
     pub(crate) kept_graphs: usize,
     /// How many recomputed blocks keep their attention outputs (decided by
@@ -119,7 +120,7 @@ impl Job<'_> {
             loss_chunk_tokens: opts.loss_chunk_tokens,
             skip_non_finite: !opts.no_guard,
             overlap: !opts.serial_copies,
-            host_checkpoints: self.block_inputs == BlockInputs::Host,
+            device_checkpoints: self.device_checkpoints,
             compute: opts.compute,
             cast_on_device: self.cast_on_device,
             compute_precision_gradients: self.compute_precision_gradients,
@@ -158,6 +159,13 @@ impl Job<'_> {
                 eprintln!(
                     "{} of {recomputed} recomputed blocks take their attention outputs from the forward",
                     self.kept_attention.min(recomputed)
+                );
+            }
+            let layers = self.config.n_layer();
+            if self.device_checkpoints > 0 && self.device_checkpoints < layers {
+                eprintln!(
+                    "block inputs in host memory, but the last {} recomputed blocks' on the device (the host cannot hold them all)",
+                    self.device_checkpoints
                 );
             }
             if copies > 0 {

@@ -158,6 +158,19 @@ pub(crate) fn gpu_reserved_bytes(opts: &TrainOptions) -> Option<u64> {
     }
 }
 
+/// Whether cuDNN's fused attention will run this job's attention where it
+/// takes the heads: a CUDA build, `--attention auto` and libcudnn 9 found.
+fn cudnn_runs(opts: &TrainOptions) -> bool {
+    #[cfg(feature = "cuda")]
+    return opts.attention == AttentionKernels::Auto
+        && burn_offload::ops::attention::cudnn_version().is_some();
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = opts;
+        false
+    }
+}
+
 /// The memory plan of this job on `machine` (nothing is allocated).
 pub fn plan(opts: &TrainOptions, config: ModelConfig, machine: &Machine) -> (Plan, PlanJob) {
     let job = PlanJob {
@@ -172,7 +185,9 @@ pub fn plan(opts: &TrainOptions, config: ModelConfig, machine: &Machine) -> (Pla
         compute: opts.compute,
         loss_chunk_tokens: opts.loss_chunk_tokens,
         gpu: cfg!(feature = "cuda"),
+        cudnn: cudnn_runs(opts),
         block_inputs: opts.block_inputs,
+        device_block_inputs: 0,
         kept_graphs: opts.kept_graphs,
         kept_attention: 0,
         host_layout: opts.host_layout,

@@ -326,7 +326,7 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
         resume,
         config: config.clone(),
         corpus,
-        block_inputs: placed.block_inputs,
+        device_checkpoints: placed.device_checkpoints(),
         kept_graphs: placed.kept_graphs.count(),
         kept_attention: placed.kept_attention,
         gradient_blocks_in_flight: placed.gradient_blocks_in_flight,

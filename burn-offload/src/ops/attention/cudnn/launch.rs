@@ -89,8 +89,7 @@ fn announce(line: String) {
 /// not switched off). A missing library is said once.
 pub(crate) fn takes<B: Backend>(q: &Tensor<B, 4>) -> bool {
     let [_, _, _, dim] = q.dims();
-    let io = matches!(q.dtype(), DType::BF16 | DType::F16);
-    if !ENABLED.load(Ordering::Relaxed) || !io || !dim.is_multiple_of(8) || dim > 256 {
+    if !ENABLED.load(Ordering::Relaxed) || !crate::ops::attention::cudnn_takes(q.dtype(), dim) {
         return false;
     }
     if float_cube(q).is_none() {
