@@ -164,7 +164,7 @@ fn print_plan(opts: &TrainOptions) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(err) => {
-            print_error("", &err);
+            print_error("", &*err);
             ExitCode::FAILURE
         }
     }
@@ -177,7 +177,7 @@ fn main() -> ExitCode {
         Err(err) => err.exit(),
     };
     if let Err(why) = refuse_ignored_flags(&matches, &cli) {
-        print_error("", &anyhow::anyhow!(why));
+        print_error("", &*anyhow::anyhow!(why));
         return ExitCode::FAILURE;
     }
     let opts = TrainOptions {
@@ -197,14 +197,14 @@ fn main() -> ExitCode {
     };
     #[cfg(feature = "cuda")]
     if let Err(err) = trainer::preflight::cuda_driver() {
-        print_error("", &anyhow::anyhow!(err));
+        print_error("", &err);
         return ExitCode::FAILURE;
     }
     if let Some(n) = cli.processes {
         if n < 2 {
             print_error(
                 "",
-                &anyhow::anyhow!("--processes must be at least 2, got {n}"),
+                &*anyhow::anyhow!("--processes must be at least 2, got {n}"),
             );
             return ExitCode::FAILURE;
         }
@@ -225,7 +225,7 @@ fn main() -> ExitCode {
         }
         // What every rank would refuse is refused once, before any starts.
         if let Err(err) = trainer::run::preflight(&opts) {
-            print_error("", &err);
+            print_error("", &*err);
             return ExitCode::FAILURE;
         }
         let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
@@ -233,7 +233,7 @@ fn main() -> ExitCode {
             Ok(status) if status.success() => ExitCode::SUCCESS,
             Ok(status) => ExitCode::from(status.code().map_or(1, |c| c.clamp(1, 255) as u8)),
             Err(err) => {
-                print_error("", &err);
+                print_error("", &*err);
                 ExitCode::FAILURE
             }
         };
@@ -242,7 +242,7 @@ fn main() -> ExitCode {
         return print_plan(&opts);
     }
     if let Err(err) = signals::install() {
-        print_error("", &anyhow::Error::new(err));
+        print_error("", &err);
         return ExitCode::FAILURE;
     }
     // Of several processes, rank 0 reports the run; the others only their errors.
@@ -320,8 +320,8 @@ fn main() -> ExitCode {
         }
         Err(err) => {
             match cli.rank {
-                Some(rank) => print_error(&format!("rank {rank}: "), &err),
-                None => print_error("", &err),
+                Some(rank) => print_error(&format!("rank {rank}: "), &*err),
+                None => print_error("", &*err),
             }
             ExitCode::FAILURE
         }

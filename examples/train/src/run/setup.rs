@@ -84,7 +84,9 @@ pub(crate) fn checked_model(opts: &TrainOptions) -> Result<(Tokenizer, ModelConf
 pub fn preflight(opts: &TrainOptions) -> Result<Checked> {
     let (tokenizer, config) = checked_model(opts)?;
     let format = match (&opts.data, opts.data_format) {
-        (Some(path), DataFormat::Auto) => instruct::detect(path).map_err(flagged("--data"))?,
+        (Some(path), DataFormat::Auto) => {
+            instruct::detect(path).map_err(|e| anyhow::anyhow!(flagged("--data", &e)))?
+        }
         (None, DataFormat::Auto) => DataFormat::Text,
         (_, format) => format,
     };
@@ -159,8 +161,8 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
                 train_on_prompt: opts.train_on_prompt,
                 packing: opts.packing,
             };
-            let prepared =
-                instruct::prepare(path, shaping, &tokenizer).map_err(flagged("--data"))?;
+            let prepared = instruct::prepare(path, shaping, &tokenizer)
+                .map_err(|e| anyhow::anyhow!(flagged("--data", &e)))?;
             prepared.check_trains()?;
             if opts.progress {
                 eprintln!(
@@ -208,8 +210,8 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
                 .data_cache
                 .clone()
                 .unwrap_or_else(token_cache::default_root);
-            let tokenized =
-                token_cache::tokenize(path, &tokenizer, &root).map_err(flagged("--data"))?;
+            let tokenized = token_cache::tokenize(path, &tokenizer, &root)
+                .map_err(|e| anyhow::anyhow!(flagged("--data", &e)))?;
             if opts.progress {
                 let how = match tokenized.tokens_per_s {
                     Some(rate) => format!("tokenized at {rate:.0} tok/s into"),
@@ -230,7 +232,7 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
             let corpus = (tokenized.tokens.len(), tokenized.crc32);
             (
                 Batcher::mapped(tokenized.tokens, opts.seq_len, opts.seed)
-                    .map_err(flagged("--data"))?,
+                    .map_err(|e| anyhow::anyhow!(flagged("--data", &e)))?,
                 corpus,
             )
         }
