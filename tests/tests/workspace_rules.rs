@@ -43,7 +43,6 @@ const OWED: &[(&str, &str)] = &[
     ("typed-errors", "examples/train/src/export.rs"),
     ("typed-errors", "examples/train/src/options.rs"),
     ("typed-errors", "examples/train/src/outputs.rs"),
-    ("typed-errors", "examples/train/src/processes.rs"),
     ("typed-errors", "examples/train/src/run/job.rs"),
     ("typed-errors", "examples/train/src/run/machine.rs"),
     ("typed-errors", "examples/train/src/run/resume.rs"),

@@ -233,7 +233,7 @@ fn main() -> ExitCode {
             Ok(status) if status.success() => ExitCode::SUCCESS,
             Ok(status) => ExitCode::from(status.code().map_or(1, |c| c.clamp(1, 255) as u8)),
             Err(err) => {
-                print_error("", &*err);
+                print_error("", &err);
                 ExitCode::FAILURE
             }
         };
