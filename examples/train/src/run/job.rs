@@ -629,7 +629,7 @@ impl Job<'_> {
 
     pub(super) fn log(&mut self, line: &StepMetrics) -> Result<()> {
         match self.metrics.as_mut() {
-            Some(metrics) => metrics.line(line),
+            Some(metrics) => Ok(metrics.line(line)?),
             None => Ok(()),
         }
     }
