@@ -409,8 +409,11 @@ impl Job<'_> {
             )?;
             for file in self.tokenizer.files() {
                 let name = file.file_name().expect("a file");
-                std::fs::copy(file, staging.join(name)).map_err(|e| {
-                    anyhow::anyhow!("--export-hf: cannot copy `{}`: {e}", file.display())
+                std::fs::copy(file, staging.join(name)).map_err(|error| {
+                    export::ExportError::Copy {
+                        file: file.clone(),
+                        error,
+                    }
                 })?;
             }
             Ok(())
