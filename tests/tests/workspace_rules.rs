@@ -43,7 +43,6 @@ const OWED: &[(&str, &str)] = &[
     ("typed-errors", "examples/train/src/options.rs"),
     ("typed-errors", "examples/train/src/run/job.rs"),
     ("typed-errors", "examples/train/src/run/machine.rs"),
-    ("typed-errors", "examples/train/src/run/resume.rs"),
     ("typed-errors", "examples/train/src/run/setup.rs"),
 ];
 

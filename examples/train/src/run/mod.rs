@@ -10,5 +10,6 @@ mod setup;
 mod state;
 
 pub use machine::{longest_sequence, machine, plan};
+pub use resume::{ResumeError, RunShape};
 pub use setup::{plan_table, preflight, run, Checked};
 pub use state::{TrainReport, TrainerState};
