@@ -42,7 +42,6 @@ const GENERATED: &[(&str, &str)] = &[];
 const OWED: &[(&str, &str)] = &[
     ("typed-errors", "examples/train/src/options.rs"),
     ("typed-errors", "examples/train/src/run/job.rs"),
-    ("typed-errors", "examples/train/src/run/machine.rs"),
     ("typed-errors", "examples/train/src/run/setup.rs"),
 ];
 

@@ -9,7 +9,7 @@ mod resume;
 mod setup;
 mod state;
 
-pub use machine::{longest_sequence, machine, plan};
+pub use machine::{longest_sequence, machine, plan, MachineError};
 pub use resume::{ResumeError, RunShape};
 pub use setup::{plan_table, preflight, run, Checked};
 pub use state::{TrainReport, TrainerState};
