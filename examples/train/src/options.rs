@@ -3,12 +3,11 @@
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Result};
 use burn_offload::Compute;
 
 use crate::instruct::DataFormat;
 use crate::plan::{BlockInputs, HostLayout, KeptGraphs, OptimState};
-use crate::processes::RankOptions;
+use crate::processes::{PlaceError, RankOptions};
 
 /// Which implementation runs attention on CUDA in bf16 and f16 (`--attention`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -334,19 +333,75 @@ impl TrainOptions {
     }
 }
 
-pub(crate) fn validate(opts: &TrainOptions) -> Result<()> {
+/// Options refused before anything is read or built, each naming its flag.
+#[derive(Debug, thiserror::Error)]
+pub enum OptionsError {
+    #[error("--adam-betas takes two decay rates in [0, 1) as B1,B2, got {0:?}")]
+    AdamBetas(Vec<f32>),
+    #[error("--adam-eps must be a positive number, got {0}")]
+    AdamEps(f32),
+    #[error("{0} must be at least 1")]
+    Zero(&'static str),
+    #[error("--attention chooses CUDA's attention kernels, and this build runs on the CPU")]
+    AttentionOnCpu,
+    #[error("--lr must be a positive number, got {0}")]
+    Lr(f64),
+    #[error("--temperature must be >= 0, got {0}")]
+    Temperature(f64),
+    #[error("--grad-clip must be a number >= 0 (0 switches clipping off), got {0}")]
+    GradClip(f64),
+    #[error("--weight-decay must be a number >= 0, got {0}")]
+    WeightDecay(f64),
+    #[error("{flag} must be a positive number of GiB, got {gib}")]
+    MemoryGib { flag: &'static str, gib: f64 },
+    /// `--rank`, `--world-size` and the local ones that cannot be.
+    #[error(transparent)]
+    Place(#[from] PlaceError),
+    #[error(
+        "--gpus {0} with --world-size: a run of several processes trains on one GPU each; start \
+         one process per GPU"
+    )]
+    GpusWithWorldSize(usize),
+    #[error("{0} is an option of the offload engine; drop it or --resident")]
+    EngineOnly(&'static str),
+    #[error("--host-layout compact applies to a compute precision below fp32 (--compute bf16)")]
+    CompactAtFp32,
+    #[error("--host-params is an option of plain burn training; add --resident")]
+    HostParamsWithoutResident,
+    #[error(
+        "--param-cache-gib sizes the cache of --host-params (the type parameter's path); add \
+         --resident --host-params"
+    )]
+    ParamCacheWithoutHostParams,
+    #[error("--param-cache-gib must be a positive number of GiB, not {0}")]
+    ParamCacheGib(f64),
+    #[error("checkpoints are written from the offload engine's host store; drop --resident")]
+    ResidentCheckpoints,
+    #[error(
+        "--fused cannot accumulate --accum {0} micro-batches: it applies each block's update as \
+         the backward reaches it; drop --fused or --accum"
+    )]
+    FusedAccum(usize),
+    #[error("--overwrite lets --export-hf replace a folder; add --export-hf or drop it")]
+    OverwriteWithoutExport,
+    #[error("--checkpoint-every needs --checkpoint-dir (the folder to write them into)")]
+    CheckpointEveryWithoutDir,
+    #[error("--keep must be at least 1 (the newest checkpoint is always kept)")]
+    KeepZero,
+    #[error("--stop-after {stop} is beyond --steps {steps}")]
+    StopAfterBeyondSteps { stop: usize, steps: usize },
+    #[error("--min-lr-ratio must be in [0, 1], got {0}")]
+    MinLrRatio(f64),
+}
+
+pub(crate) fn validate(opts: &TrainOptions) -> Result<(), OptionsError> {
+    use OptionsError as E;
     match opts.adam_betas[..] {
         [b1, b2] if (0.0..1.0).contains(&b1) && (0.0..1.0).contains(&b2) => {}
-        _ => bail!(
-            "--adam-betas takes two decay rates in [0, 1) as B1,B2, got {:?}",
-            opts.adam_betas
-        ),
+        _ => return Err(E::AdamBetas(opts.adam_betas.clone())),
     }
     if !(opts.adam_eps.is_finite() && opts.adam_eps > 0.0) {
-        bail!(
-            "--adam-eps must be a positive number, got {}",
-            opts.adam_eps
-        );
+        return Err(E::AdamEps(opts.adam_eps));
     }
     let positive = [
         ("--accum", opts.accum),
@@ -356,38 +411,30 @@ pub(crate) fn validate(opts: &TrainOptions) -> Result<()> {
         ("--batch", opts.batch),
         ("--seq-len", opts.seq_len),
     ];
-    for (flag, value) in positive {
-        if value == 0 {
-            bail!("{flag} must be at least 1");
-        }
+    if let Some((flag, _)) = positive.iter().find(|(_, value)| *value == 0) {
+        return Err(E::Zero(flag));
     }
     if !cfg!(feature = "cuda") && opts.attention != AttentionKernels::Auto {
-        bail!("--attention chooses CUDA's attention kernels, and this build runs on the CPU");
+        return Err(E::AttentionOnCpu);
     }
     if !(opts.lr().is_finite() && opts.lr() > 0.0) {
-        bail!("--lr must be a positive number, got {}", opts.lr());
+        return Err(E::Lr(opts.lr()));
     }
     if !(opts.temperature.is_finite() && opts.temperature >= 0.0) {
-        bail!("--temperature must be >= 0, got {}", opts.temperature);
+        return Err(E::Temperature(opts.temperature));
     }
     if !(opts.grad_clip.is_finite() && opts.grad_clip >= 0.0) {
-        bail!(
-            "--grad-clip must be a number >= 0 (0 switches clipping off), got {}",
-            opts.grad_clip
-        );
+        return Err(E::GradClip(opts.grad_clip));
     }
     if !(opts.weight_decay.is_finite() && opts.weight_decay >= 0.0) {
-        bail!(
-            "--weight-decay must be a number >= 0, got {}",
-            opts.weight_decay
-        );
+        return Err(E::WeightDecay(opts.weight_decay));
     }
     for (flag, gib) in [
         ("--host-mem-gib", opts.host_mem_gib),
         ("--gpu-mem-gib", opts.gpu_mem_gib),
     ] {
         if let Some(gib) = gib.filter(|g| !(g.is_finite() && *g > 0.0)) {
-            bail!("{flag} must be a positive number of GiB, got {gib}");
+            return Err(E::MemoryGib { flag, gib });
         }
     }
     let engine_only = [
@@ -403,76 +450,64 @@ pub(crate) fn validate(opts: &TrainOptions) -> Result<()> {
     if let Some(place) = &opts.processes {
         place.validate()?;
         if opts.gpus > 1 {
-            bail!(
-                "--gpus {} with --world-size: a run of several processes trains on one GPU each; \
-                 start one process per GPU",
-                opts.gpus
-            );
+            return Err(E::GpusWithWorldSize(opts.gpus));
         }
     }
     if let Some((flag, _)) = engine_only.iter().find(|(_, set)| opts.resident && *set) {
-        bail!("{flag} is an option of the offload engine; drop it or --resident");
+        return Err(E::EngineOnly(flag));
     }
     if opts.optim_state == OptimState::EightBit && opts.resident {
-        bail!("--optim-state 8bit is an option of the offload engine; drop it or --resident");
+        return Err(E::EngineOnly("--optim-state 8bit"));
     }
     if opts.host_layout == HostLayout::Compact {
         if opts.resident {
-            bail!(
-                "--host-layout compact is an option of the offload engine; drop it or --resident"
-            );
+            return Err(E::EngineOnly("--host-layout compact"));
         }
         if opts.compute == Compute::Fp32 {
-            bail!(
-                "--host-layout compact applies to a compute precision below fp32 (--compute bf16)"
-            );
+            return Err(E::CompactAtFp32);
         }
     }
     if opts.host_params && !opts.resident {
-        bail!("--host-params is an option of plain burn training; add --resident");
+        return Err(E::HostParamsWithoutResident);
     }
     if let Some(gib) = opts.param_cache_gib {
         if !opts.host_params {
-            bail!("--param-cache-gib sizes the cache of --host-params (the type parameter's path); add --resident --host-params");
+            return Err(E::ParamCacheWithoutHostParams);
         }
         if !(gib > 0.0 && gib.is_finite()) {
-            bail!("--param-cache-gib must be a positive number of GiB, not {gib}");
+            return Err(E::ParamCacheGib(gib));
         }
     }
     if opts.resident && (opts.checkpoint_dir.is_some() || opts.resume.is_some()) {
-        bail!("checkpoints are written from the offload engine's host store; drop --resident");
+        return Err(E::ResidentCheckpoints);
     }
     if opts.fused && opts.accum > 1 {
-        bail!(
-            "--fused cannot accumulate --accum {} micro-batches: it applies each block's update \
-             as the backward reaches it; drop --fused or --accum",
-            opts.accum
-        );
+        return Err(E::FusedAccum(opts.accum));
     }
     if opts.overwrite && opts.export_hf.is_none() {
-        bail!("--overwrite lets --export-hf replace a folder; add --export-hf or drop it");
+        return Err(E::OverwriteWithoutExport);
     }
     if opts.checkpoint_every > 0 && opts.checkpoint_dir.is_none() {
-        bail!("--checkpoint-every needs --checkpoint-dir (the folder to write them into)");
+        return Err(E::CheckpointEveryWithoutDir);
     }
     if opts.keep == 0 {
-        bail!("--keep must be at least 1 (the newest checkpoint is always kept)");
+        return Err(E::KeepZero);
     }
     match opts.stop_after {
-        Some(0) => bail!("--stop-after must be at least 1"),
-        Some(n) if n > opts.steps => {
-            bail!("--stop-after {n} is beyond --steps {}", opts.steps)
+        Some(0) => return Err(E::Zero("--stop-after")),
+        Some(stop) if stop > opts.steps => {
+            return Err(E::StopAfterBeyondSteps {
+                stop,
+                steps: opts.steps,
+            })
         }
         _ => {}
     }
     if opts.max_skips == 0 {
-        bail!("--max-skips must be at least 1");
+        return Err(E::Zero("--max-skips"));
     }
     if !(0.0..=1.0).contains(&opts.min_lr_ratio) {
-        bail!(
-            "--min-lr-ratio must be in [0, 1], got {}",
-            opts.min_lr_ratio
-        );
+        return Err(E::MinLrRatio(opts.min_lr_ratio));
     }
     Ok(())
 }
