@@ -88,7 +88,7 @@ fn print_plan(opts: &TrainOptions) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(err) => {
-            print_error("", &*err);
+            print_error("", &err);
             ExitCode::FAILURE
         }
     }
@@ -123,7 +123,7 @@ fn main() -> ExitCode {
         }
         // What every rank would refuse is refused once, before any starts.
         if let Err(err) = trainer::run::preflight(&opts) {
-            print_error("", &*err);
+            print_error("", &err);
             return ExitCode::FAILURE;
         }
         let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
@@ -218,8 +218,8 @@ fn main() -> ExitCode {
         }
         Err(err) => {
             match cli.rank {
-                Some(rank) => print_error(&format!("rank {rank}: "), &*err),
-                None => print_error("", &*err),
+                Some(rank) => print_error(&format!("rank {rank}: "), &err),
+                None => print_error("", &err),
             }
             ExitCode::FAILURE
         }

@@ -12,5 +12,5 @@ mod state;
 pub use job::JobError;
 pub use machine::{longest_sequence, machine, plan, MachineError};
 pub use resume::{ResumeError, RunShape};
-pub use setup::{plan_table, preflight, run, Checked};
+pub use setup::{plan_table, preflight, run, Checked, SetupError, TrainError};
 pub use state::{TrainReport, TrainerState};
