@@ -75,6 +75,14 @@ pub enum ExportError {
         path: PathBuf,
         error: std::io::Error,
     },
+    #[error("--export-hf: cannot copy `{}`: {error}", file.display())]
+    Copy {
+        file: PathBuf,
+        error: std::io::Error,
+    },
+    /// The weights could not be written: the writer's own words.
+    #[error(transparent)]
+    Weights(#[from] models::hf::HfError),
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ExportError + '_ {
@@ -222,7 +230,10 @@ fn normalized(path: &Path) -> PathBuf {
 /// folder beside `dir`, which then takes `dir`'s place (an existing `dir` is
 /// removed only once the new one is complete; [`check`] has decided that it
 /// may be).
-pub fn write(dir: &Path, fill: impl FnOnce(&Path) -> anyhow::Result<()>) -> anyhow::Result<()> {
+pub fn write(
+    dir: &Path,
+    fill: impl FnOnce(&Path) -> Result<(), ExportError>,
+) -> Result<(), ExportError> {
     let name = dir
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -250,8 +261,7 @@ pub fn write(dir: &Path, fill: impl FnOnce(&Path) -> anyhow::Result<()>) -> anyh
         return Err(ExportError::Io {
             path: dir.to_path_buf(),
             error,
-        }
-        .into());
+        });
     }
     if replacing {
         fs::remove_dir_all(&old).map_err(io(&old))?;
@@ -260,7 +270,7 @@ pub fn write(dir: &Path, fill: impl FnOnce(&Path) -> anyhow::Result<()>) -> anyh
 }
 
 /// Flushes every file of `dir` to disk, then the folder itself.
-fn sync_folder(dir: &Path) -> anyhow::Result<()> {
+fn sync_folder(dir: &Path) -> Result<(), ExportError> {
     for entry in fs::read_dir(dir).map_err(io(dir))? {
         let path = entry.map_err(io(dir))?.path();
         fs::File::open(&path)

@@ -1,14 +1,15 @@
 //! What a run is asked to do: every option `train` takes, their defaults,
 //! and the checks they must pass before anything is read or built.
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 
-use anyhow::{bail, Result};
 use burn_offload::Compute;
+use clap::parser::ValueSource;
 
 use crate::instruct::DataFormat;
 use crate::plan::{BlockInputs, HostLayout, KeptGraphs, OptimState};
-use crate::processes::RankOptions;
+use crate::processes::{PlaceError, RankOptions};
 
 /// Which implementation runs attention on CUDA in bf16 and f16 (`--attention`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -259,6 +260,10 @@ pub struct TrainOptions {
     /// one process.
     #[arg(skip)]
     pub processes: Option<RankOptions>,
+    /// The flags given on `train`'s command line (empty for the library's
+    /// callers): a few are refused when given, whatever their value.
+    #[arg(skip)]
+    pub given: GivenFlags,
     /// Fault injection for tests: make the stem parameters NaN before this step.
     #[doc(hidden)]
     #[arg(skip)]
@@ -279,6 +284,35 @@ pub const DEFAULT_FINETUNE_LR: f64 = 2e-5;
 
 /// Temperature of the sample after training.
 pub const DEFAULT_TEMPERATURE: f64 = 0.7;
+
+/// The flags given on `train`'s command line, by clap id (the field's
+/// name): a flag that the rest of the command line would make ignored is
+/// refused when given, even at its default value (`--keep 3` without
+/// `--checkpoint-dir`). Besides [`TrainOptions`]' own, [`validate`] reads
+/// `train`'s flags for a run of several processes: `processes`, `world_size`
+/// (given with `rank`), `rendezvous`, `local_rank`, `local_world_size`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GivenFlags(BTreeSet<String>);
+
+impl GivenFlags {
+    /// The flags `matches` took from the command line.
+    pub fn of(matches: &clap::ArgMatches) -> Self {
+        let given =
+            |id: &&clap::Id| matches.value_source(id.as_str()) == Some(ValueSource::CommandLine);
+        Self(
+            matches
+                .ids()
+                .filter(given)
+                .map(|id| id.as_str().to_string())
+                .collect(),
+        )
+    }
+
+    /// Whether the flag of clap id `id` was given.
+    pub fn contains(&self, id: &str) -> bool {
+        self.0.contains(id)
+    }
+}
 
 impl Default for TrainOptions {
     /// The flags' defaults: what `train` with no arguments runs.
@@ -334,19 +368,159 @@ impl TrainOptions {
     }
 }
 
-pub(crate) fn validate(opts: &TrainOptions) -> Result<()> {
+/// Options refused before anything is read or built, each naming its flag.
+#[derive(Debug, thiserror::Error)]
+pub enum OptionsError {
+    #[error("{0} is an option of the offload engine; drop it or --resident")]
+    EngineOnly(&'static str),
+    #[error("--processes starts one process per GPU; drop --gpus")]
+    ProcessesWithGpus,
+    #[error("--rendezvous needs --rank and --world-size (--processes picks its own)")]
+    RendezvousWithoutRank,
+    #[error("{0} needs --rank and --world-size")]
+    NeedsRank(&'static str),
+    #[error("{0} needs --checkpoint-dir")]
+    NeedsCheckpointDir(&'static str),
+    #[error("--temperature has no effect with --sample-tokens 0")]
+    TemperatureUnused,
+    #[error("--processes must be at least 2, got {0}")]
+    TooFewProcesses(usize),
+    #[error("--adam-betas takes two decay rates in [0, 1) as B1,B2, got {0:?}")]
+    AdamBetas(Vec<f32>),
+    #[error("--adam-eps must be a positive number, got {0}")]
+    AdamEps(f32),
+    #[error("{0} must be at least 1")]
+    Zero(&'static str),
+    #[error("--attention chooses CUDA's attention kernels, and this build runs on the CPU")]
+    AttentionOnCpu,
+    #[error("--lr must be a positive number, got {0}")]
+    Lr(f64),
+    #[error("--temperature must be >= 0, got {0}")]
+    Temperature(f64),
+    #[error("--grad-clip must be a number >= 0 (0 switches clipping off), got {0}")]
+    GradClip(f64),
+    #[error("--weight-decay must be a number >= 0, got {0}")]
+    WeightDecay(f64),
+    #[error("{flag} must be a positive number of GiB, got {gib}")]
+    MemoryGib { flag: &'static str, gib: f64 },
+    /// `--rank`, `--world-size` and the local ones that cannot be.
+    #[error(transparent)]
+    Place(#[from] PlaceError),
+    #[error(
+        "--gpus {0} with --world-size: a run of several processes trains on one GPU each; start \
+         one process per GPU"
+    )]
+    GpusWithWorldSize(usize),
+    #[error("--host-layout compact applies to a compute precision below fp32 (--compute bf16)")]
+    CompactAtFp32,
+    #[error("--host-params is an option of plain burn training; add --resident")]
+    HostParamsWithoutResident,
+    #[error(
+        "--param-cache-gib sizes the cache of --host-params (the type parameter's path); add \
+         --resident --host-params"
+    )]
+    ParamCacheWithoutHostParams,
+    #[error("--param-cache-gib must be a positive number of GiB, not {0}")]
+    ParamCacheGib(f64),
+    #[error("checkpoints are written from the offload engine's host store; drop --resident")]
+    ResidentCheckpoints,
+    #[error(
+        "--fused cannot accumulate --accum {0} micro-batches: it applies each block's update as \
+         the backward reaches it; drop --fused or --accum"
+    )]
+    FusedAccum(usize),
+    #[error("--overwrite lets --export-hf replace a folder; add --export-hf or drop it")]
+    OverwriteWithoutExport,
+    #[error("--keep must be at least 1 (the newest checkpoint is always kept)")]
+    KeepZero,
+    #[error("--stop-after {stop} is beyond --steps {steps}")]
+    StopAfterBeyondSteps { stop: usize, steps: usize },
+    #[error("--min-lr-ratio must be in [0, 1], got {0}")]
+    MinLrRatio(f64),
+}
+
+/// The offload engine's options, each with whether it is given or set:
+/// refused with `--resident`.
+fn engine_only(opts: &TrainOptions) -> [(&'static str, bool); 15] {
+    let given = |id: &str| opts.given.contains(id);
+    [
+        ("--processes", given("processes")),
+        ("--max-skips", given("max_skips")),
+        ("--loss-chunk-tokens", given("loss_chunk_tokens")),
+        ("--block-inputs", given("block_inputs")),
+        ("--keep-graphs", given("keep_graphs")),
+        (
+            "--host-layout",
+            given("host_layout") || opts.host_layout == HostLayout::Compact,
+        ),
+        (
+            "--optim-state",
+            given("optim_state") || opts.optim_state == OptimState::EightBit,
+        ),
+        ("--fused", opts.fused),
+        ("--serial-copies", opts.serial_copies),
+        ("--spin-waits", opts.spin_waits),
+        ("--updates-during-copies", opts.updates_during_copies),
+        ("--no-guard", opts.no_guard),
+        ("--stop-after", opts.stop_after.is_some()),
+        ("--gpus", opts.gpus > 1),
+        ("--world-size", opts.processes.is_some()),
+    ]
+}
+
+/// Every rule the options obey, the one place a flag's refusals are
+/// written: first the flags that the rest would make ignored (refused
+/// rather than silently dropped), then each value, then what cannot go
+/// together. `train` runs it before anything else, and every run (and
+/// `--plan`) before it reads anything.
+pub fn validate(opts: &TrainOptions) -> Result<(), OptionsError> {
+    use OptionsError as E;
+    let given = |id: &str| opts.given.contains(id);
+    if let Some((flag, _)) = engine_only(opts)
+        .iter()
+        .find(|(_, set)| opts.resident && *set)
+    {
+        return Err(E::EngineOnly(flag));
+    }
+    if given("processes") && opts.gpus > 1 {
+        return Err(E::ProcessesWithGpus);
+    }
+    if !given("world_size") {
+        if given("rendezvous") {
+            return Err(E::RendezvousWithoutRank);
+        }
+        for (id, flag) in [
+            ("local_rank", "--local-rank"),
+            ("local_world_size", "--local-world-size"),
+        ] {
+            if given(id) {
+                return Err(E::NeedsRank(flag));
+            }
+        }
+    }
+    if opts.checkpoint_dir.is_none() {
+        if given("keep") {
+            return Err(E::NeedsCheckpointDir("--keep"));
+        }
+        if given("checkpoint_every") || opts.checkpoint_every > 0 {
+            return Err(E::NeedsCheckpointDir("--checkpoint-every"));
+        }
+    }
+    if given("temperature") && opts.sample_tokens == 0 {
+        return Err(E::TemperatureUnused);
+    }
+    match &opts.processes {
+        Some(place) if given("processes") && place.world_size < 2 => {
+            return Err(E::TooFewProcesses(place.world_size))
+        }
+        _ => {}
+    }
     match opts.adam_betas[..] {
         [b1, b2] if (0.0..1.0).contains(&b1) && (0.0..1.0).contains(&b2) => {}
-        _ => bail!(
-            "--adam-betas takes two decay rates in [0, 1) as B1,B2, got {:?}",
-            opts.adam_betas
-        ),
+        _ => return Err(E::AdamBetas(opts.adam_betas.clone())),
     }
     if !(opts.adam_eps.is_finite() && opts.adam_eps > 0.0) {
-        bail!(
-            "--adam-eps must be a positive number, got {}",
-            opts.adam_eps
-        );
+        return Err(E::AdamEps(opts.adam_eps));
     }
     let positive = [
         ("--accum", opts.accum),
@@ -356,123 +530,79 @@ pub(crate) fn validate(opts: &TrainOptions) -> Result<()> {
         ("--batch", opts.batch),
         ("--seq-len", opts.seq_len),
     ];
-    for (flag, value) in positive {
-        if value == 0 {
-            bail!("{flag} must be at least 1");
-        }
+    if let Some((flag, _)) = positive.iter().find(|(_, value)| *value == 0) {
+        return Err(E::Zero(flag));
     }
     if !cfg!(feature = "cuda") && opts.attention != AttentionKernels::Auto {
-        bail!("--attention chooses CUDA's attention kernels, and this build runs on the CPU");
+        return Err(E::AttentionOnCpu);
     }
     if !(opts.lr().is_finite() && opts.lr() > 0.0) {
-        bail!("--lr must be a positive number, got {}", opts.lr());
+        return Err(E::Lr(opts.lr()));
     }
     if !(opts.temperature.is_finite() && opts.temperature >= 0.0) {
-        bail!("--temperature must be >= 0, got {}", opts.temperature);
+        return Err(E::Temperature(opts.temperature));
     }
     if !(opts.grad_clip.is_finite() && opts.grad_clip >= 0.0) {
-        bail!(
-            "--grad-clip must be a number >= 0 (0 switches clipping off), got {}",
-            opts.grad_clip
-        );
+        return Err(E::GradClip(opts.grad_clip));
     }
     if !(opts.weight_decay.is_finite() && opts.weight_decay >= 0.0) {
-        bail!(
-            "--weight-decay must be a number >= 0, got {}",
-            opts.weight_decay
-        );
+        return Err(E::WeightDecay(opts.weight_decay));
     }
     for (flag, gib) in [
         ("--host-mem-gib", opts.host_mem_gib),
         ("--gpu-mem-gib", opts.gpu_mem_gib),
     ] {
         if let Some(gib) = gib.filter(|g| !(g.is_finite() && *g > 0.0)) {
-            bail!("{flag} must be a positive number of GiB, got {gib}");
+            return Err(E::MemoryGib { flag, gib });
         }
     }
-    let engine_only = [
-        ("--fused", opts.fused),
-        ("--serial-copies", opts.serial_copies),
-        ("--spin-waits", opts.spin_waits),
-        ("--updates-during-copies", opts.updates_during_copies),
-        ("--no-guard", opts.no_guard),
-        ("--stop-after", opts.stop_after.is_some()),
-        ("--gpus", opts.gpus > 1),
-        ("--world-size", opts.processes.is_some()),
-    ];
     if let Some(place) = &opts.processes {
         place.validate()?;
         if opts.gpus > 1 {
-            bail!(
-                "--gpus {} with --world-size: a run of several processes trains on one GPU each; \
-                 start one process per GPU",
-                opts.gpus
-            );
+            return Err(E::GpusWithWorldSize(opts.gpus));
         }
     }
-    if let Some((flag, _)) = engine_only.iter().find(|(_, set)| opts.resident && *set) {
-        bail!("{flag} is an option of the offload engine; drop it or --resident");
-    }
-    if opts.optim_state == OptimState::EightBit && opts.resident {
-        bail!("--optim-state 8bit is an option of the offload engine; drop it or --resident");
-    }
-    if opts.host_layout == HostLayout::Compact {
-        if opts.resident {
-            bail!(
-                "--host-layout compact is an option of the offload engine; drop it or --resident"
-            );
-        }
-        if opts.compute == Compute::Fp32 {
-            bail!(
-                "--host-layout compact applies to a compute precision below fp32 (--compute bf16)"
-            );
-        }
+    if opts.host_layout == HostLayout::Compact && opts.compute == Compute::Fp32 {
+        return Err(E::CompactAtFp32);
     }
     if opts.host_params && !opts.resident {
-        bail!("--host-params is an option of plain burn training; add --resident");
+        return Err(E::HostParamsWithoutResident);
     }
     if let Some(gib) = opts.param_cache_gib {
         if !opts.host_params {
-            bail!("--param-cache-gib sizes the cache of --host-params (the type parameter's path); add --resident --host-params");
+            return Err(E::ParamCacheWithoutHostParams);
         }
         if !(gib > 0.0 && gib.is_finite()) {
-            bail!("--param-cache-gib must be a positive number of GiB, not {gib}");
+            return Err(E::ParamCacheGib(gib));
         }
     }
     if opts.resident && (opts.checkpoint_dir.is_some() || opts.resume.is_some()) {
-        bail!("checkpoints are written from the offload engine's host store; drop --resident");
+        return Err(E::ResidentCheckpoints);
     }
     if opts.fused && opts.accum > 1 {
-        bail!(
-            "--fused cannot accumulate --accum {} micro-batches: it applies each block's update \
-             as the backward reaches it; drop --fused or --accum",
-            opts.accum
-        );
+        return Err(E::FusedAccum(opts.accum));
     }
     if opts.overwrite && opts.export_hf.is_none() {
-        bail!("--overwrite lets --export-hf replace a folder; add --export-hf or drop it");
-    }
-    if opts.checkpoint_every > 0 && opts.checkpoint_dir.is_none() {
-        bail!("--checkpoint-every needs --checkpoint-dir (the folder to write them into)");
+        return Err(E::OverwriteWithoutExport);
     }
     if opts.keep == 0 {
-        bail!("--keep must be at least 1 (the newest checkpoint is always kept)");
+        return Err(E::KeepZero);
     }
     match opts.stop_after {
-        Some(0) => bail!("--stop-after must be at least 1"),
-        Some(n) if n > opts.steps => {
-            bail!("--stop-after {n} is beyond --steps {}", opts.steps)
+        Some(0) => return Err(E::Zero("--stop-after")),
+        Some(stop) if stop > opts.steps => {
+            return Err(E::StopAfterBeyondSteps {
+                stop,
+                steps: opts.steps,
+            })
         }
         _ => {}
     }
     if opts.max_skips == 0 {
-        bail!("--max-skips must be at least 1");
+        return Err(E::Zero("--max-skips"));
     }
     if !(0.0..=1.0).contains(&opts.min_lr_ratio) {
-        bail!(
-            "--min-lr-ratio must be in [0, 1], got {}",
-            opts.min_lr_ratio
-        );
+        return Err(E::MinLrRatio(opts.min_lr_ratio));
     }
     Ok(())
 }
@@ -481,14 +611,53 @@ pub(crate) fn validate(opts: &TrainOptions) -> Result<()> {
 mod tests {
     use super::*;
 
+    /// The options of a command line, with the flags it gives (as `train`
+    /// reads them).
     fn parse(args: &[&str]) -> TrainOptions {
+        use clap::{CommandFactory, FromArgMatches};
         #[derive(clap::Parser)]
         struct Args {
             #[command(flatten)]
             opts: TrainOptions,
         }
         let args = std::iter::once("train").chain(args.iter().copied());
-        <Args as clap::Parser>::try_parse_from(args).unwrap().opts
+        let matches = Args::command().try_get_matches_from(args).unwrap();
+        TrainOptions {
+            given: GivenFlags::of(&matches),
+            ..Args::from_arg_matches(&matches).unwrap().opts
+        }
+    }
+
+    /// A flag that the rest would make ignored is refused when given, even
+    /// at its default, and not when left out; an engine option is refused
+    /// with --resident when given or when its value asks for the engine.
+    #[test]
+    fn ignored_flags_are_refused_when_given_or_set() {
+        let refused = |args: &[&str]| validate(&parse(args)).unwrap_err().to_string();
+        assert_eq!(refused(&["--keep", "3"]), "--keep needs --checkpoint-dir");
+        validate(&parse(&["--keep", "3", "--checkpoint-dir", "ck"])).unwrap();
+        let engine = "is an option of the offload engine; drop it or --resident";
+        for (args, flag) in [
+            (
+                &["--resident", "--optim-state", "fp32"][..],
+                "--optim-state",
+            ),
+            (&["--resident", "--max-skips", "5"], "--max-skips"),
+            (&["--resident", "--fused"], "--fused"),
+        ] {
+            assert_eq!(refused(args), format!("{flag} {engine}"));
+        }
+        validate(&parse(&["--resident"])).unwrap();
+        validate(&parse(&["--resident", "--gpus", "1"])).unwrap();
+        let set = TrainOptions {
+            resident: true,
+            optim_state: OptimState::EightBit,
+            ..TrainOptions::default()
+        };
+        assert_eq!(
+            validate(&set).unwrap_err().to_string(),
+            format!("--optim-state {engine}")
+        );
     }
 
     /// `--adam-betas` and `--adam-eps` reach the optimizers; burn-optim's

@@ -6,23 +6,53 @@ use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use anyhow::{anyhow, Result};
 use burn_offload::checkpoint::{CheckpointDir, CheckpointError};
 use serde::Serialize;
 
+/// Why the checkpoint folder or the `--metrics` file could not be used,
+/// naming the flag. (A checkpoint's or the OS's error is part of the
+/// message rather than its source, so that error-chain printers do not
+/// repeat it.)
+#[derive(Debug, thiserror::Error)]
+pub enum OutputError {
+    #[error(
+        "--checkpoint-dir: {error}; continue that run with `--resume {}`, or start over in an \
+         empty folder (another --checkpoint-dir, or move its step-* folders away)",
+        dir.display()
+    )]
+    OtherRun {
+        dir: PathBuf,
+        error: CheckpointError,
+    },
+    #[error("--checkpoint-dir: {0}; wait for it to end or choose another folder")]
+    Locked(CheckpointError),
+    #[error("--checkpoint-dir: {0}")]
+    CheckpointDir(CheckpointError),
+    #[error("--metrics `{}`: cannot open: {error}", path.display())]
+    MetricsOpen {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    #[error("--metrics `{}`: cannot write: {error}", path.display())]
+    MetricsWrite {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    /// A metrics line that does not serialise: serde's own words.
+    #[error(transparent)]
+    MetricsLine(#[from] serde_json::Error),
+}
+
 /// Opens `dir` for the checkpoints of `run`: creates and locks it, and
 /// refuses it when another run's checkpoints are there.
-pub fn checkpoint_dir(dir: &Path, run: &str, keep: usize) -> Result<CheckpointDir> {
-    CheckpointDir::open(dir, run, keep).map_err(|err| match err {
-        CheckpointError::OtherRun { .. } => anyhow!(
-            "--checkpoint-dir: {err}; continue that run with `--resume {}`, or start over \
-             in an empty folder (another --checkpoint-dir, or move its step-* folders away)",
-            dir.display()
-        ),
-        CheckpointError::Locked { .. } => {
-            anyhow!("--checkpoint-dir: {err}; wait for it to end or choose another folder")
-        }
-        err => anyhow!("--checkpoint-dir: {err}"),
+pub fn checkpoint_dir(dir: &Path, run: &str, keep: usize) -> Result<CheckpointDir, OutputError> {
+    CheckpointDir::open(dir, run, keep).map_err(|error| match error {
+        CheckpointError::OtherRun { .. } => OutputError::OtherRun {
+            dir: dir.to_path_buf(),
+            error,
+        },
+        CheckpointError::Locked { .. } => OutputError::Locked(error),
+        error => OutputError::CheckpointDir(error),
     })
 }
 
@@ -37,14 +67,17 @@ pub struct MetricsFile {
 impl MetricsFile {
     /// Opens `path`, truncating it for a new run or appending to it when the
     /// run continues from a checkpoint.
-    pub fn open(path: &Path, append: bool) -> Result<Self> {
+    pub fn open(path: &Path, append: bool) -> Result<Self, OutputError> {
         let file = OpenOptions::new()
             .create(true)
             .write(true)
             .append(append)
             .truncate(!append)
             .open(path)
-            .map_err(|err| anyhow!("--metrics `{}`: cannot open: {err}", path.display()))?;
+            .map_err(|error| OutputError::MetricsOpen {
+                path: path.to_path_buf(),
+                error,
+            })?;
         Ok(Self {
             path: path.to_path_buf(),
             file,
@@ -52,12 +85,15 @@ impl MetricsFile {
     }
 
     /// Appends `value` as one line.
-    pub fn line(&mut self, value: &impl Serialize) -> Result<()> {
+    pub fn line(&mut self, value: &impl Serialize) -> Result<(), OutputError> {
         let mut line = serde_json::to_vec(value)?;
         line.push(b'\n');
         self.file
             .write_all(&line)
-            .map_err(|err| anyhow!("--metrics `{}`: cannot write: {err}", self.path.display()))
+            .map_err(|error| OutputError::MetricsWrite {
+                path: self.path.clone(),
+                error,
+            })
     }
 }
 

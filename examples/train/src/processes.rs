@@ -15,8 +15,7 @@ use std::time::Duration;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use anyhow::{bail, Result};
-use burn_offload::ProcessGroup;
+use burn_offload::{ProcessError, ProcessGroup};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
@@ -40,49 +39,96 @@ pub struct RankOptions {
     pub local_world_size: usize,
 }
 
+/// A place in a run of several processes that cannot be.
+#[derive(Debug, thiserror::Error)]
+pub enum PlaceError {
+    #[error("--world-size must be at least 2 for a run of several processes, got {0}")]
+    WorldSize(usize),
+    #[error("--rank {rank} is not below --world-size {world_size}")]
+    Rank { rank: usize, world_size: usize },
+    #[error(
+        "--local-world-size {local_world_size} must be between 1 and --world-size {world_size}"
+    )]
+    LocalWorldSize {
+        local_world_size: usize,
+        world_size: usize,
+    },
+    #[error("--local-rank {local_rank} is not below --local-world-size {local_world_size}")]
+    LocalRank {
+        local_rank: usize,
+        local_world_size: usize,
+    },
+}
+
+/// The run's processes could not meet, or exchange what they must; the
+/// message names this process's rank (the group's error is part of it
+/// rather than its source, so that error-chain printers do not repeat it).
+#[derive(Debug, thiserror::Error)]
+#[error("rank {rank}: {error}")]
+pub struct RankError {
+    pub rank: usize,
+    pub error: ProcessError,
+}
+
+/// Why `train --processes N` could not start or watch its ranks.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    #[error("--processes must be at least 2, got {0}")]
+    TooFew(usize),
+    #[error("cannot find a free port for the rendezvous: {0}")]
+    NoFreePort(std::io::Error),
+    #[error("cannot install the launcher's signal handler: {0}")]
+    SignalHandler(std::io::Error),
+    #[error("cannot find this program to start its ranks: {0}")]
+    NoProgram(std::io::Error),
+    #[error("cannot start rank {rank}: {error}")]
+    Start { rank: usize, error: std::io::Error },
+    /// Another call to the OS failed (starting the signal thread, waiting
+    /// for a rank): its own words.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
 impl RankOptions {
     /// Refuses a place that cannot be: ranks below the world size, local
     /// ranks below the local world size, which is at most the world.
-    pub fn validate(&self) -> Result<()> {
+    pub fn validate(&self) -> Result<(), PlaceError> {
         if self.world_size < 2 {
-            bail!(
-                "--world-size must be at least 2 for a run of several processes, got {}",
-                self.world_size
-            );
+            return Err(PlaceError::WorldSize(self.world_size));
         }
         if self.rank >= self.world_size {
-            bail!(
-                "--rank {} is not below --world-size {}",
-                self.rank,
-                self.world_size
-            );
+            return Err(PlaceError::Rank {
+                rank: self.rank,
+                world_size: self.world_size,
+            });
         }
         if self.local_world_size == 0 || self.local_world_size > self.world_size {
-            bail!(
-                "--local-world-size {} must be between 1 and --world-size {}",
-                self.local_world_size,
-                self.world_size
-            );
+            return Err(PlaceError::LocalWorldSize {
+                local_world_size: self.local_world_size,
+                world_size: self.world_size,
+            });
         }
         if self.local_rank >= self.local_world_size {
-            bail!(
-                "--local-rank {} is not below --local-world-size {}",
-                self.local_rank,
-                self.local_world_size
-            );
+            return Err(PlaceError::LocalRank {
+                local_rank: self.local_rank,
+                local_world_size: self.local_world_size,
+            });
         }
         Ok(())
     }
 
     /// Meets the other ranks at the rendezvous.
-    pub fn join(&self) -> Result<Arc<ProcessGroup>> {
+    pub fn join(&self) -> Result<Arc<ProcessGroup>, RankError> {
         let group = ProcessGroup::join(
             self.rank,
             self.world_size,
             &self.rendezvous,
             RENDEZVOUS_TIMEOUT,
         )
-        .map_err(|e| anyhow::anyhow!("rank {}: {e}", self.rank))?;
+        .map_err(|error| RankError {
+            rank: self.rank,
+            error,
+        })?;
         Ok(Arc::new(group))
     }
 }
@@ -90,11 +136,15 @@ impl RankOptions {
 /// The signal that stops the run, agreed by every process: the first
 /// rank's that got one (a Ctrl-C reaches every process on a terminal; a
 /// scheduler's SIGTERM may reach one), so all stop at the same step.
-pub fn agree_on_signal(group: &ProcessGroup, signal: Option<i32>) -> Result<Option<i32>> {
+pub fn agree_on_signal(
+    group: &ProcessGroup,
+    signal: Option<i32>,
+) -> Result<Option<i32>, RankError> {
     let mine = signal.unwrap_or(0).to_le_bytes();
-    let all = group
-        .all_gather(&mine)
-        .map_err(|e| anyhow::anyhow!("rank {}: {e}", group.rank()))?;
+    let all = group.all_gather(&mine).map_err(|error| RankError {
+        rank: group.rank(),
+        error,
+    })?;
     Ok(all
         .iter()
         .map(|b| i32::from_le_bytes(b[..4].try_into().unwrap_or_default()))
@@ -131,9 +181,8 @@ pub fn rank_args(args: &[OsString], rank: usize, n: usize, rendezvous: &str) -> 
 }
 
 /// A free TCP port on the loopback interface, for the launcher's rendezvous.
-pub fn free_loopback_address() -> Result<String> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")
-        .map_err(|e| anyhow::anyhow!("cannot find a free port for the rendezvous: {e}"))?;
+pub fn free_loopback_address() -> Result<String, LaunchError> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(LaunchError::NoFreePort)?;
     let port = listener.local_addr()?.port();
     Ok(format!("127.0.0.1:{port}"))
 }
@@ -144,16 +193,15 @@ pub fn free_loopback_address() -> Result<String> {
 /// links to it break) and are then ended: a rank waiting in a collective
 /// would wait for ever. Returns the first failure's status, else the status
 /// of ranks a signal stopped, else success.
-pub fn launch(n: usize, args: &[OsString]) -> Result<ExitStatus> {
+pub fn launch(n: usize, args: &[OsString]) -> Result<ExitStatus, LaunchError> {
     if n < 2 {
-        bail!("--processes must be at least 2, got {n}");
+        return Err(LaunchError::TooFew(n));
     }
     // A terminal's Ctrl-C reaches every rank itself (one process group);
     // the launcher outlives it and waits for their checkpoints. A SIGTERM
     // sent to the launcher alone is passed on to every rank.
     let terms = Arc::new(AtomicUsize::new(0));
-    let mut signals = Signals::new([SIGINT, SIGTERM])
-        .map_err(|e| anyhow::anyhow!("cannot install the launcher's signal handler: {e}"))?;
+    let mut signals = Signals::new([SIGINT, SIGTERM]).map_err(LaunchError::SignalHandler)?;
     let counted = terms.clone();
     std::thread::Builder::new()
         .name("launcher-signals".into())
@@ -165,8 +213,7 @@ pub fn launch(n: usize, args: &[OsString]) -> Result<ExitStatus> {
             }
         })?;
     let mut passed_on = 0;
-    let program = std::env::current_exe()
-        .map_err(|e| anyhow::anyhow!("cannot find this program to start its ranks: {e}"))?;
+    let program = std::env::current_exe().map_err(LaunchError::NoProgram)?;
     let rendezvous = free_loopback_address()?;
     let mut children: Vec<(usize, Child)> = Vec::with_capacity(n);
     for rank in 0..n {
@@ -175,9 +222,9 @@ pub fn launch(n: usize, args: &[OsString]) -> Result<ExitStatus> {
             .spawn();
         match child {
             Ok(child) => children.push((rank, child)),
-            Err(e) => {
+            Err(error) => {
                 end_all(&mut children);
-                bail!("cannot start rank {rank}: {e}");
+                return Err(LaunchError::Start { rank, error });
             }
         }
     }

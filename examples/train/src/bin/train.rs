@@ -5,10 +5,9 @@
 
 use std::process::ExitCode;
 
-use clap::parser::ValueSource;
-use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
+use clap::{CommandFactory, FromArgMatches, Parser};
 use trainer::error_line::print_error;
-use trainer::options::TrainOptions;
+use trainer::options::{validate, GivenFlags, TrainOptions};
 use trainer::processes::RankOptions;
 use trainer::run::run;
 use trainer::signals;
@@ -56,103 +55,28 @@ struct Cli {
     plan: bool,
 }
 
-/// Flags that the rest of the command line would make ignored: each is
-/// refused rather than silently dropped. (Flags without defaults are checked
-/// in `TrainOptions`' validation.)
-fn refuse_ignored_flags(matches: &ArgMatches, cli: &Cli) -> Result<(), String> {
-    let given = |id: &str| matches.value_source(id) == Some(ValueSource::CommandLine);
-    let rules: [(&str, &str, bool, &str); 14] = [
-        (
-            "processes",
-            "--processes",
-            cli.opts.resident,
-            "is an option of the offload engine; drop it or --resident",
-        ),
-        (
-            "processes",
-            "--processes",
-            cli.opts.gpus > 1,
-            "starts one process per GPU; drop --gpus",
-        ),
-        (
-            "rendezvous",
-            "--rendezvous",
-            cli.world_size.is_none(),
-            "needs --rank and --world-size (--processes picks its own)",
-        ),
-        (
-            "local_rank",
-            "--local-rank",
-            cli.world_size.is_none(),
-            "needs --rank and --world-size",
-        ),
-        (
-            "local_world_size",
-            "--local-world-size",
-            cli.world_size.is_none(),
-            "needs --rank and --world-size",
-        ),
-        (
-            "keep",
-            "--keep",
-            cli.opts.checkpoint_dir.is_none(),
-            "needs --checkpoint-dir",
-        ),
-        (
-            "checkpoint_every",
-            "--checkpoint-every",
-            cli.opts.checkpoint_dir.is_none(),
-            "needs --checkpoint-dir",
-        ),
-        (
-            "temperature",
-            "--temperature",
-            cli.opts.sample_tokens == 0,
-            "has no effect with --sample-tokens 0",
-        ),
-        (
-            "max_skips",
-            "--max-skips",
-            cli.opts.resident,
-            "is an option of the offload engine; drop it or --resident",
-        ),
-        (
-            "loss_chunk_tokens",
-            "--loss-chunk-tokens",
-            cli.opts.resident,
-            "is an option of the offload engine; drop it or --resident",
-        ),
-        (
-            "block_inputs",
-            "--block-inputs",
-            cli.opts.resident,
-            "is an option of the offload engine; drop it or --resident",
-        ),
-        (
-            "keep_graphs",
-            "--keep-graphs",
-            cli.opts.resident,
-            "is an option of the offload engine; drop it or --resident",
-        ),
-        (
-            "host_layout",
-            "--host-layout",
-            cli.opts.resident,
-            "is an option of the offload engine; drop it or --resident",
-        ),
-        (
-            "optim_state",
-            "--optim-state",
-            cli.opts.resident,
-            "is an option of the offload engine; drop it or --resident",
-        ),
-    ];
-    match rules
-        .iter()
-        .find(|(id, _, ignored, _)| *ignored && given(id))
-    {
-        Some((_, flag, _, why)) => Err(format!("{flag} {why}")),
-        None => Ok(()),
+impl Cli {
+    /// This process's place in a run of several: rank 0 of the launcher's
+    /// `--processes` (one process's share of the host, the plan and the
+    /// checks each rank makes), or the `--rank` given.
+    fn place(&self) -> Option<RankOptions> {
+        match (self.processes, self.rank, self.world_size) {
+            (Some(n), _, _) => Some(RankOptions {
+                rank: 0,
+                world_size: n,
+                rendezvous: self.rendezvous.clone(),
+                local_rank: 0,
+                local_world_size: n,
+            }),
+            (None, Some(rank), Some(world_size)) => Some(RankOptions {
+                rank,
+                world_size,
+                rendezvous: self.rendezvous.clone(),
+                local_rank: self.local_rank.unwrap_or(rank),
+                local_world_size: self.local_world_size.unwrap_or(world_size),
+            }),
+            _ => None,
+        }
     }
 }
 
@@ -176,50 +100,24 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(err) => err.exit(),
     };
-    if let Err(why) = refuse_ignored_flags(&matches, &cli) {
-        print_error("", &anyhow::anyhow!(why));
-        return ExitCode::FAILURE;
-    }
     let opts = TrainOptions {
         // Of several processes, rank 0 reports.
         progress: cli.rank.is_none_or(|rank| rank == 0),
-        processes: match (cli.rank, cli.world_size) {
-            (Some(rank), Some(world_size)) => Some(RankOptions {
-                rank,
-                world_size,
-                rendezvous: cli.rendezvous.clone(),
-                local_rank: cli.local_rank.unwrap_or(rank),
-                local_world_size: cli.local_world_size.unwrap_or(world_size),
-            }),
-            _ => None,
-        },
+        processes: cli.place(),
+        given: GivenFlags::of(&matches),
         ..cli.opts.clone()
     };
+    // Every flag's rules, before anything else is looked at.
+    if let Err(err) = validate(&opts) {
+        print_error("", &err);
+        return ExitCode::FAILURE;
+    }
     #[cfg(feature = "cuda")]
     if let Err(err) = trainer::preflight::cuda_driver() {
-        print_error("", &anyhow::anyhow!(err));
+        print_error("", &err);
         return ExitCode::FAILURE;
     }
     if let Some(n) = cli.processes {
-        if n < 2 {
-            print_error(
-                "",
-                &anyhow::anyhow!("--processes must be at least 2, got {n}"),
-            );
-            return ExitCode::FAILURE;
-        }
-        // Rank 0's options: one process's share of the host, the plan and
-        // the checks each rank makes.
-        let opts = TrainOptions {
-            processes: Some(RankOptions {
-                rank: 0,
-                world_size: n,
-                rendezvous: cli.rendezvous,
-                local_rank: 0,
-                local_world_size: n,
-            }),
-            ..opts
-        };
         if cli.plan {
             return print_plan(&opts);
         }
@@ -242,7 +140,7 @@ fn main() -> ExitCode {
         return print_plan(&opts);
     }
     if let Err(err) = signals::install() {
-        print_error("", &anyhow::Error::new(err));
+        print_error("", &err);
         return ExitCode::FAILURE;
     }
     // Of several processes, rank 0 reports the run; the others only their errors.

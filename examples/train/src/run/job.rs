@@ -5,30 +5,31 @@ use std::path::PathBuf;
 use std::sync::{Arc, MutexGuard};
 use std::time::Instant;
 
-use anyhow::{bail, Result};
 use burn::backend::Autodiff;
 use burn::module::AutodiffModule;
 use burn::module::HasAutodiffModule;
 use burn::optim::{GradientsAccumulator, GradientsParams, Optimizer};
 use burn::prelude::*;
-use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::backend::{AutodiffBackend, ExecutionError};
 use burn::tensor::{ElementConversion, TensorData};
 use burn_offload::checkpoint::{CheckpointDir, CheckpointError};
 use burn_offload::{
-    BlockModel, Compute, DecoderBlock, Documents, Engine, EngineConfig, OptimizerConfig,
+    BlockModel, Compute, DecoderBlock, Documents, Engine, EngineConfig, EngineError,
+    OptimizerConfig,
 };
+use models::hf::HfError;
 use models::{cross_entropy, ModelConfig};
 
 use super::machine::*;
 use super::resume::*;
 use super::state::*;
 use crate::data::{trained_targets, Batcher};
-use crate::export;
+use crate::export::{self, ExportError};
 use crate::metrics::*;
 use crate::options::*;
-use crate::outputs::{MetricsFile, ResumeMarker};
+use crate::outputs::{MetricsFile, OutputError, ResumeMarker};
 use crate::plan::OptimState;
-use crate::processes::agree_on_signal;
+use crate::processes::{agree_on_signal, RankError};
 use crate::progress::{human_count, Progress, StepLine};
 use crate::sample::*;
 use crate::schedule::WarmupCosine;
@@ -37,6 +38,49 @@ use crate::tokenizer::Tokenizer;
 use crate::{peak_rss_bytes, process_rss_bytes};
 use burn_offload::trace;
 use burn_offload::ProcessGroup;
+
+/// Why training stopped with an error once it had begun: a loss or
+/// gradient that would not stay finite, or what the engine, the outputs or
+/// the other processes reported (in their own words).
+#[derive(Debug, thiserror::Error)]
+pub enum JobError {
+    #[error(
+        "loss became {loss} at step {step} and --no-guard applied the update; resume from the \
+         last checkpoint with a lower --lr"
+    )]
+    UnguardedNonFinite { loss: f32, step: usize },
+    #[error(
+        "stopped: {skips} consecutive steps had a non-finite loss or gradient (last loss {loss}, \
+         gradient norm {grad_norm}); parameters are as after step {after}; lower --lr or check \
+         the data"
+    )]
+    TooManySkips {
+        skips: usize,
+        loss: f32,
+        grad_norm: f64,
+        after: usize,
+    },
+    #[error("loss became {loss} at step {step}; try a lower --lr")]
+    NonFinite { loss: f32, step: usize },
+    #[error("device sync failed: {0:?}")]
+    DeviceSync(ExecutionError),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    #[error(transparent)]
+    Output(#[from] OutputError),
+    #[error(transparent)]
+    Processes(#[from] RankError),
+    #[error(transparent)]
+    Export(#[from] ExportError),
+    /// `--init-from`'s config.json, read again for the export.
+    #[error(transparent)]
+    SourceConfig(#[from] HfError),
+    /// The trainer state a checkpoint records did not serialise.
+    #[error(transparent)]
+    State(#[from] serde_json::Error),
+}
 
 pub(crate) struct Job<'a> {
     pub(crate) opts: &'a TrainOptions,
@@ -104,7 +148,7 @@ impl Job<'_> {
         mut self,
         (model, rng): (M, MutexGuard<'static, ()>),
         devices: &[B::Device],
-    ) -> Result<Outcome>
+    ) -> Result<Outcome, JobError>
     where
         B: Backend,
         M: BlockModel<B> + HasAutodiffModule<Autodiff<B>>,
@@ -291,11 +335,10 @@ impl Job<'_> {
                 consecutive_skips = 0;
             }
             if opts.no_guard && !report.loss.is_finite() {
-                bail!(
-                    "loss became {} at step {step} and --no-guard applied the update; \
-                     resume from the last checkpoint with a lower --lr",
-                    report.loss
-                );
+                return Err(JobError::UnguardedNonFinite {
+                    loss: report.loss,
+                    step,
+                });
             }
             outcome.losses.push(report.loss);
             let pager = engine.pager_stats();
@@ -326,13 +369,12 @@ impl Job<'_> {
                 skipped_total: outcome.skipped_total,
             })?;
             if consecutive_skips >= opts.max_skips {
-                bail!(
-                    "stopped: {consecutive_skips} consecutive steps had a non-finite loss or gradient (last loss {}, \
-                     gradient norm {}); parameters are as after step {}; lower --lr or check the data",
-                    report.loss,
-                    report.grad_norm,
-                    step + 1 - consecutive_skips
-                );
+                return Err(JobError::TooManySkips {
+                    skips: consecutive_skips,
+                    loss: report.loss,
+                    grad_norm: report.grad_norm,
+                    after: step + 1 - consecutive_skips,
+                });
             }
             trace::mark(format_args!("step {step}: logged"));
             progress.step(StepLine {
@@ -378,11 +420,8 @@ impl Job<'_> {
         &mut self,
         steps_done: usize,
         skipped_total: usize,
-        save: impl FnOnce(
-            &mut CheckpointDir,
-            serde_json::Value,
-        ) -> std::result::Result<PathBuf, CheckpointError>,
-    ) -> Result<Option<PathBuf>> {
+        save: impl FnOnce(&mut CheckpointDir, serde_json::Value) -> Result<PathBuf, CheckpointError>,
+    ) -> Result<Option<PathBuf>, JobError> {
         let state = serde_json::to_value(self.state(steps_done, skipped_total))?;
         let Some(dir) = self.checkpoints.as_mut() else {
             return Ok(None);
@@ -397,7 +436,7 @@ impl Job<'_> {
     pub(super) fn export<B: Backend, M: burn::module::Module<B>>(
         &self,
         model: &M,
-    ) -> Result<Option<PathBuf>> {
+    ) -> Result<Option<PathBuf>, JobError> {
         let Some(dir) = &self.opts.export_hf else {
             return Ok(None);
         };
@@ -417,8 +456,9 @@ impl Job<'_> {
             )?;
             for file in self.tokenizer.files() {
                 let name = file.file_name().expect("a file");
-                std::fs::copy(file, staging.join(name)).map_err(|e| {
-                    anyhow::anyhow!("--export-hf: cannot copy `{}`: {e}", file.display())
+                std::fs::copy(file, staging.join(name)).map_err(|error| ExportError::Copy {
+                    file: file.clone(),
+                    error,
                 })?;
             }
             Ok(())
@@ -431,7 +471,7 @@ impl Job<'_> {
         &mut self,
         model: &M,
         device: &B::Device,
-    ) -> Result<(Option<PathBuf>, String)> {
+    ) -> Result<(Option<PathBuf>, String), JobError> {
         let exported = self.export(model)?;
         let sample = self.sample(device, |tokens| Ok(last_logits(model, tokens)))?;
         Ok((exported, sample))
@@ -441,8 +481,8 @@ impl Job<'_> {
     pub(super) fn sample<B: Backend>(
         &self,
         device: &B::Device,
-        logits: impl FnMut(Tensor<B, 2, Int>) -> Result<Tensor<B, 2>>,
-    ) -> Result<String> {
+        logits: impl FnMut(Tensor<B, 2, Int>) -> Result<Tensor<B, 2>, JobError>,
+    ) -> Result<String, JobError> {
         let prompt = self.tokenizer.encode("The ");
         let opts = self.opts;
         let ids = generate(
@@ -466,7 +506,7 @@ impl Job<'_> {
         mut model: M,
         mut optim: O,
         device: &AB::Device,
-    ) -> Result<Outcome>
+    ) -> Result<Outcome, JobError>
     where
         AB: AutodiffBackend,
         M: BlockModel<AB> + AutodiffModule<AB>,
@@ -493,9 +533,9 @@ impl Job<'_> {
         // cost the overlap of one phase's launches with the last one's tail,
         // so these rows are for the split, not for tokens/s.
         let timed = std::env::var("BURN_OFFLOAD_RESIDENT_SPLIT").is_ok_and(|v| v == "1");
-        let mark = |to: &mut f64, since: &mut Instant| -> Result<()> {
+        let mark = |to: &mut f64, since: &mut Instant| -> Result<(), JobError> {
             if timed {
-                AB::sync(device).map_err(|e| anyhow::anyhow!("device sync failed: {e:?}"))?;
+                AB::sync(device).map_err(JobError::DeviceSync)?;
                 *to += since.elapsed().as_secs_f64();
                 *since = Instant::now();
             }
@@ -547,7 +587,7 @@ impl Job<'_> {
                 let micro: f32 = loss.clone().into_scalar().elem();
                 mark(&mut split.forward_s, &mut phase)?;
                 if !micro.is_finite() {
-                    bail!("loss became {micro} at step {step}; try a lower --lr");
+                    return Err(JobError::NonFinite { loss: micro, step });
                 }
                 loss_value += micro;
                 let grads = GradientsParams::from_grads(loss.backward(), &model);
@@ -635,9 +675,9 @@ impl Job<'_> {
         )
     }
 
-    pub(super) fn log(&mut self, line: &StepMetrics) -> Result<()> {
+    pub(super) fn log(&mut self, line: &StepMetrics) -> Result<(), JobError> {
         match self.metrics.as_mut() {
-            Some(metrics) => metrics.line(line),
+            Some(metrics) => Ok(metrics.line(line)?),
             None => Ok(()),
         }
     }

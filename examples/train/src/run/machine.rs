@@ -1,14 +1,34 @@
 //! What the machine has (host memory, GPUs and their free memory) and the
 //! memory plan of a run on it.
 
-use anyhow::Result;
 use models::ModelConfig;
 
 use crate::options::*;
 use crate::plan::{
-    BlockInputs, Job as PlanJob, KeptGraphs, Machine, ParamCache, Plan, GRADIENT_BLOCKS_IN_FLIGHT,
+    BlockInputs, DoesNotFit, Job as PlanJob, KeptGraphs, Machine, ParamCache, Plan,
+    GRADIENT_BLOCKS_IN_FLIGHT,
 };
 use crate::DefaultBackend;
+
+/// Why the machine could not be read, or the job does not fit it.
+#[derive(Debug, thiserror::Error)]
+pub enum MachineError {
+    /// The CUDA driver's answer is part of the message rather than its
+    /// source, so that error-chain printers do not repeat it.
+    #[cfg(feature = "cuda")]
+    #[error("cannot query GPU memory: {0}")]
+    GpuMemory(burn_offload::cuda_backend::CudaError),
+    #[cfg(feature = "cuda")]
+    #[error("cannot count CUDA devices: {0}")]
+    DeviceCount(burn_offload::cuda_backend::CudaError),
+    #[error("--local-rank {gpu} needs GPU {gpu}, and the CUDA driver sees {count}")]
+    LocalRankGpu { gpu: usize, count: usize },
+    #[error("--gpus {asked} asks for more GPUs than the {count} the CUDA driver sees")]
+    TooManyGpus { asked: usize, count: usize },
+    /// The memory plan's refusal: what is short and what would fit.
+    #[error(transparent)]
+    DoesNotFit(#[from] DoesNotFit),
+}
 
 pub(crate) const GIB: f64 = (1u64 << 30) as f64;
 
@@ -23,7 +43,7 @@ pub(crate) fn available_host_bytes() -> Option<u64> {
 /// The machine the job runs on: host memory from `--host-mem-gib` or
 /// MemAvailable (the GPU hosts grow RAM on demand, hence the flag), device
 /// memory from `--gpu-mem-gib` or the CUDA driver.
-pub fn machine(opts: &TrainOptions) -> Result<Machine> {
+pub fn machine(opts: &TrainOptions) -> Result<Machine, MachineError> {
     let (mut host_bytes, mut host_source) = match opts.host_mem_gib {
         Some(gib) => ((gib * GIB) as u64, "--host-mem-gib".to_string()),
         None => match available_host_bytes() {
@@ -76,12 +96,12 @@ pub(crate) fn writes_outputs(opts: &TrainOptions) -> bool {
 /// The free memory of the most loaded of `gpus` (each runs the same lane
 /// of the plan).
 #[cfg(feature = "cuda")]
-pub(crate) fn gpu_free_bytes(gpus: &[usize]) -> Result<(Option<u64>, String)> {
+pub(crate) fn gpu_free_bytes(gpus: &[usize]) -> Result<(Option<u64>, String), MachineError> {
     check_gpus(gpus)?;
     let mut least = (u64::MAX, 0);
     for &index in gpus {
         let free = burn_offload::cuda_backend::free_device_bytes(index)
-            .map_err(|e| anyhow::anyhow!("cannot query GPU memory: {e}"))?;
+            .map_err(MachineError::GpuMemory)?;
         least = least.min((free, index));
     }
     let source = if gpus.len() == 1 {
@@ -97,32 +117,27 @@ pub(crate) fn gpu_free_bytes(gpus: &[usize]) -> Result<(Option<u64>, String)> {
 }
 
 #[cfg(not(feature = "cuda"))]
-pub(crate) fn gpu_free_bytes(_: &[usize]) -> Result<(Option<u64>, String)> {
+pub(crate) fn gpu_free_bytes(_: &[usize]) -> Result<(Option<u64>, String), MachineError> {
     Ok((None, "CPU backend".into()))
 }
 
 /// Refuses GPUs beyond those the driver sees.
 #[cfg(feature = "cuda")]
-pub(crate) fn check_gpus(gpus: &[usize]) -> Result<()> {
-    let count = burn_offload::cuda_backend::device_count()
-        .map_err(|e| anyhow::anyhow!("cannot count CUDA devices: {e}"))?;
+pub(crate) fn check_gpus(gpus: &[usize]) -> Result<(), MachineError> {
+    let count = burn_offload::cuda_backend::device_count().map_err(MachineError::DeviceCount)?;
     match gpus {
-        [index] if *index >= count => {
-            anyhow::bail!(
-                "--local-rank {index} needs GPU {index}, and the CUDA driver sees {count}"
-            )
-        }
-        _ if gpus.len() > count => anyhow::bail!(
-            "--gpus {} asks for more GPUs than the {count} the CUDA driver sees",
-            gpus.len()
-        ),
+        [gpu] if *gpu >= count => Err(MachineError::LocalRankGpu { gpu: *gpu, count }),
+        _ if gpus.len() > count => Err(MachineError::TooManyGpus {
+            asked: gpus.len(),
+            count,
+        }),
         _ => Ok(()),
     }
 }
 
 /// The devices the engine trains on: [`lane_gpus`] on CUDA.
 #[cfg(feature = "cuda")]
-pub(crate) fn lane_devices(opts: &TrainOptions) -> Result<Vec<DefaultDevice>> {
+pub(crate) fn lane_devices(opts: &TrainOptions) -> Result<Vec<DefaultDevice>, MachineError> {
     let gpus = lane_gpus(opts);
     check_gpus(&gpus)?;
     Ok(gpus
@@ -135,7 +150,7 @@ pub(crate) fn lane_devices(opts: &TrainOptions) -> Result<Vec<DefaultDevice>> {
 /// devices (the one device, a lane each: the data-parallel schedule without
 /// GPUs), or one for each process of several.
 #[cfg(not(feature = "cuda"))]
-pub(crate) fn lane_devices(opts: &TrainOptions) -> Result<Vec<DefaultDevice>> {
+pub(crate) fn lane_devices(opts: &TrainOptions) -> Result<Vec<DefaultDevice>, MachineError> {
     Ok(vec![Default::default(); lane_gpus(opts).len()])
 }
 
@@ -242,9 +257,12 @@ pub fn longest_sequence(job: &PlanJob, machine: &Machine) -> Option<usize> {
 /// Refuses, before anything is allocated, a job that does not fit the
 /// machine; otherwise the job with its block inputs placed and its kept
 /// graphs counted.
-pub(crate) fn check_memory(opts: &TrainOptions, config: &ModelConfig) -> Result<PlanJob> {
+pub(crate) fn check_memory(
+    opts: &TrainOptions,
+    config: &ModelConfig,
+) -> Result<PlanJob, MachineError> {
     let machine = machine(opts)?;
     let (plan, job) = plan(opts, config.clone(), &machine);
-    plan.check(&job, &machine).map_err(anyhow::Error::msg)?;
+    plan.check(&job, &machine)?;
     Ok(job)
 }

@@ -9,6 +9,8 @@ mod resume;
 mod setup;
 mod state;
 
-pub use machine::{longest_sequence, machine, plan};
-pub use setup::{plan_table, preflight, run, Checked};
+pub use job::JobError;
+pub use machine::{longest_sequence, machine, plan, MachineError};
+pub use resume::{ResumeError, RunShape};
+pub use setup::{plan_table, preflight, run, Checked, SetupError, TrainError};
 pub use state::{TrainReport, TrainerState};

@@ -3,13 +3,74 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Result};
+use burn_offload::checkpoint::CheckpointError;
 use models::ModelConfig;
 
 use super::machine::*;
 use super::state::*;
 use crate::options::*;
 use crate::tokenizer::Tokenizer;
+
+/// Why `--resume`'s checkpoint cannot continue this run; each names the
+/// checkpoint and what differs.
+#[derive(Debug, thiserror::Error)]
+pub enum ResumeError {
+    /// Not found or not readable: the checkpoint's own words.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    #[error("checkpoint `{}` has no readable trainer state: {error}", path.display())]
+    State {
+        path: PathBuf,
+        error: serde_json::Error,
+    },
+    #[error("checkpoint `{}` is for model {theirs}, but --model gives {ours}", path.display())]
+    Model {
+        path: PathBuf,
+        theirs: String,
+        ours: String,
+    },
+    #[error("checkpoint `{}` was trained with tokenizer `{theirs}`, not `{ours}`", path.display())]
+    Tokenizer {
+        path: PathBuf,
+        theirs: String,
+        ours: String,
+    },
+    #[error(
+        "checkpoint `{}` was trained on other data ({tokens} tokens); resume with the same \
+         --data and --tokenizer",
+        path.display()
+    )]
+    Data { path: PathBuf, tokens: usize },
+    #[error(
+        "checkpoint `{}` used --batch/--seq-len/--accum/--gpus/--world-size {theirs:?}, not \
+         {ours:?}",
+        path.display()
+    )]
+    Shape {
+        path: PathBuf,
+        theirs: RunShape,
+        ours: RunShape,
+    },
+    #[error("checkpoint `{}` is at step {step}, beyond --steps {steps}", path.display())]
+    BeyondSteps {
+        path: PathBuf,
+        step: usize,
+        steps: usize,
+    },
+    #[error(
+        "--stop-after {stop} is not beyond checkpoint `{}`, which is at step {step}",
+        path.display()
+    )]
+    StopAfter {
+        stop: usize,
+        path: PathBuf,
+        step: usize,
+    },
+}
+
+/// `--batch`, `--seq-len`, `--accum`, `--gpus` and `--world-size` of a run:
+/// what a resume must keep.
+pub type RunShape = (usize, usize, usize, usize, usize);
 
 /// The checkpoint a run continues from, read and checked before the model
 /// is built.
@@ -29,33 +90,35 @@ impl Resume {
         config: &ModelConfig,
         tokenizer: &Tokenizer,
         corpus: (usize, u32),
-    ) -> Result<Self> {
+    ) -> Result<Self, ResumeError> {
         let path = burn_offload::checkpoint::resolve(path)?;
         let manifest = burn_offload::checkpoint::read_manifest(&path)?;
-        let state: TrainerState = serde_json::from_value(manifest.trainer).map_err(|why| {
-            anyhow::anyhow!(
-                "checkpoint `{}` has no readable trainer state: {why}",
-                path.display()
-            )
-        })?;
-        let here = path.display();
+        let state: TrainerState =
+            serde_json::from_value(manifest.trainer).map_err(|error| ResumeError::State {
+                path: path.clone(),
+                error,
+            })?;
+        let here = || path.clone();
         let name = |c: &ModelConfig| serde_json::to_string(c).unwrap_or_default();
         if state.model != *config {
-            bail!(
-                "checkpoint `{here}` is for model {}, but --model gives {}",
-                name(&state.model),
-                name(config)
-            );
+            return Err(ResumeError::Model {
+                path: here(),
+                theirs: name(&state.model),
+                ours: name(config),
+            });
         }
         if state.tokenizer != tokenizer.name() {
-            bail!(
-                "checkpoint `{here}` was trained with tokenizer `{}`, not `{}`",
-                state.tokenizer,
-                tokenizer.name()
-            );
+            return Err(ResumeError::Tokenizer {
+                path: here(),
+                theirs: state.tokenizer,
+                ours: tokenizer.name().to_string(),
+            });
         }
         if (state.corpus_tokens, state.corpus_crc32) != corpus {
-            bail!("checkpoint `{here}` was trained on other data ({} tokens); resume with the same --data and --tokenizer", state.corpus_tokens);
+            return Err(ResumeError::Data {
+                path: here(),
+                tokens: state.corpus_tokens,
+            });
         }
         let shape = |s: &TrainerState| (s.batch, s.seq_len, s.accum, s.gpus, s.processes);
         let ours = (
@@ -66,23 +129,25 @@ impl Resume {
             world_size(opts),
         );
         if shape(&state) != ours {
-            bail!(
-                "checkpoint `{here}` used --batch/--seq-len/--accum/--gpus/--world-size {:?}, not {ours:?}",
-                shape(&state)
-            );
+            return Err(ResumeError::Shape {
+                path: here(),
+                theirs: shape(&state),
+                ours,
+            });
         }
         if state.steps_done > opts.steps {
-            bail!(
-                "checkpoint `{here}` is at step {}, beyond --steps {}",
-                state.steps_done,
-                opts.steps
-            );
+            return Err(ResumeError::BeyondSteps {
+                path: here(),
+                step: state.steps_done,
+                steps: opts.steps,
+            });
         }
         if let Some(stop) = opts.stop_after.filter(|&stop| stop <= state.steps_done) {
-            bail!(
-                "--stop-after {stop} is not beyond checkpoint `{here}`, which is at step {}",
-                state.steps_done
-            );
+            return Err(ResumeError::StopAfter {
+                stop,
+                path: here(),
+                step: state.steps_done,
+            });
         }
         Ok(Self {
             path,

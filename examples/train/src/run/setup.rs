@@ -5,57 +5,128 @@ use std::path::Path;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
-use anyhow::{bail, Result};
 use burn::backend::Autodiff;
 use burn::module::{ModuleVisitor, Param};
 use burn::prelude::*;
-use burn_offload::HostOptimizerConfig;
-use models::ModelConfig;
+use burn_offload::{Compute, HostOptimizerConfig, MatmulError, PrecisionError};
+use models::hf::HfError;
+use models::{ConfigError, ModelConfig};
 
 use super::job::*;
 use super::machine::*;
 use super::resume::*;
 use super::state::*;
 use crate::data::token_cache;
-use crate::data::{default_corpus, Batcher};
+use crate::data::{default_corpus, Batcher, DataError};
 use crate::error_line::flagged;
-use crate::export;
-use crate::instruct::{self, DataFormat};
+use crate::export::{self, ExportError};
+use crate::instruct::{self, DataFormat, InstructError};
 use crate::options::*;
-use crate::outputs::MetricsFile;
+use crate::outputs::{MetricsFile, OutputError};
+use crate::processes::RankError;
 use crate::signals;
-use crate::tokenizer::Tokenizer;
+use crate::tokenizer::{Tokenizer, TokenizerError};
 use crate::DefaultBackend;
+
+/// Why a run failed: every concern's error as it said it. Those before the
+/// first step leave nothing behind.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    #[error(transparent)]
+    Options(#[from] OptionsError),
+    #[error(transparent)]
+    Setup(#[from] SetupError),
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+    #[error(transparent)]
+    ModelConfig(#[from] ConfigError),
+    /// `--init-from`'s config or weights.
+    #[error(transparent)]
+    Checkpoint(#[from] HfError),
+    #[error(transparent)]
+    Export(#[from] ExportError),
+    #[error(transparent)]
+    Machine(#[from] MachineError),
+    #[error(transparent)]
+    Resume(#[from] ResumeError),
+    #[error(transparent)]
+    Output(#[from] OutputError),
+    /// The other ranks could not be met.
+    #[error(transparent)]
+    Processes(#[from] RankError),
+    #[error(transparent)]
+    Job(#[from] JobError),
+}
+
+/// The settings of a run, read together, that cannot make a run; each
+/// names what is wrong. (A wrapped error is part of the message rather
+/// than its source, so that error-chain printers do not repeat it.)
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    #[error(
+        "--model `{0}` is a folder; --model takes a preset name or a config .json file (a \
+         Hugging Face checkpoint folder goes to --init-from)"
+    )]
+    ModelIsAFolder(String),
+    #[error(
+        "model vocab_size {model} is smaller than the {tokenizer} tokenizer's vocabulary \
+         ({vocab})"
+    )]
+    Vocabulary {
+        model: usize,
+        tokenizer: String,
+        vocab: usize,
+    },
+    #[error("--seq-len {seq_len} exceeds the model's context length {max_seq_len}")]
+    SeqLen { seq_len: usize, max_seq_len: usize },
+    #[error("--train-on-prompt and --no-packing apply to instruction data, and --data is text")]
+    ShapingText,
+    #[error("--data-cache holds tokenized text corpora; --data is not a text corpus")]
+    DataCacheNotText,
+    #[error("{}", flagged("--data", .0))]
+    Data(DataError),
+    #[error("{}", flagged("--data", .0))]
+    Instructions(InstructError),
+    #[error("--matmul: {0}")]
+    Matmul(MatmulError),
+    #[error("--compute {compute}: {why}")]
+    Compute {
+        compute: Compute,
+        why: PrecisionError,
+    },
+}
 
 /// Model config after applying the tokenizer: presets take the tokenizer's
 /// vocabulary; a JSON config must already be large enough for it.
-pub(crate) fn resolve_config(opts: &TrainOptions, tokenizer: &Tokenizer) -> Result<ModelConfig> {
+pub(crate) fn resolve_config(
+    opts: &TrainOptions,
+    tokenizer: &Tokenizer,
+) -> Result<ModelConfig, TrainError> {
     let from_hf = opts.init_from.is_some();
     let mut config = match &opts.init_from {
         Some(dir) => models::hf::load_config(dir)?,
-        None if Path::new(&opts.model).is_dir() => bail!(
-            "--model `{}` is a folder; --model takes a preset name or a config .json file \
-             (a Hugging Face checkpoint folder goes to --init-from)",
-            opts.model
-        ),
+        None if Path::new(&opts.model).is_dir() => {
+            return Err(SetupError::ModelIsAFolder(opts.model.clone()).into())
+        }
         None => ModelConfig::from_arg(&opts.model)?,
     };
     let vocab = tokenizer.vocab_size();
     if !from_hf && models::PRESETS.contains(&opts.model.as_str()) {
         config.set_vocab_size(vocab);
     } else if config.vocab_size() < vocab {
-        bail!(
-            "model vocab_size {} is smaller than the {} tokenizer's vocabulary ({vocab})",
-            config.vocab_size(),
-            tokenizer.name()
-        );
+        return Err(SetupError::Vocabulary {
+            model: config.vocab_size(),
+            tokenizer: tokenizer.name().to_string(),
+            vocab,
+        }
+        .into());
     }
     if opts.seq_len > config.max_seq_len() {
-        bail!(
-            "--seq-len {} exceeds the model's context length {}",
-            opts.seq_len,
-            config.max_seq_len()
-        );
+        return Err(SetupError::SeqLen {
+            seq_len: opts.seq_len,
+            max_seq_len: config.max_seq_len(),
+        }
+        .into());
     }
     Ok(config)
 }
@@ -70,7 +141,7 @@ pub struct Checked {
 }
 
 /// The options, the tokenizer and the model config, checked.
-pub(crate) fn checked_model(opts: &TrainOptions) -> Result<(Tokenizer, ModelConfig)> {
+pub(crate) fn checked_model(opts: &TrainOptions) -> Result<(Tokenizer, ModelConfig), TrainError> {
     validate(opts)?;
     let tokenizer = Tokenizer::for_run(opts.tokenizer.as_deref(), opts.init_from.as_deref())?;
     let config = resolve_config(opts, &tokenizer)?;
@@ -81,18 +152,20 @@ pub(crate) fn checked_model(opts: &TrainOptions) -> Result<(Tokenizer, ModelConf
 /// the options, the tokenizer, the model config, what `--data` holds and
 /// where the export goes. The launcher of several processes runs it before
 /// starting any, and every run before its memory plan.
-pub fn preflight(opts: &TrainOptions) -> Result<Checked> {
+pub fn preflight(opts: &TrainOptions) -> Result<Checked, TrainError> {
     let (tokenizer, config) = checked_model(opts)?;
     let format = match (&opts.data, opts.data_format) {
-        (Some(path), DataFormat::Auto) => instruct::detect(path).map_err(flagged("--data"))?,
+        (Some(path), DataFormat::Auto) => {
+            instruct::detect(path).map_err(SetupError::Instructions)?
+        }
         (None, DataFormat::Auto) => DataFormat::Text,
         (_, format) => format,
     };
     if format == DataFormat::Text && (opts.train_on_prompt || !opts.packing) {
-        bail!("--train-on-prompt and --no-packing apply to instruction data, and --data is text");
+        return Err(SetupError::ShapingText.into());
     }
     if opts.data_cache.is_some() && (format != DataFormat::Text || opts.data.is_none()) {
-        bail!("--data-cache holds tokenized text corpora; --data is not a text corpus");
+        return Err(SetupError::DataCacheNotText.into());
     }
     if let Some(dir) = opts.export_hf.as_ref().filter(|_| writes_outputs(opts)) {
         let sources: Vec<export::Source<'_>> = [
@@ -113,7 +186,7 @@ pub fn preflight(opts: &TrainOptions) -> Result<Checked> {
 }
 
 /// Runs a training job on the default backend.
-pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
+pub fn run(opts: &TrainOptions) -> Result<TrainReport, TrainError> {
     let Checked {
         tokenizer,
         config,
@@ -160,8 +233,8 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
                 packing: opts.packing,
             };
             let prepared =
-                instruct::prepare(path, shaping, &tokenizer).map_err(flagged("--data"))?;
-            prepared.check_trains()?;
+                instruct::prepare(path, shaping, &tokenizer).map_err(SetupError::Instructions)?;
+            prepared.check_trains().map_err(SetupError::Instructions)?;
             if opts.progress {
                 eprintln!(
                     "{} data: {} examples, {} tokens ({:.0} tok/s tokenized), {} truncated to \
@@ -201,7 +274,8 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
                 .copied()
                 .chain(windows.targets.iter().map(|&t| t as u32));
             let corpus = (windows.inputs.len(), corpus_crc32(identity));
-            (Batcher::windows(windows, opts.seed)?, corpus)
+            let batcher = Batcher::windows(windows, opts.seed).map_err(SetupError::Data)?;
+            (batcher, corpus)
         }
         (Some(path), _) => {
             let root = opts
@@ -209,7 +283,7 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
                 .clone()
                 .unwrap_or_else(token_cache::default_root);
             let tokenized =
-                token_cache::tokenize(path, &tokenizer, &root).map_err(flagged("--data"))?;
+                token_cache::tokenize(path, &tokenizer, &root).map_err(SetupError::Data)?;
             if opts.progress {
                 let how = match tokenized.tokens_per_s {
                     Some(rate) => format!("tokenized at {rate:.0} tok/s into"),
@@ -230,14 +304,16 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
             let corpus = (tokenized.tokens.len(), tokenized.crc32);
             (
                 Batcher::mapped(tokenized.tokens, opts.seq_len, opts.seed)
-                    .map_err(flagged("--data"))?,
+                    .map_err(SetupError::Data)?,
                 corpus,
             )
         }
         (None, _) => {
             let tokens = tokenizer.encode(&default_corpus());
             let corpus = (tokens.len(), corpus_crc32(tokens.iter().copied()));
-            (Batcher::new(tokens, opts.seq_len, opts.seed)?, corpus)
+            let batcher =
+                Batcher::new(tokens, opts.seq_len, opts.seed).map_err(SetupError::Data)?;
+            (batcher, corpus)
         }
     };
     let resume = match &opts.resume {
@@ -247,7 +323,7 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
 
     type B = DefaultBackend;
     type AB = Autodiff<DefaultBackend>;
-    burn_offload::set_matmul(&opts.matmul).map_err(|why| anyhow::anyhow!("--matmul: {why}"))?;
+    burn_offload::set_matmul(&opts.matmul).map_err(SetupError::Matmul)?;
     #[cfg(feature = "cuda")]
     burn_offload::ops::attention::set_cudnn_attention(opts.attention == AttentionKernels::Auto);
     // The engine's devices (`--gpus`, or this rank's GPU), checked before
@@ -256,7 +332,10 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
     let device = devices.first().cloned().expect("one device at least");
     opts.compute
         .check::<B>(&device)
-        .map_err(|why| anyhow::anyhow!("--compute {}: {why}", opts.compute))?;
+        .map_err(|why| SetupError::Compute {
+            compute: opts.compute,
+            why,
+        })?;
     if let Some(dir) = &opts.init_from {
         // Every tensor present with its shape, before anything is written
         // (the weights are read when the model is built).
@@ -438,7 +517,7 @@ pub(crate) fn initial<X: Backend, M: burn::module::Module<X>>(
     device: &X::Device,
     draw: bool,
     init: impl FnOnce() -> M,
-) -> Result<(M, MutexGuard<'static, ()>)> {
+) -> Result<(M, MutexGuard<'static, ()>), HfError> {
     let rng = WEIGHT_RNG.lock().unwrap_or_else(PoisonError::into_inner);
     X::seed(device, opts.seed);
     let model = init();
@@ -463,7 +542,7 @@ impl<X: Backend> ModuleVisitor<X> for DrawWeights {
 
 /// `train --plan`: the table of predicted memory against the machine, and
 /// the longest sequence these settings fit.
-pub fn plan_table(opts: &TrainOptions) -> Result<String> {
+pub fn plan_table(opts: &TrainOptions) -> Result<String, TrainError> {
     let (_, config) = checked_model(opts)?;
     let machine = machine(opts)?;
     let (plan, job) = plan(opts, config, &machine);
