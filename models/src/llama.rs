@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use crate::checks::{check_heads, check_positive, ConfigError};
 pub use crate::rope::{
     apply_rope, apply_rope_rows, cached_rope_tables, document_rope_tables, rope_tables,
+    RopeScaling,
 };
 use crate::tokens::{forward_tokens, linear_tokens};
 use burn_offload::ops::attention::{
@@ -66,85 +67,6 @@ pub struct LlamaConfig {
     /// The Hugging Face family the model is exported as.
     #[serde(default, skip_serializing_if = "Family::is_llama")]
     pub family: Family,
-}
-
-/// Rotary frequency scaling, as in Hugging Face's `rope_scaling`.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "rope_type", rename_all = "lowercase", deny_unknown_fields)]
-pub enum RopeScaling {
-    /// Every frequency divided by `factor` (position interpolation).
-    Linear { factor: f64 },
-    /// Llama 3.x: low frequencies divided by `factor`, high ones kept, a
-    /// smooth blend between (wavelengths measured against the original
-    /// context length).
-    Llama3 {
-        factor: f64,
-        low_freq_factor: f64,
-        high_freq_factor: f64,
-        original_max_position_embeddings: usize,
-    },
-}
-
-impl RopeScaling {
-    /// The scaled inverse frequency for `inv_freq` (radians per position).
-    pub fn scale(&self, inv_freq: f64) -> f64 {
-        match *self {
-            RopeScaling::Linear { factor } => inv_freq / factor,
-            RopeScaling::Llama3 {
-                factor,
-                low_freq_factor,
-                high_freq_factor,
-                original_max_position_embeddings,
-            } => {
-                let original = original_max_position_embeddings as f64;
-                let wavelength = 2.0 * std::f64::consts::PI / inv_freq;
-                if wavelength < original / high_freq_factor {
-                    inv_freq
-                } else if wavelength > original / low_freq_factor {
-                    inv_freq / factor
-                } else {
-                    let smooth = (original / wavelength - low_freq_factor)
-                        / (high_freq_factor - low_freq_factor);
-                    (1.0 - smooth) * inv_freq / factor + smooth * inv_freq
-                }
-            }
-        }
-    }
-
-    fn validate(&self) -> Result<(), ConfigError> {
-        let positive = |name: &str, v: f64| {
-            if v.is_finite() && v > 0.0 {
-                Ok(())
-            } else {
-                Err(ConfigError::Invalid(format!(
-                    "rope_scaling {name} must be positive, got {v}"
-                )))
-            }
-        };
-        match *self {
-            RopeScaling::Linear { factor } => positive("factor", factor),
-            RopeScaling::Llama3 {
-                factor,
-                low_freq_factor,
-                high_freq_factor,
-                original_max_position_embeddings,
-            } => {
-                positive("factor", factor)?;
-                positive("low_freq_factor", low_freq_factor)?;
-                positive("high_freq_factor", high_freq_factor)?;
-                positive(
-                    "original_max_position_embeddings",
-                    original_max_position_embeddings as f64,
-                )?;
-                if high_freq_factor <= low_freq_factor {
-                    return Err(ConfigError::Invalid(
-                        "rope_scaling high_freq_factor must exceed low_freq_factor".into(),
-                    ));
-                }
-                Ok(())
-            }
-        }
-    }
 }
 
 /// Which attention projections carry a bias.
