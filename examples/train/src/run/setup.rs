@@ -151,7 +151,13 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
             );
         }
     }
-    let (batcher, corpus) = match (&opts.data, format) {
+    // The sample after training continues the data's first tokens.
+    let text_prompt = |len: usize, token: &dyn Fn(usize) -> u32| -> Vec<u32> {
+        (0..len.min(16).min(opts.seq_len.div_ceil(2)))
+            .map(token)
+            .collect()
+    };
+    let (batcher, corpus, sample_prompt) = match (&opts.data, format) {
         (Some(path), DataFormat::Alpaca | DataFormat::Sharegpt | DataFormat::Chat) => {
             let shaping = instruct::Shaping {
                 format,
@@ -193,6 +199,7 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
                     );
                 }
             }
+            let sample_prompt = prepared.sample_prompt;
             let windows = prepared.windows;
             // The inputs, then the targets (ignored ones as their u32 bits).
             let identity = windows
@@ -201,7 +208,7 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
                 .copied()
                 .chain(windows.targets.iter().map(|&t| t as u32));
             let corpus = (windows.inputs.len(), corpus_crc32(identity));
-            (Batcher::windows(windows, opts.seed)?, corpus)
+            (Batcher::windows(windows, opts.seed)?, corpus, sample_prompt)
         }
         (Some(path), _) => {
             let root = opts
@@ -228,16 +235,24 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
                 );
             }
             let corpus = (tokenized.tokens.len(), tokenized.crc32);
+            let tokens = &tokenized.tokens;
+            let sample_prompt = text_prompt(tokens.len(), &|i| tokens.get(i));
             (
                 Batcher::mapped(tokenized.tokens, opts.seq_len, opts.seed)
                     .map_err(flagged("--data"))?,
                 corpus,
+                sample_prompt,
             )
         }
         (None, _) => {
             let tokens = tokenizer.encode(&default_corpus());
             let corpus = (tokens.len(), corpus_crc32(tokens.iter().copied()));
-            (Batcher::new(tokens, opts.seq_len, opts.seed)?, corpus)
+            let sample_prompt = text_prompt(tokens.len(), &|i| tokens[i]);
+            (
+                Batcher::new(tokens, opts.seq_len, opts.seed)?,
+                corpus,
+                sample_prompt,
+            )
         }
     };
     let resume = match &opts.resume {
@@ -334,6 +349,7 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport> {
         compute_precision_gradients: placed.compact_gradients(),
         building: Instant::now(),
         group,
+        sample_prompt,
     };
     // `--host-params`: the same loop over `Offload<B>` with the host AdamW.
     type HostAb = Autodiff<burn_offload::Offload<DefaultBackend>>;
