@@ -7,6 +7,7 @@ pub mod export;
 pub mod generate;
 pub mod instruct;
 pub mod links;
+pub mod load;
 pub mod metrics;
 pub mod options;
 pub mod outputs;
