@@ -271,3 +271,54 @@ fn bad_settings_are_one_error_line() {
         assert!(errors[0].contains(says), "{args:?}: {}", errors[0]);
     }
 }
+
+/// Acceptance: the chat templates render as transformers renders them, with
+/// the generation prompt and without, to the same text and the same ids
+/// (tests/fixtures/chat_templates.json, written by chat_templates.py
+/// beside it with transformers).
+#[test]
+fn chat_templates_render_as_transformers_does() {
+    use trainer::chat::{ChatTemplate, Message, PLAIN_TEMPLATE};
+    use trainer::tokenizer::Tokenizer;
+    let fixture: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(fixtures().join("chat_templates.json")).unwrap(),
+    )
+    .unwrap();
+    let tokenizer = Tokenizer::from_name(s(&fixtures().join("tokenizer"))).unwrap();
+    let templates = fixture["templates"].as_object().unwrap();
+    assert_eq!(
+        templates["plain"], PLAIN_TEMPLATE,
+        "the plain template changed"
+    );
+    assert_eq!(
+        templates["llama3"],
+        tokenizer.chat_template().unwrap(),
+        "the fixture tokenizer's template changed"
+    );
+    let cases = fixture["cases"].as_array().unwrap();
+    assert!(cases.len() >= 20);
+    let mut generation_prompts = 0;
+    for case in cases {
+        let name = case["template"].as_str().unwrap();
+        let template = ChatTemplate::new(templates[name].as_str(), &tokenizer.specials()).unwrap();
+        let messages: Vec<Message> = case["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| Message::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+            .collect();
+        let generation = case["add_generation_prompt"].as_bool().unwrap();
+        generation_prompts += generation as usize;
+        let text = template.render(&messages, generation).unwrap();
+        assert_eq!(text, case["text"].as_str().unwrap(), "{name}: {messages:?}");
+        let ids: Vec<u64> = case["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i.as_u64().unwrap())
+            .collect();
+        let ours: Vec<u64> = tokenizer.encode(&text).iter().map(|&i| i as u64).collect();
+        assert_eq!(ours, ids, "{name}: {messages:?}");
+    }
+    assert!(generation_prompts * 2 == cases.len());
+}
