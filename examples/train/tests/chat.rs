@@ -322,3 +322,37 @@ fn chat_templates_render_as_transformers_does() {
     }
     assert!(generation_prompts * 2 == cases.len());
 }
+
+/// The sample after training is generated as `chat` generates: after
+/// instruction data, it answers the first example's prompt (rendered with
+/// the generation prompt); with `--sample-tokens 0` nothing is printed.
+#[test]
+fn the_sample_after_training_answers_the_datas_first_prompt() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = common::llama3_checkpoint(dir.path());
+    let data = dir.path().join("chat.jsonl");
+    let records = [
+        r#"{"messages": [{"role": "user", "content": "What is 1 plus 2?"}, {"role": "assistant", "content": "3."}]}"#,
+        r#"{"messages": [{"role": "user", "content": "What is 2 plus 2?"}, {"role": "assistant", "content": "4."}]}"#,
+    ];
+    std::fs::write(&data, records.join("\n")).unwrap();
+    let run = |tokens: &str| {
+        let args = [
+            "--init-from",
+            s(&model),
+            "--data",
+            s(&data),
+            "--sample-tokens",
+            tokens,
+        ];
+        let out = common::train(&common::FINETUNE, &args);
+        assert!(out.status.success(), "{}", stderr(&out));
+        stdout(&out)
+    };
+    let text = run("3");
+    let sample = text.split("--- sample ---\n").nth(1).expect("a sample");
+    let prompt = "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nWhat is 1 plus 2?\
+                  <|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n";
+    assert!(sample.starts_with(prompt), "{sample:?}");
+    assert!(!run("0").contains("--- sample ---"));
+}
