@@ -5,10 +5,12 @@
 //! [`generate`].
 //!
 //! A [`Cached`] decoder keeps a [`KvCache`] beside a resident model: the
-//! prompt runs once and each token is one position. A [`Recompute`]
-//! decoder runs a forward over the whole context for each token (the
-//! engine's streamed forward, whose blocks visit the device one at a time,
-//! has no cache to keep).
+//! prompt runs once and each token is one position. A [`Streamed`] decoder
+//! does the same with a model in the engine's host store, whose blocks
+//! visit the device one at a time for every forward, as in training (a
+//! model larger than the device). A [`Recompute`] decoder runs a forward
+//! over the whole context for each token (the sample after training, and a
+//! check of the cache).
 //!
 //! Per token the host waits for the device once: for the chosen id when
 //! greedy (the device takes the argmax), else for the last position's
@@ -19,7 +21,8 @@ use std::time::Instant;
 
 use burn::prelude::*;
 use burn::tensor::{DType, TensorData};
-use models::{CachedModel, KvCache};
+use burn_offload::{Engine, EngineError, StreamedModel};
+use models::{CachedBlock, CachedModel, KvCache};
 
 use crate::sampling::Sampler;
 use crate::tokenizer::Tokenizer;
@@ -73,6 +76,63 @@ impl<B: Backend, M: CachedModel<B>> Decoder<B> for Cached<B, M> {
         self.ids.extend_from_slice(tokens);
         let tokens = id_tensor::<B>(tokens, &self.device);
         Ok(self.model.forward_cached(tokens, &mut self.cache))
+    }
+
+    fn ids(&self) -> &[u32] {
+        &self.ids
+    }
+
+    fn truncate(&mut self, len: usize) {
+        self.ids.truncate(len);
+        self.cache.truncate(len);
+    }
+
+    fn context(&self) -> usize {
+        self.context
+    }
+}
+
+/// A model in the engine's host store with its key/value cache on the
+/// device: each forward streams the blocks through the device, as training's
+/// does, for the new positions only.
+pub struct Streamed<B: Backend, M: StreamedModel<B>> {
+    engine: Engine<B, M>,
+    cache: KvCache<B>,
+    ids: Vec<u32>,
+    context: usize,
+    device: B::Device,
+}
+
+impl<B: Backend, M: StreamedModel<B> + CachedModel<B>> Streamed<B, M> {
+    /// `engine`'s model with an empty cache allocated for `capacity`
+    /// positions (it grows to `context`, the most the model takes).
+    pub fn new(mut engine: Engine<B, M>, capacity: usize, context: usize) -> Self {
+        let blocks = engine.store().num_blocks();
+        let device = engine.devices()[0].clone();
+        Self {
+            engine,
+            cache: KvCache::new(blocks, capacity.min(context)),
+            ids: Vec::new(),
+            context,
+            device,
+        }
+    }
+}
+
+impl<B: Backend, M: StreamedModel<B> + CachedModel<B>> Decoder<B> for Streamed<B, M> {
+    type Error = EngineError;
+
+    fn feed(&mut self, tokens: &[u32]) -> Result<Tensor<B, 2>, EngineError> {
+        let start = self.cache.len();
+        let layers = self.cache.layers_mut();
+        let logits = self.engine.last_logits_with(
+            &id_tensor::<B>(tokens, &self.device),
+            |model, tokens| model.embed_at(tokens, start),
+            |i, block, x| block.forward_cached(x, &mut layers[i], start),
+        )?;
+        self.cache.advance(tokens.len());
+        self.ids.extend_from_slice(tokens);
+        Ok(logits)
     }
 
     fn ids(&self) -> &[u32] {

@@ -56,7 +56,7 @@ pub fn sample<B: Backend, E>(
 }
 
 /// Logits at the last position of each sequence of a resident model, `[batch, vocab]`.
-pub(crate) fn last_logits<B: Backend, M: BlockModel<B>>(
+pub fn last_logits<B: Backend, M: BlockModel<B>>(
     model: &M,
     tokens: Tensor<B, 2, Int>,
 ) -> Tensor<B, 2> {

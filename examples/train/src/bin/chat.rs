@@ -4,6 +4,7 @@
 //! with a key/value cache on the device. `--prompt` answers once and exits;
 //! otherwise each line on stdin is a turn.
 
+use std::convert::Infallible;
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -13,9 +14,12 @@ use clap::Parser;
 use models::{CachedModel, ModelConfig};
 use trainer::chat::{ChatTemplate, Message};
 use trainer::error_line::print_error;
-use trainer::generate::{generate, Cached, Decoder, Ended, Generation, Recompute, Request, Stops};
+use trainer::generate::{
+    generate, Cached, Decoder, Ended, Generation, Recompute, Request, Stops, Streamed,
+};
 use trainer::load::{ModelFolder, Weights};
 use trainer::options::TrainOptions;
+use trainer::sample::last_logits;
 use trainer::sampling::{Sampler, Sampling};
 use trainer::DefaultBackend as B;
 
@@ -29,8 +33,8 @@ reply is streamed as it is generated: the prompt runs once, then one position pe
 key/value cache on the device. With --prompt it answers once and exits; otherwise each line on \
 stdin is a turn (/reset forgets the conversation, /quit or end of input ends it).\n\n\
 A model that does not fit the GPU (or with --streamed) runs as training runs it: its weights \
-stay in host memory and each block visits the GPU in turn, for every token, and each token runs \
-the whole conversation again (the streamed path keeps no key/value cache): correct, and slow.",
+stay in host memory and each block visits the GPU in turn for every token (the key/value cache \
+stays on the GPU): correct, and slow.",
     allow_negative_numbers = true
 )]
 struct Cli {
@@ -83,6 +87,10 @@ struct Cli {
     /// the model does not fit). Slow.
     #[arg(long)]
     streamed: bool,
+    /// Run the whole conversation again for each token instead of keeping
+    /// the key/value cache (a check of the cache: the same tokens, slower).
+    #[arg(long, conflicts_with = "streamed")]
+    no_cache: bool,
     /// GPU memory the model may use, in GiB (default: free memory on GPU 0).
     #[arg(long)]
     gpu_mem_gib: Option<f64>,
@@ -216,16 +224,25 @@ impl Session {
                 eprintln!(
                     "{what}: {params} parameters, {}, streamed ({why}): its weights stay in host \
                      memory and each block visits the device in turn for every token, as in \
-                     training, and each token runs the whole conversation again (no key/value \
-                     cache on this path): slow",
+                     training, with the key/value cache on the device: slow",
                     self.compute
                 );
-                let mut engine = self
+                let engine = self
                     .folder
                     .engine::<B, M>(init, self.compute, &self.device)?;
-                let decoder =
-                    Recompute::new(|tokens| engine.last_logits(&tokens), context, &self.device);
-                self.talk(decoder)
+                self.talk(Streamed::new(engine, capacity, context))
+            }
+            None if self.cli.no_cache => {
+                let model = self
+                    .folder
+                    .resident::<B, M>(init, self.compute, &self.device)?;
+                eprintln!(
+                    "{what}: {params} parameters, {}, on the device without a cache \
+                     (--no-cache): each token runs the whole conversation again",
+                    self.compute
+                );
+                let forward = |tokens| Ok::<_, Infallible>(last_logits(&model, tokens));
+                self.talk(Recompute::new(forward, context, &self.device))
             }
             None => {
                 let model = self
