@@ -217,18 +217,16 @@ impl ModelFolder {
             compute,
             ..EngineConfig::default()
         };
-        Ok(match &self.weights {
-            Weights::Hf(dir) => Engine::new(
-                models::hf::load_weights(init(), &self.config, dir)?,
-                config,
-                device,
-            )?,
+        // The weights are drawn into the store one tensor at a time, then
+        // read over from the files: none is on the device whole.
+        let mut engine = Engine::new(init(), config, device)?;
+        match &self.weights {
+            Weights::Hf(dir) => models::hf::load_into_store(engine.store_mut(), &self.config, dir)?,
             Weights::Checkpoint(path) => {
-                let mut engine = Engine::new(init(), config, device)?;
                 engine.load_weights(path)?;
-                engine
             }
-        })
+        }
+        Ok(engine)
     }
 }
 
