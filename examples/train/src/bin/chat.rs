@@ -317,7 +317,7 @@ impl Session {
         let prompt = match &self.template {
             Some(template) => tokenizer.encode(&template.render(messages, true)?),
             // Raw: the last message is the text to continue.
-            None => tokenizer.encode(&messages.last().map_or("", |m| m.content.as_str())),
+            None => tokenizer.encode(messages.last().map_or("", |m| m.content.as_str())),
         };
         let request = Request {
             prompt: &prompt,
