@@ -209,11 +209,14 @@ impl ModelFolder {
         M: StreamedModel<B>,
     {
         // No gradients and the smallest moments: the store holds the
-        // weights (and 2 bytes a parameter of moments it never reads).
+        // weights (and 2 bytes a parameter of moments it never reads). No
+        // host work shares the cores, so a wait for the device spins: each
+        // token's wait for its id ends sooner than a sleeping one would.
         let config = EngineConfig {
             fused: true,
             eight_bit_moments: true,
             overlap: false,
+            blocking_sync: false,
             compute,
             ..EngineConfig::default()
         };
