@@ -9,6 +9,7 @@ use burn_offload::{BlockModel, DecoderBlock, Documents};
 use serde::{Deserialize, Serialize};
 
 use crate::checks::{check_heads, check_positive, ConfigError};
+use crate::kv_cache::{cached_attention, CachedBlock, CachedModel, LayerCache};
 use crate::tokens::{forward_tokens, linear_tokens};
 use burn_offload::ops::attention::{causal_attention, causal_attention_in};
 
@@ -169,29 +170,75 @@ impl<B: Backend> Gpt2Attention<B> {
         self.forward_with(x, Some(documents))
     }
 
-    fn forward_with(&self, x: Tensor<B, 3>, documents: Option<&Documents>) -> Tensor<B, 3> {
+    /// Queries, keys and values of `x`, `[batch, heads, seq, head_dim]`.
+    fn project(&self, x: Tensor<B, 3>) -> [Tensor<B, 4>; 3] {
         let [batch, seq, d] = x.dims();
         let head_dim = d / self.n_head;
-        let heads = |t: Tensor<B, 3>| {
+        let qkv = forward_tokens(&self.c_attn, x).chunk(3, 2);
+        let qkv: [Tensor<B, 3>; 3] = qkv.try_into().expect("chunk(3) gives three tensors");
+        qkv.map(|t| {
             t.reshape([batch, seq, self.n_head, head_dim])
                 .swap_dims(1, 2)
-        };
-        let qkv = forward_tokens(&self.c_attn, x).chunk(3, 2);
-        let [q, k, v]: [Tensor<B, 3>; 3] = qkv.try_into().expect("chunk(3) gives three tensors");
-        let y = match documents {
-            Some(documents) => causal_attention_in(heads(q), heads(k), heads(v), documents),
-            None => causal_attention(heads(q), heads(k), heads(v)),
-        };
-        forward_tokens(&self.c_proj, y.swap_dims(1, 2).reshape([batch, seq, d]))
+        })
+    }
+
+    /// The output projection of the heads' attention `y: [batch, heads, seq, head_dim]`.
+    fn output(&self, y: Tensor<B, 4>) -> Tensor<B, 3> {
+        let [batch, heads, seq, head_dim] = y.dims();
+        forward_tokens(
+            &self.c_proj,
+            y.swap_dims(1, 2).reshape([batch, seq, heads * head_dim]),
+        )
+    }
+
+    fn forward_with(&self, x: Tensor<B, 3>, documents: Option<&Documents>) -> Tensor<B, 3> {
+        let [q, k, v] = self.project(x);
+        self.output(match documents {
+            Some(documents) => causal_attention_in(q, k, v, documents),
+            None => causal_attention(q, k, v),
+        })
+    }
+
+    /// [`Gpt2Attention::forward`] of `x` at positions `start..`, attending
+    /// to the earlier positions in `cache`, which its keys and values join.
+    pub fn forward_cached(
+        &self,
+        x: Tensor<B, 3>,
+        cache: &mut LayerCache<B>,
+        start: usize,
+    ) -> Tensor<B, 3> {
+        let [q, k, v] = self.project(x);
+        self.output(cached_attention(cache, q, k, v, start, None))
     }
 }
 
 impl<B: Backend> Gpt2Block<B> {
     fn forward_with(&self, x: Tensor<B, 3>, documents: Option<&Documents>) -> Tensor<B, 3> {
-        let x = x.clone() + self.attn.forward_with(self.ln_1.forward(x), documents);
+        let attended = self
+            .attn
+            .forward_with(self.ln_1.forward(x.clone()), documents);
+        self.mlp_residual(x + attended)
+    }
+
+    /// `x` plus the MLP of its normalised value: the block after attention.
+    fn mlp_residual(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         // GPT-2 uses the tanh approximation ("gelu_new").
         let h = gelu_approximate(forward_tokens(&self.mlp.c_fc, self.ln_2.forward(x.clone())));
         x + forward_tokens(&self.mlp.c_proj, h)
+    }
+}
+
+impl<B: Backend> CachedBlock<B> for Gpt2Block<B> {
+    fn forward_cached(
+        &self,
+        x: Tensor<B, 3>,
+        cache: &mut LayerCache<B>,
+        start: usize,
+    ) -> Tensor<B, 3> {
+        let attended = self
+            .attn
+            .forward_cached(self.ln_1.forward(x.clone()), cache, start);
+        self.mlp_residual(x + attended)
     }
 }
 
@@ -205,15 +252,23 @@ impl<B: Backend> DecoderBlock<B> for Gpt2Block<B> {
     }
 }
 
+/// Learned positions counted from `start`.
+impl<B: Backend> CachedModel<B> for Gpt2<B> {
+    fn embed_at(&self, tokens: Tensor<B, 2, Int>, start: usize) -> Tensor<B, 3> {
+        let [batch, seq] = tokens.dims();
+        let positions =
+            Tensor::<B, 1, Int>::arange(start as i64..(start + seq) as i64, &tokens.device())
+                .reshape([1, seq])
+                .expand([batch, seq]);
+        self.wte.forward(tokens) + self.wpe.forward(positions)
+    }
+}
+
 impl<B: Backend> BlockModel<B> for Gpt2<B> {
     type Block = Gpt2Block<B>;
 
     fn embed(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
-        let [batch, seq] = tokens.dims();
-        let positions = Tensor::<B, 1, Int>::arange(0..seq as i64, &tokens.device())
-            .reshape([1, seq])
-            .expand([batch, seq]);
-        self.wte.forward(tokens) + self.wpe.forward(positions)
+        self.embed_at(tokens, 0)
     }
 
     /// Learned positions counted from each document's start.

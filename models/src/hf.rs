@@ -549,6 +549,32 @@ pub fn load_weights<B: Backend, M: Module<B>>(
     }
 }
 
+/// Loads the checkpoint in `dir` into `store`, the host store of a model
+/// `config` describes (an engine's, [`burn_offload::Engine::store_mut`]):
+/// each slot from its tensor, every one checked before any is written, and
+/// no tensor on a device, so a model larger than the GPU loads straight into
+/// host memory.
+pub fn load_into_store(
+    store: &mut burn_offload::HostStore,
+    config: &ModelConfig,
+    dir: &Path,
+) -> Result<(), HfError> {
+    let checkpoint = Checkpoint::open(dir)?;
+    for slot in store.groups.iter().flat_map(|g| &g.slots) {
+        let (name, transpose) = checkpoint.name_of(config, &slot.name);
+        checkpoint.view(&name, &slot.shape, transpose)?;
+    }
+    for group in &mut store.groups {
+        for slot in &group.slots {
+            let (name, transpose) = checkpoint.name_of(config, &slot.name);
+            let data = checkpoint.read(&name, &slot.shape, transpose)?;
+            let values = data.as_slice::<f32>().expect("read gives f32");
+            group.params.as_mut_slice()[slot.range()].copy_from_slice(values);
+        }
+    }
+    Ok(())
+}
+
 /// Every float parameter with its module path, as f32 in HF layout.
 struct Gather<'a> {
     config: &'a ModelConfig,

@@ -10,6 +10,7 @@ mod checks;
 pub mod config;
 pub mod gpt2;
 pub mod hf;
+pub mod kv_cache;
 pub mod llama;
 pub mod loss;
 pub mod rope;
@@ -17,5 +18,6 @@ pub mod tokens;
 
 pub use config::{ConfigError, ModelConfig, PRESETS};
 pub use gpt2::{Gpt2, Gpt2Config};
+pub use kv_cache::{CachedBlock, CachedModel, KvCache};
 pub use llama::{Llama, LlamaConfig};
 pub use loss::cross_entropy;

@@ -12,8 +12,9 @@ use burn_offload::{BlockModel, DecoderBlock, Documents};
 use serde::{Deserialize, Serialize};
 
 use crate::checks::{check_heads, check_positive, ConfigError};
+use crate::kv_cache::{cached_attention, CachedBlock, CachedModel, LayerCache};
 pub use crate::rope::{
-    apply_rope, apply_rope_rows, cached_rope_tables, document_rope_tables, rope_tables,
+    apply_rope, apply_rope_rows, cached_rope_tables, document_rope_tables, rope_tables, RopeScaling,
 };
 use crate::tokens::{forward_tokens, linear_tokens};
 use burn_offload::ops::attention::{
@@ -66,85 +67,6 @@ pub struct LlamaConfig {
     /// The Hugging Face family the model is exported as.
     #[serde(default, skip_serializing_if = "Family::is_llama")]
     pub family: Family,
-}
-
-/// Rotary frequency scaling, as in Hugging Face's `rope_scaling`.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "rope_type", rename_all = "lowercase", deny_unknown_fields)]
-pub enum RopeScaling {
-    /// Every frequency divided by `factor` (position interpolation).
-    Linear { factor: f64 },
-    /// Llama 3.x: low frequencies divided by `factor`, high ones kept, a
-    /// smooth blend between (wavelengths measured against the original
-    /// context length).
-    Llama3 {
-        factor: f64,
-        low_freq_factor: f64,
-        high_freq_factor: f64,
-        original_max_position_embeddings: usize,
-    },
-}
-
-impl RopeScaling {
-    /// The scaled inverse frequency for `inv_freq` (radians per position).
-    pub fn scale(&self, inv_freq: f64) -> f64 {
-        match *self {
-            RopeScaling::Linear { factor } => inv_freq / factor,
-            RopeScaling::Llama3 {
-                factor,
-                low_freq_factor,
-                high_freq_factor,
-                original_max_position_embeddings,
-            } => {
-                let original = original_max_position_embeddings as f64;
-                let wavelength = 2.0 * std::f64::consts::PI / inv_freq;
-                if wavelength < original / high_freq_factor {
-                    inv_freq
-                } else if wavelength > original / low_freq_factor {
-                    inv_freq / factor
-                } else {
-                    let smooth = (original / wavelength - low_freq_factor)
-                        / (high_freq_factor - low_freq_factor);
-                    (1.0 - smooth) * inv_freq / factor + smooth * inv_freq
-                }
-            }
-        }
-    }
-
-    fn validate(&self) -> Result<(), ConfigError> {
-        let positive = |name: &str, v: f64| {
-            if v.is_finite() && v > 0.0 {
-                Ok(())
-            } else {
-                Err(ConfigError::Invalid(format!(
-                    "rope_scaling {name} must be positive, got {v}"
-                )))
-            }
-        };
-        match *self {
-            RopeScaling::Linear { factor } => positive("factor", factor),
-            RopeScaling::Llama3 {
-                factor,
-                low_freq_factor,
-                high_freq_factor,
-                original_max_position_embeddings,
-            } => {
-                positive("factor", factor)?;
-                positive("low_freq_factor", low_freq_factor)?;
-                positive("high_freq_factor", high_freq_factor)?;
-                positive(
-                    "original_max_position_embeddings",
-                    original_max_position_embeddings as f64,
-                )?;
-                if high_freq_factor <= low_freq_factor {
-                    return Err(ConfigError::Invalid(
-                        "rope_scaling high_freq_factor must exceed low_freq_factor".into(),
-                    ));
-                }
-                Ok(())
-            }
-        }
-    }
 }
 
 /// Which attention projections carry a bias.
@@ -610,7 +532,9 @@ impl<B: Backend> LlamaAttention<B> {
         self.forward_with(x, Some(documents).filter(|d| !d.is_whole()))
     }
 
-    fn forward_with(&self, x: Tensor<B, 3>, documents: Option<&Documents>) -> Tensor<B, 3> {
+    /// Queries, keys and values of `x`, `[batch, heads, seq, head_dim]`,
+    /// each head normalised where the model says so, not yet rotated.
+    fn project(&self, x: Tensor<B, 3>) -> [Tensor<B, 4>; 3] {
         let [batch, seq, _] = x.dims();
         let head_dim = 2 * self.inv_freqs.len();
         // `[batch, seq, n·head_dim]` → `[batch, n, seq, head_dim]`, each head
@@ -623,27 +547,39 @@ impl<B: Backend> LlamaAttention<B> {
             };
             t.swap_dims(1, 2)
         };
-        let q = heads(
-            forward_tokens(&self.q_proj, x.clone()),
-            self.n_head,
-            &self.q_norm,
-        );
-        let k = heads(
-            forward_tokens(&self.k_proj, x.clone()),
-            self.n_kv_head,
-            &self.k_norm,
-        );
-        let v = heads(
-            forward_tokens(&self.v_proj, x.clone()),
-            self.n_kv_head,
-            &None,
-        );
+        [
+            heads(
+                forward_tokens(&self.q_proj, x.clone()),
+                self.n_head,
+                &self.q_norm,
+            ),
+            heads(
+                forward_tokens(&self.k_proj, x.clone()),
+                self.n_kv_head,
+                &self.k_norm,
+            ),
+            heads(forward_tokens(&self.v_proj, x), self.n_kv_head, &None),
+        ]
+    }
 
+    /// The output projection of the heads' attention `y: [batch, heads, seq, head_dim]`.
+    fn output(&self, y: Tensor<B, 4>) -> Tensor<B, 3> {
+        let [batch, heads, seq, head_dim] = y.dims();
+        forward_tokens(
+            &self.o_proj,
+            y.swap_dims(1, 2).reshape([batch, seq, heads * head_dim]),
+        )
+    }
+
+    fn forward_with(&self, x: Tensor<B, 3>, documents: Option<&Documents>) -> Tensor<B, 3> {
+        let seq = x.dims()[1];
+        let device = x.device();
+        let [q, k, v] = self.project(x);
         // Grouped-query attention: each key/value head serves `n_head /
         // n_kv_head` consecutive query heads.
         let y = match documents {
             None => {
-                let (cos, sin) = cached_rope_tables::<B>(seq, &self.inv_freqs, &x.device());
+                let (cos, sin) = cached_rope_tables::<B>(seq, &self.inv_freqs, &device);
                 let (q, k) = (apply_rope(q, &cos, &sin), apply_rope(k, &cos, &sin));
                 match self.sliding_window {
                     Some(window) => windowed_attention(q, k, v, window),
@@ -651,7 +587,7 @@ impl<B: Backend> LlamaAttention<B> {
                 }
             }
             Some(documents) => {
-                let (cos, sin) = document_rope_tables::<B>(documents, &self.inv_freqs, &x.device());
+                let (cos, sin) = document_rope_tables::<B>(documents, &self.inv_freqs, &device);
                 let (q, k) = (
                     apply_rope_rows(q, &cos, &sin),
                     apply_rope_rows(k, &cos, &sin),
@@ -662,11 +598,24 @@ impl<B: Backend> LlamaAttention<B> {
                 }
             }
         };
-        forward_tokens(
-            &self.o_proj,
-            y.swap_dims(1, 2)
-                .reshape([batch, seq, self.n_head * head_dim]),
-        )
+        self.output(y)
+    }
+
+    /// [`LlamaAttention::forward`] of `x` at positions `start..`, attending
+    /// to the earlier positions in `cache`, which its keys and values join.
+    pub fn forward_cached(
+        &self,
+        x: Tensor<B, 3>,
+        cache: &mut LayerCache<B>,
+        start: usize,
+    ) -> Tensor<B, 3> {
+        let seq = x.dims()[1];
+        let device = x.device();
+        let [q, k, v] = self.project(x);
+        let (cos, sin) = cached_rope_tables::<B>(start + seq, &self.inv_freqs, &device);
+        let (cos, sin) = (cos.narrow(0, start, seq), sin.narrow(0, start, seq));
+        let (q, k) = (apply_rope(q, &cos, &sin), apply_rope(k, &cos, &sin));
+        self.output(cached_attention(cache, q, k, v, start, self.sliding_window))
     }
 }
 
@@ -677,9 +626,25 @@ impl<B: Backend> LlamaBlock<B> {
             Some(documents) => self.attn.forward_in(normed, documents),
             None => self.attn.forward(normed),
         };
-        let x = x + attended;
+        self.mlp_residual(x + attended)
+    }
+
+    /// `x` plus the MLP of its normalised value: the block after attention.
+    fn mlp_residual(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         let h = rms_norm(&self.post_attention_layernorm, x.clone());
         x + self.mlp.forward(h)
+    }
+}
+
+impl<B: Backend> CachedBlock<B> for LlamaBlock<B> {
+    fn forward_cached(
+        &self,
+        x: Tensor<B, 3>,
+        cache: &mut LayerCache<B>,
+        start: usize,
+    ) -> Tensor<B, 3> {
+        let normed = rms_norm(&self.input_layernorm, x.clone());
+        self.mlp_residual(x + self.attn.forward_cached(normed, cache, start))
     }
 }
 
@@ -701,6 +666,13 @@ impl<B: Backend> Llama<B> {
             layer.mlp.tile_tokens = tile;
         }
         self
+    }
+}
+
+/// Positions live in the blocks' rotations: the lookup at any offset.
+impl<B: Backend> CachedModel<B> for Llama<B> {
+    fn embed_at(&self, tokens: Tensor<B, 2, Int>, _start: usize) -> Tensor<B, 3> {
+        self.embed(tokens)
     }
 }
 

@@ -1,6 +1,7 @@
 //! Rotary position tables: built on the host in f64, cached per backend,
 //! device and frequencies, and gathered per position where packed windows
-//! restart positions at each document.
+//! restart positions at each document; the frequencies' scaling (Llama 3.x,
+//! linear interpolation).
 
 use std::any::{Any, TypeId};
 use std::sync::Mutex;
@@ -8,6 +9,9 @@ use std::sync::Mutex;
 use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
 use burn_offload::ops::rotary::{rotate_half, rotate_half_rows};
 use burn_offload::Documents;
+use serde::{Deserialize, Serialize};
+
+use crate::checks::ConfigError;
 
 /// Rotary tables `(cos, sin)`, each `[seq, head_dim]`: position `t`, column `j`
 /// holds `cos(t · inv_freqs[j mod h/2])` (halves repeated, HF layout), where
@@ -141,4 +145,83 @@ pub fn apply_rope_rows<B: Backend>(
     sin: &Tensor<B, 3>,
 ) -> Tensor<B, 4> {
     rotate_half_rows(x, cos, sin)
+}
+
+/// Rotary frequency scaling, as in Hugging Face's `rope_scaling`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "rope_type", rename_all = "lowercase", deny_unknown_fields)]
+pub enum RopeScaling {
+    /// Every frequency divided by `factor` (position interpolation).
+    Linear { factor: f64 },
+    /// Llama 3.x: low frequencies divided by `factor`, high ones kept, a
+    /// smooth blend between (wavelengths measured against the original
+    /// context length).
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max_position_embeddings: usize,
+    },
+}
+
+impl RopeScaling {
+    /// The scaled inverse frequency for `inv_freq` (radians per position).
+    pub fn scale(&self, inv_freq: f64) -> f64 {
+        match *self {
+            RopeScaling::Linear { factor } => inv_freq / factor,
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } => {
+                let original = original_max_position_embeddings as f64;
+                let wavelength = 2.0 * std::f64::consts::PI / inv_freq;
+                if wavelength < original / high_freq_factor {
+                    inv_freq
+                } else if wavelength > original / low_freq_factor {
+                    inv_freq / factor
+                } else {
+                    let smooth = (original / wavelength - low_freq_factor)
+                        / (high_freq_factor - low_freq_factor);
+                    (1.0 - smooth) * inv_freq / factor + smooth * inv_freq
+                }
+            }
+        }
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        let positive = |name: &str, v: f64| {
+            if v.is_finite() && v > 0.0 {
+                Ok(())
+            } else {
+                Err(ConfigError::Invalid(format!(
+                    "rope_scaling {name} must be positive, got {v}"
+                )))
+            }
+        };
+        match *self {
+            RopeScaling::Linear { factor } => positive("factor", factor),
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } => {
+                positive("factor", factor)?;
+                positive("low_freq_factor", low_freq_factor)?;
+                positive("high_freq_factor", high_freq_factor)?;
+                positive(
+                    "original_max_position_embeddings",
+                    original_max_position_embeddings as f64,
+                )?;
+                if high_freq_factor <= low_freq_factor {
+                    return Err(ConfigError::Invalid(
+                        "rope_scaling high_freq_factor must exceed low_freq_factor".into(),
+                    ));
+                }
+                Ok(())
+            }
+        }
+    }
 }

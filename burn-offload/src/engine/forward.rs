@@ -327,6 +327,68 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
             .stream_forward(&blocks, &inputs, &[None], false)?
             .pop()
             .expect("one lane");
+        Ok(self.last_head(x))
+    }
+
+    /// [`Engine::last_logits`] with block `i` run as `run(i, block, x)`
+    /// instead of its forward (for generation: a forward that keeps its
+    /// keys and values on the device), and the tokens embedded by `embed`
+    /// where the model's embedding is not a table lookup the engine makes
+    /// on the host (learned positions counted from an offset). The blocks
+    /// stream as in [`Engine::last_logits`], each bound once, the next one's
+    /// copy behind this one's compute.
+    pub fn last_logits_with(
+        &mut self,
+        inputs: &Tensor<B, 2, Int>,
+        embed: impl FnOnce(&M, Tensor<B, 2, Int>) -> Tensor<B, 3>,
+        mut run: impl FnMut(usize, &M::Block, Tensor<B, 3>) -> Tensor<B, 3>,
+    ) -> Result<Tensor<B, 2>, EngineError> {
+        let [batch, seq] = inputs.dims();
+        if batch == 0 || seq == 0 {
+            return Err(BatchError::Empty {
+                index: 0,
+                shape: [batch, seq],
+            }
+            .into());
+        }
+        let inputs = crate::transfer::on_device(inputs.clone(), &self.lanes[0].device);
+        let x = match self.embedding_slot {
+            Some(slot) => self
+                .embed_on_host(slot, std::slice::from_ref(&inputs))?
+                .pop()
+                .expect("one lane"),
+            None => {
+                let stem = self.bind_stem::<B, M>(self.template.clone(), false, true, 0);
+                let lane = &mut self.lanes[0];
+                lane.pager.ready::<B>(&lane.device);
+                let x = embed(&stem, inputs);
+                drop(stem);
+                self.lanes[0].pager.evict(0);
+                x
+            }
+        };
+        let mut x = cast_to(x, self.config.compute.dtype());
+        let blocks = self.template.blocks().to_vec();
+        let mut next = (!blocks.is_empty()).then(|| self.bind_block(&blocks, 0, 0));
+        for i in 0..blocks.len() {
+            let block = next.take().expect("block bound ahead");
+            let lane = &mut self.lanes[0];
+            lane.pager.ready::<B>(&lane.device);
+            let block = self.landed(block);
+            if i + 1 < blocks.len() {
+                next = Some(self.bind_block(&blocks, i + 1, 0));
+            }
+            x = run(i, &block, x);
+            drop(block);
+            self.lanes[0].pager.evict(i + 1);
+        }
+        Ok(self.last_head(x))
+    }
+
+    /// The head's logits `[batch, vocab]` in f32 at the last position of the
+    /// last block's output `x`, the stem bound for it.
+    fn last_head(&mut self, x: Tensor<B, 3>) -> Tensor<B, 2> {
+        let [batch, seq, _] = x.dims();
         let stem = self.bind_stem::<B, M>(self.template.clone(), false, false, 0);
         let lane = &mut self.lanes[0];
         lane.pager.ready::<B>(&lane.device);
@@ -335,6 +397,6 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         drop(stem);
         self.lanes[0].pager.evict(0);
         let vocab = logits.dims()[2];
-        Ok(cast_to(logits, DType::F32).reshape([batch, vocab]))
+        cast_to(logits, DType::F32).reshape([batch, vocab])
     }
 }

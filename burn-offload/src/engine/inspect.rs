@@ -71,6 +71,21 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         Ok(manifest)
     }
 
+    /// Restores the parameters alone from a checkpoint (its optimizer state
+    /// is not read, the update count not changed): a model to generate with.
+    /// On any error the engine is left as it was.
+    pub fn load_weights(
+        &mut self,
+        path: &std::path::Path,
+    ) -> Result<checkpoint::Manifest, CheckpointError> {
+        self.settle_all();
+        let manifest = checkpoint::load_params_into(path, &mut self.store)?;
+        if let Some(copies) = &mut self.bf16 {
+            copies.mark_all_stale();
+        }
+        Ok(manifest)
+    }
+
     /// Gives up the engine, keeping its store (parameters and optimizer state).
     pub fn into_store(mut self) -> HostStore {
         self.settle_all();

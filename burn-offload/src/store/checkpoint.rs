@@ -559,6 +559,24 @@ pub fn read_manifest(checkpoint: &Path) -> Result<Manifest, CheckpointError> {
 /// must match the manifest). Checks everything before writing anything, so a
 /// bad checkpoint leaves the store as it was. Returns the manifest.
 pub fn load_into(checkpoint: &Path, store: &mut HostStore) -> Result<Manifest, CheckpointError> {
+    load(checkpoint, store, true)
+}
+
+/// [`load_into`] of the parameters alone, for a store whose moments are
+/// not read (of either kind): a model to generate with. The optimizer file
+/// is not opened.
+pub fn load_params_into(
+    checkpoint: &Path,
+    store: &mut HostStore,
+) -> Result<Manifest, CheckpointError> {
+    load(checkpoint, store, false)
+}
+
+fn load(
+    checkpoint: &Path,
+    store: &mut HostStore,
+    moments: bool,
+) -> Result<Manifest, CheckpointError> {
     let manifest = read_manifest(checkpoint)?;
     let layout = store.slot_table();
     if manifest.groups != layout {
@@ -580,8 +598,14 @@ pub fn load_into(checkpoint: &Path, store: &mut HostStore) -> Result<Manifest, C
         });
     }
     let model = Mapped::open(&checkpoint.join(MODEL_FILE))?;
-    let optimizer = Mapped::open(&checkpoint.join(OPTIMIZER_FILE))?;
-    for (file, want) in [&model, &optimizer].into_iter().zip(manifest.crc32) {
+    let optimizer = match moments {
+        true => Some(Mapped::open(&checkpoint.join(OPTIMIZER_FILE))?),
+        false => None,
+    };
+    for (file, want) in std::iter::once(&model)
+        .chain(optimizer.as_ref())
+        .zip(manifest.crc32)
+    {
         let got = file.crc32();
         if got != want {
             let reason = format!("checksum {got:08x} differs from the manifest's {want:08x}");
@@ -591,40 +615,18 @@ pub fn load_into(checkpoint: &Path, store: &mut HostStore) -> Result<Manifest, C
             });
         }
     }
-    let (model_st, optim_st) = (model.parse()?, optimizer.parse()?);
-    // The moments' kind must be the run's: 8-bit codes are not f32 values.
-    let eight_bit = store.layout.eight_bit_moments;
-    if optim_st.tensor("m8.stem").is_ok() != eight_bit {
-        let kind = |q: bool| if q { "8-bit" } else { "fp32" };
-        return Err(CheckpointError::Mismatch {
-            path: checkpoint.to_path_buf(),
-            reason: format!(
-                "it holds {} optimizer state, the run keeps {} (--optim-state)",
-                kind(!eight_bit),
-                kind(eight_bit)
-            ),
-        });
-    }
+    let model_st = model.parse()?;
     // Validate every tensor first.
     for (g, group) in store.groups.iter().enumerate() {
         for slot in &group.slots {
             let name = tensor_name(g, &slot.name);
             model.check(&model_st, &name, Dtype::F32, &slot.shape)?;
-            if !eight_bit {
-                optimizer.check(&optim_st, &format!("m.{name}"), Dtype::F32, &slot.shape)?;
-                optimizer.check(&optim_st, &format!("v.{name}"), Dtype::F32, &slot.shape)?;
-            }
-        }
-        if let Moments::Q8 { m, .. } = &group.moments {
-            let name = group_name(g);
-            for prefix in ["m8", "v8"] {
-                let (codes, blocks) = (m.codes.len(), m.absmax.len());
-                optimizer.check(&optim_st, &format!("{prefix}.{name}"), Dtype::U8, &[codes])?;
-                let absmax = format!("{prefix}.{name}.absmax");
-                optimizer.check(&optim_st, &absmax, Dtype::F32, &[blocks])?;
-            }
         }
     }
+    let optim_st = match &optimizer {
+        Some(optimizer) => Some((optimizer, check_moments(checkpoint, optimizer, store)?)),
+        None => None,
+    };
     for (g, group) in store.groups.iter_mut().enumerate() {
         for k in 0..group.slots.len() {
             let (name, range) = {
@@ -635,7 +637,7 @@ pub fn load_into(checkpoint: &Path, store: &mut HostStore) -> Result<Manifest, C
                 model_st.tensor(&name).expect("checked").data(),
                 &mut group.params.as_mut_slice()[range.clone()],
             );
-            if let Moments::F32 { m, v } = &mut group.moments {
+            if let (Some((_, optim_st)), Moments::F32 { m, v }) = (&optim_st, &mut group.moments) {
                 for (prefix, out) in [("m", m), ("v", v)] {
                     let tensor = optim_st
                         .tensor(&format!("{prefix}.{name}"))
@@ -644,7 +646,7 @@ pub fn load_into(checkpoint: &Path, store: &mut HostStore) -> Result<Manifest, C
                 }
             }
         }
-        if let Moments::Q8 { m, v } = &mut group.moments {
+        if let (Some((_, optim_st)), Moments::Q8 { m, v }) = (&optim_st, &mut group.moments) {
             let name = group_name(g);
             for (prefix, q) in [("m8", m), ("v8", v)] {
                 let codes = optim_st
@@ -659,6 +661,48 @@ pub fn load_into(checkpoint: &Path, store: &mut HostStore) -> Result<Manifest, C
         }
     }
     Ok(manifest)
+}
+
+/// The optimizer file parsed, once every moment `store` keeps is checked
+/// in it: of the store's kind (8-bit codes are not f32 values), present,
+/// with its shape.
+fn check_moments<'a>(
+    checkpoint: &Path,
+    optimizer: &'a Mapped,
+    store: &HostStore,
+) -> Result<SafeTensors<'a>, CheckpointError> {
+    let optim_st = optimizer.parse()?;
+    let eight_bit = store.layout.eight_bit_moments;
+    if optim_st.tensor("m8.stem").is_ok() != eight_bit {
+        let kind = |q: bool| if q { "8-bit" } else { "fp32" };
+        return Err(CheckpointError::Mismatch {
+            path: checkpoint.to_path_buf(),
+            reason: format!(
+                "it holds {} optimizer state, the run keeps {} (--optim-state)",
+                kind(!eight_bit),
+                kind(eight_bit)
+            ),
+        });
+    }
+    for (g, group) in store.groups.iter().enumerate() {
+        if !eight_bit {
+            for slot in &group.slots {
+                let name = tensor_name(g, &slot.name);
+                optimizer.check(&optim_st, &format!("m.{name}"), Dtype::F32, &slot.shape)?;
+                optimizer.check(&optim_st, &format!("v.{name}"), Dtype::F32, &slot.shape)?;
+            }
+        }
+        if let Moments::Q8 { m, .. } = &group.moments {
+            let name = group_name(g);
+            for prefix in ["m8", "v8"] {
+                let (codes, blocks) = (m.codes.len(), m.absmax.len());
+                optimizer.check(&optim_st, &format!("{prefix}.{name}"), Dtype::U8, &[codes])?;
+                let absmax = format!("{prefix}.{name}.absmax");
+                optimizer.check(&optim_st, &absmax, Dtype::F32, &[blocks])?;
+            }
+        }
+    }
+    Ok(optim_st)
 }
 
 fn copy_f32(bytes: &[u8], out: &mut [f32]) {

@@ -158,6 +158,10 @@ pub struct Prepared {
     pub trained: usize,
     /// Tokens tokenized per second.
     pub tokens_per_s: f64,
+    /// The first example's turns before its last assistant turn, rendered
+    /// with the generation prompt and tokenized: what the sample after
+    /// training answers.
+    pub sample_prompt: Vec<u32>,
 }
 
 impl Prepared {
@@ -264,6 +268,7 @@ pub fn prepare(
         })
         .collect();
     let examples: Vec<Example> = examples.into_iter().collect::<Result<_, _>>()?;
+    let sample_prompt = sample_prompt(&records[0], format, &template, tokenizer)?;
     let tokens: usize = examples.iter().map(|(ids, _)| ids.len()).sum();
     let tokens_per_s = tokens as f64 / started.elapsed().as_secs_f64().max(1e-9);
     let pad = tokenizer.specials().pad.map(|s| s.id).or(eos).unwrap_or(0);
@@ -287,7 +292,31 @@ pub fn prepare(
         tokens,
         trained,
         tokens_per_s,
+        sample_prompt,
     })
+}
+
+/// `record`'s turns before its last assistant turn, rendered with the
+/// generation prompt, as token ids.
+fn sample_prompt(
+    record: &Record,
+    format: DataFormat,
+    template: &ChatTemplate,
+    tokenizer: &Tokenizer,
+) -> Result<Vec<u32>, InstructError> {
+    let mut messages = conversation(record, format)?;
+    if let Some(last) = messages.iter().rposition(|m| m.role == "assistant") {
+        messages.truncate(last);
+    }
+    let text = template
+        .render(&messages, true)
+        .map_err(|error| InstructError::Chat {
+            template: tokenizer.template_origin(),
+            path: record.path.clone(),
+            at: record.at.clone(),
+            error,
+        })?;
+    Ok(tokenizer.encode(&text))
 }
 
 /// Token ids of `text` and whether each is trained on (starts inside one of

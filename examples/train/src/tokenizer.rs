@@ -310,6 +310,15 @@ impl Tokenizer {
         }
     }
 
+    /// The id of the token written `token` (a Hugging Face tokenizer's
+    /// vocabulary or added tokens; none for byte and GPT-2 here).
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        match self {
+            Tokenizer::HuggingFace(t) => t.inner.token_to_id(token),
+            _ => None,
+        }
+    }
+
     /// The files a Hugging Face tokenizer was read from, to ship beside an
     /// exported model (none for byte and GPT-2).
     pub fn files(&self) -> &[PathBuf] {

@@ -8,6 +8,9 @@
 //!   files (`--data`) a few chat records. Runs that train take a few tiny
 //!   steps ([`SMALL`] is appended) and must write what the README says they
 //!   write; `--plan` and `--help` run as written.
+//! - `cargo run [--release] --bin chat [-- ARGS]` runs as this package's
+//!   `chat`, after every `train` command (so the folders they write exist),
+//!   with a few new tokens a reply and, without `--prompt`, a turn on stdin.
 //! - Every other command (`--features cuda`, several GPUs, Python) must
 //!   appear verbatim, as a whole command line, in a script under `bench/`
 //!   (not `bench/results/`, which records what was run once) or in `.ci/run`
@@ -218,12 +221,18 @@ fn script_commands(root: &Path) -> BTreeSet<Vec<String>> {
 /// The arguments for `train` when `words` is `cargo run [--release] --bin
 /// train [-- ARGS]` on the default (CPU) build; `None` for anything else.
 fn train_args(words: &[String]) -> Option<Vec<String>> {
+    run_args(words, "train")
+}
+
+/// The arguments for `program` when `words` is `cargo run [--release]
+/// --bin PROGRAM [-- ARGS]` on the default (CPU) build; `None` otherwise.
+fn run_args(words: &[String], program: &str) -> Option<Vec<String>> {
     let mut rest = words.strip_prefix(&["cargo".to_string(), "run".to_string()])?;
     let mut bin = false;
     while let Some((first, tail)) = rest.split_first() {
         match first.as_str() {
             "--release" => rest = tail,
-            "--bin" if tail.first().is_some_and(|b| b == "train") => {
+            "--bin" if tail.first().is_some_and(|b| b == program) => {
                 bin = true;
                 rest = &tail[1..];
             }
@@ -309,6 +318,24 @@ impl Scratch {
             .env("XDG_CACHE_HOME", self.path("cache"))
             .output()
             .expect("train runs")
+    }
+
+    /// `chat` with `args` and a few new tokens, a turn on stdin.
+    fn chat(&self, args: &[String]) -> Output {
+        use std::io::Write;
+        let mut child = Command::new(env!("CARGO_BIN_EXE_chat"))
+            .args(args)
+            .args(["--max-new-tokens", "4"])
+            .current_dir(self.dir.path())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("chat runs");
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(b"What is 2 plus 3?\n").unwrap();
+        drop(stdin);
+        child.wait_with_output().unwrap()
     }
 }
 
@@ -403,8 +430,13 @@ fn every_readme_command_is_run_here_or_by_a_script() {
         .collect();
 
     let mut neither = Vec::new();
+    let mut chats = Vec::new();
     for (i, cmd) in commands.iter().enumerate() {
         let what = format!("README line {}: `{}`", cmd.line, cmd.text());
+        if let Some(args) = run_args(&cmd.words, "chat") {
+            chats.push((what, args));
+            continue;
+        }
         let Some((_, args)) = runnable.iter().find(|(j, _)| *j == i) else {
             if scripts.contains(&cmd.words) {
                 eprintln!("in a script: {what}");
@@ -460,6 +492,15 @@ fn every_readme_command_is_run_here_or_by_a_script() {
             }
         }
         eprintln!("ran (with {extra:?}): {what}");
+    }
+    // Chats talk with what the trainings wrote.
+    assert!(!chats.is_empty(), "the README shows no chat");
+    for (what, args) in chats {
+        let out = scratch.chat(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{what} failed:\n{stderr}");
+        assert!(stderr.contains("key/value cache"), "{what}:\n{stderr}");
+        eprintln!("ran (with --max-new-tokens 4): {what}");
     }
     assert!(
         neither.is_empty(),

@@ -114,6 +114,9 @@ pub(crate) struct Job<'a> {
     pub(crate) building: Instant,
     /// The run's processes, when it has several.
     pub(crate) group: Option<Arc<ProcessGroup>>,
+    /// What the sample after training continues: the data's first tokens,
+    /// or for instruction data its first example's prompt.
+    pub(crate) sample_prompt: Vec<u32>,
 }
 
 impl Job<'_> {
@@ -477,24 +480,27 @@ impl Job<'_> {
         Ok((exported, sample))
     }
 
-    /// Text generated from "The " with `logits` (last-position logits of a batch of one).
+    /// Text generated from the data's prompt with `logits` (last-position
+    /// logits of a batch of one); empty with `--sample-tokens 0`.
     pub(super) fn sample<B: Backend>(
         &self,
         device: &B::Device,
         logits: impl FnMut(Tensor<B, 2, Int>) -> Result<Tensor<B, 2>, JobError>,
     ) -> Result<String, JobError> {
-        let prompt = self.tokenizer.encode("The ");
         let opts = self.opts;
-        let ids = generate(
+        let settings = SampleSettings {
+            tokens: opts.sample_tokens,
+            seq_len: opts.seq_len,
+            temperature: opts.temperature,
+            seed: opts.seed,
+        };
+        sample(
             logits,
-            &prompt,
-            opts.sample_tokens,
-            opts.seq_len,
-            opts.temperature,
-            opts.seed,
+            self.tokenizer,
+            &self.sample_prompt,
+            settings,
             device,
-        )?;
-        Ok(self.tokenizer.decode(&ids))
+        )
     }
 
     /// Plain burn: `Autodiff` over the whole model and `optim` (burn-optim's

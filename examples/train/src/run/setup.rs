@@ -224,7 +224,13 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport, TrainError> {
             );
         }
     }
-    let (batcher, corpus) = match (&opts.data, format) {
+    // The sample after training continues the data's first tokens.
+    let text_prompt = |len: usize, token: &dyn Fn(usize) -> u32| -> Vec<u32> {
+        (0..len.min(16).min(opts.seq_len.div_ceil(2)))
+            .map(token)
+            .collect()
+    };
+    let (batcher, corpus, sample_prompt) = match (&opts.data, format) {
         (Some(path), DataFormat::Alpaca | DataFormat::Sharegpt | DataFormat::Chat) => {
             let shaping = instruct::Shaping {
                 format,
@@ -266,6 +272,7 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport, TrainError> {
                     );
                 }
             }
+            let sample_prompt = prepared.sample_prompt;
             let windows = prepared.windows;
             // The inputs, then the targets (ignored ones as their u32 bits).
             let identity = windows
@@ -275,7 +282,7 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport, TrainError> {
                 .chain(windows.targets.iter().map(|&t| t as u32));
             let corpus = (windows.inputs.len(), corpus_crc32(identity));
             let batcher = Batcher::windows(windows, opts.seed).map_err(SetupError::Data)?;
-            (batcher, corpus)
+            (batcher, corpus, sample_prompt)
         }
         (Some(path), _) => {
             let root = opts
@@ -302,18 +309,22 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport, TrainError> {
                 );
             }
             let corpus = (tokenized.tokens.len(), tokenized.crc32);
+            let tokens = &tokenized.tokens;
+            let sample_prompt = text_prompt(tokens.len(), &|i| tokens.get(i));
             (
                 Batcher::mapped(tokenized.tokens, opts.seq_len, opts.seed)
                     .map_err(SetupError::Data)?,
                 corpus,
+                sample_prompt,
             )
         }
         (None, _) => {
             let tokens = tokenizer.encode(&default_corpus());
             let corpus = (tokens.len(), corpus_crc32(tokens.iter().copied()));
+            let sample_prompt = text_prompt(tokens.len(), &|i| tokens[i]);
             let batcher =
                 Batcher::new(tokens, opts.seq_len, opts.seed).map_err(SetupError::Data)?;
-            (batcher, corpus)
+            (batcher, corpus, sample_prompt)
         }
     };
     let resume = match &opts.resume {
@@ -413,6 +424,7 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport, TrainError> {
         compute_precision_gradients: placed.compact_gradients(),
         building: Instant::now(),
         group,
+        sample_prompt,
     };
     // `--host-params`: the same loop over `Offload<B>` with the host AdamW.
     type HostAb = Autodiff<burn_offload::Offload<DefaultBackend>>;
