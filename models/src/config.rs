@@ -223,6 +223,16 @@ mod tests {
                 "{name}: {got:.3}B, published {published}B"
             );
         }
+        // Exactly, where the model cards give the count to the parameter.
+        for (name, published) in [
+            ("gpt2-124m", 124_439_808),
+            ("llama-3.2-1b", 1_235_814_400),
+            ("llama-3.1-8b", 8_030_261_248),
+            ("mistral-7b", 7_241_732_096),
+        ] {
+            let got = ModelConfig::preset(name).unwrap().num_params();
+            assert_eq!(got, published, "{name}");
+        }
     }
 
     #[test]
