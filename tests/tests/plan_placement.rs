@@ -371,12 +371,12 @@ fn block_inputs_the_host_cannot_hold_stay_on_the_gpu() {
 }
 
 /// With cuDNN running attention, the plan of the long H100 rows is within
-/// 5% below and 12% above what they measured (nvidia-smi's peak,
-/// bench/results/cuda-bench; the kept values leave 10% of the GPU free):
-/// run40 call 2, the 0.85B at 262,144 tokens keeping all 16 blocks'
-/// attention outputs and its block inputs (63,817 MiB), and run41, the
-/// Llama-3.2-1B shape at 524,288 keeping 4, its block inputs in host
-/// memory (58,905 MiB); both bf16, the MLP in tiles. Counting the CubeCL tiles' temporaries there
+/// 5% below and 12% above what they measured (nvidia-smi's peak; the rows
+/// of bench/README.md's long sequences, the kept values leaving 10% of the
+/// GPU free): the 0.85B at 262,144 tokens keeping all 16 blocks' attention
+/// outputs and its block inputs (63,817 MiB), and the Llama-3.2-1B shape at
+/// 524,288 keeping 4, its block inputs in host memory (58,905 MiB); both
+/// bf16, the MLP in tiles. Counting the CubeCL tiles' temporaries there
 /// instead (cuDNN absent) over-predicts by more.
 #[test]
 fn long_sequence_prediction_matches_the_h100_runs() {

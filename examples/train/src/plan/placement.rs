@@ -48,15 +48,15 @@ impl Job {
     /// plan then says how much host memory is short.
     pub fn place_device_block_inputs(mut self, machine: &Machine) -> Self {
         self.device_block_inputs = 0;
-        if self.host_block_inputs(shape(&self.config).layers) == 0 {
+        let layers = shape(&self.config).layers;
+        if self.host_block_inputs(layers) == 0 {
             return self;
         }
         let fits_host = |job: &Job| Plan::new(job).needs(machine).0 <= machine.host_bytes;
         if fits_host(&self) {
             return self;
         }
-        let layers = shape(&self.config).layers as usize;
-        let fewest = (1..=layers)
+        let fewest = (1..=layers as usize)
             .map(|n| Job {
                 device_block_inputs: n,
                 ..self.clone()
