@@ -219,6 +219,10 @@ pub fn read(flag_name: &'static str, path: &Path) -> Result<FileArgs, ConfigErro
                 false => Vec::new(),
             },
             (Kind::Integer, toml::Value::Integer(n)) => vec![format!("--{key}"), n.to_string()],
+            // What TOML's integers (i64) cannot hold, as `resolved` writes it.
+            (Kind::Integer, toml::Value::String(s)) if beyond_i64(s) => {
+                vec![format!("--{key}"), s.clone()]
+            }
             (Kind::Float, toml::Value::Integer(n)) => vec![format!("--{key}"), n.to_string()],
             (Kind::Float, toml::Value::Float(x)) => vec![format!("--{key}"), x.to_string()],
             (Kind::Floats, toml::Value::Array(items)) => {
@@ -230,7 +234,13 @@ pub fn read(flag_name: &'static str, path: &Path) -> Result<FileArgs, ConfigErro
                         _ => None,
                     })
                     .collect::<Option<Vec<_>>>()
-                    .ok_or_else(wrong)?;
+                    .ok_or_else(|| ConfigError::Type {
+                        flag: flag_name,
+                        path: path.to_path_buf(),
+                        key: key.clone(),
+                        expected: kind.name(),
+                        found: "an array holding other values",
+                    })?;
                 vec![format!("--{key}"), numbers.join(",")]
             }
             (Kind::Text, toml::Value::String(s)) => vec![format!("--{key}"), s.clone()],
@@ -256,6 +266,12 @@ pub fn read(flag_name: &'static str, path: &Path) -> Result<FileArgs, ConfigErro
         ));
     }
     Ok(file)
+}
+
+/// Whether `s` is a u64 beyond TOML's integers (a `--seed` above 2^63),
+/// which [`resolved`] writes as a string.
+fn beyond_i64(s: &str) -> bool {
+    s.parse::<u64>().is_ok_and(|n| i64::try_from(n).is_err())
 }
 
 /// The `config.toml` beside `--resume`'s checkpoint: in the folder itself
@@ -363,5 +379,26 @@ mod tests {
         assert_eq!(kind("compute"), Kind::Text);
         assert_eq!(kind("keep-graphs"), Kind::Text);
         assert!(command.get_arguments().all(|arg| arg.get_long().is_some()));
+    }
+
+    /// What `resolved` writes, `read` takes back as the same flags: a seed
+    /// beyond TOML's integers too (a string).
+    #[test]
+    fn resolved_options_read_back() {
+        let matches = command()
+            .try_get_matches_from(["train", "--seed", "18446744073709551615", "--lr", "3e-4"])
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), &resolved(&matches)).unwrap();
+        let file = read("--resume", &dir.path().join(SAVED)).unwrap();
+        let again = command()
+            .try_get_matches_from(
+                std::iter::once(OsString::from("train"))
+                    .chain(file.args_but(&GivenFlags::default())),
+            )
+            .unwrap();
+        assert_eq!(again.get_one::<u64>("seed"), Some(&u64::MAX));
+        assert_eq!(again.get_one::<f64>("lr"), Some(&3e-4));
+        assert_eq!(resolved(&again), resolved(&matches));
     }
 }

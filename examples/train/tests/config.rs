@@ -158,8 +158,13 @@ fn bad_files_are_one_error_line_and_nothing_written() {
         ),
         (
             "adam-betas = 0.9",
-            "key `adam-betas` takes an array of numbers",
+            "key `adam-betas` takes an array of numbers, not a float",
         ),
+        (
+            "adam-betas = [0.9, \"x\"]",
+            "key `adam-betas` takes an array of numbers, not an array holding other values",
+        ),
+        ("[steps]", "key `steps` takes an integer, not a table"),
         ("compute = \"fp64\"", "key `compute`: invalid value 'fp64'"),
         ("steps = ", "not TOML (line 1)"),
     ] {
@@ -188,4 +193,20 @@ fn bad_files_are_one_error_line_and_nothing_written() {
         "{lines:?}"
     );
     assert!(!ck.exists() && !metrics.exists());
+    // The saved options of --resume are held to the same rules, named as
+    // that file.
+    let folder = tmp.path().join("resumed");
+    std::fs::create_dir_all(&folder).unwrap();
+    let saved = folder.join("config.toml");
+    std::fs::write(&saved, "steps = 2\nstepz = 3\n").unwrap();
+    let out = common::train(&["--resume", folder.to_str().unwrap()], &outputs);
+    let lines = common::error_lines(&out);
+    let expected = format!("error: --resume `{}`: unknown key `stepz`", saved.display());
+    assert!(!out.status.success());
+    assert!(
+        lines.len() == 1 && lines[0].starts_with(&expected),
+        "{lines:?}"
+    );
+    assert!(!ck.exists() && !metrics.exists());
+    assert_eq!(common::checkpoint_names(&folder), Vec::<String>::new());
 }
