@@ -1,6 +1,7 @@
 //! Training programs for burn-offload, as a library so tests can drive them.
 
 pub mod chat;
+pub mod config;
 pub mod data;
 pub mod error_line;
 pub mod export;

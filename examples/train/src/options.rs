@@ -264,6 +264,12 @@ pub struct TrainOptions {
     /// callers): a few are refused when given, whatever their value.
     #[arg(skip)]
     pub given: GivenFlags,
+    /// The options resolved from `train`'s command line, `--config` file and
+    /// the `config.toml` of `--resume` ([`crate::config::resolved`]),
+    /// written as `config.toml` into `checkpoint_dir`; `None` (the
+    /// library's callers): nothing written.
+    #[arg(skip)]
+    pub resolved_config: Option<String>,
     /// Fault injection for tests: make the stem parameters NaN before this step.
     #[doc(hidden)]
     #[arg(skip)]
@@ -306,6 +312,13 @@ impl GivenFlags {
                 .map(|id| id.as_str().to_string())
                 .collect(),
         )
+    }
+
+    /// These flags and those of clap ids `ids` (the keys of a `--config`
+    /// file).
+    pub fn with(mut self, ids: impl IntoIterator<Item = String>) -> Self {
+        self.0.extend(ids);
+        self
     }
 
     /// Whether the flag of clap id `id` was given.

@@ -38,6 +38,9 @@ pub enum OutputError {
         path: PathBuf,
         error: std::io::Error,
     },
+    /// The resolved options (`config.toml`) beside the checkpoints.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
     /// A metrics line that does not serialise: serde's own words.
     #[error(transparent)]
     MetricsLine(#[from] serde_json::Error),

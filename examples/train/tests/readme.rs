@@ -7,7 +7,10 @@
 //!   checkpoint (the llama3 family fixture and its tokenizer) and its data
 //!   files (`--data`) a few chat records. Runs that train take a few tiny
 //!   steps ([`SMALL`] is appended) and must write what the README says they
-//!   write; `--plan` and `--help` run as written.
+//!   write (a `--resume` run: what its checkpoint folder's `config.toml`
+//!   names); `--plan` and `--help` run as written. A fenced `toml` block
+//!   whose first line is `# NAME` is written to NAME there first (the
+//!   README's `--config` files).
 //! - `cargo run [--release] --bin chat [-- ARGS]` runs as this package's
 //!   `chat`, after every `train` command (so the folders they write exist),
 //!   with a few new tokens a reply and, without `--prompt`, a turn on stdin.
@@ -71,6 +74,47 @@ impl Cmd {
     fn text(&self) -> String {
         self.words.join(" ")
     }
+}
+
+/// The README's fenced `toml` blocks that start with `# NAME`: each file's
+/// name and text.
+fn readme_files(readme: &str) -> Vec<(String, String)> {
+    let mut files = Vec::new();
+    let mut lines = readme.lines();
+    while let Some(line) = lines.next() {
+        if line.trim() != "```toml" {
+            continue;
+        }
+        let block: Vec<&str> = lines
+            .by_ref()
+            .take_while(|l| !l.starts_with("```"))
+            .collect();
+        if let Some(name) = block.first().and_then(|l| l.strip_prefix("# ")) {
+            files.push((name.trim().to_string(), block.join("\n") + "\n"));
+        }
+    }
+    files
+}
+
+/// `args` after the output flags that the `config.toml` of its `--resume`
+/// folder names (in the folder or the one above), as the run takes them.
+fn with_saved(scratch: &Scratch, args: &[String]) -> Vec<String> {
+    let Some(resume) = value(args, "--resume").map(|r| scratch.path(r)) else {
+        return args.to_vec();
+    };
+    let saved = [resume.join("config.toml"), resume.join("../config.toml")]
+        .into_iter()
+        .find_map(|path| std::fs::read_to_string(path).ok())
+        .unwrap_or_else(|| panic!("no config.toml beside {}", resume.display()));
+    let saved: toml::Table = toml::from_str(&saved).unwrap();
+    let mut all = Vec::new();
+    for key in ["checkpoint-dir", "metrics", "export-hf"] {
+        if let Some(path) = saved.get(key).and_then(|v| v.as_str()) {
+            all.extend([format!("--{key}"), path.to_string()]);
+        }
+    }
+    all.extend_from_slice(args);
+    all
 }
 
 /// Splits one logical shell line into words: quotes removed, backslash
@@ -421,6 +465,9 @@ fn every_readme_command_is_run_here_or_by_a_script() {
         .collect();
     let all_args: Vec<Vec<String>> = runnable.iter().map(|(_, a)| a.clone()).collect();
     let scratch = Scratch::new(&root, &all_args);
+    for (name, text) in readme_files(&readme) {
+        std::fs::write(scratch.path(&name), text).unwrap();
+    }
     // Checkpoint folders a later command resumes: the run that fills one
     // stops after a step, and its export is removed, as a run stopped by a
     // signal leaves none (the resume then finishes it and exports).
@@ -485,7 +532,7 @@ fn every_readme_command_is_run_here_or_by_a_script() {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
-        check_outputs(&scratch, args, &out, &what);
+        check_outputs(&scratch, &with_saved(&scratch, args), &out, &what);
         if stopped {
             if let Some(export) = value(args, "--export-hf") {
                 std::fs::remove_dir_all(scratch.path(export)).unwrap();

@@ -3,9 +3,12 @@
 //! With no arguments it trains the `tiny` GPT-2 on the built-in corpus on the
 //! CPU and prints a sample of generated text at the end.
 
+use std::ffi::OsString;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{CommandFactory, FromArgMatches, Parser};
+use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
+use trainer::config::{self, ConfigError, FileArgs};
 use trainer::error_line::print_error;
 use trainer::options::{validate, GivenFlags, TrainOptions};
 use trainer::processes::RankOptions;
@@ -49,6 +52,12 @@ struct Cli {
     /// (default: --world-size, all on one host).
     #[arg(long)]
     local_world_size: Option<usize>,
+    /// Read options from this TOML file, whose keys are the long names of
+    /// the flags above (`seq-len = 4096`, `fused = true`); a flag given
+    /// here overrides its key. (`--resume` reads the `config.toml` a run
+    /// writes beside its checkpoints the same way, under both.)
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
     /// Print the predicted host and GPU memory of the job against the
     /// machine's, then exit without allocating anything.
     #[arg(long)]
@@ -94,8 +103,47 @@ fn print_plan(opts: &TrainOptions) -> ExitCode {
     }
 }
 
+/// The options of `args` (the command line) over those of its `--config`
+/// file over those of the `config.toml` beside its `--resume` checkpoint,
+/// each layer's keys as flags before the next's (a later flag overrides an
+/// earlier one), and the flags given: the command line's and the file's.
+fn layered(args: &[OsString]) -> Result<(ArgMatches, GivenFlags), ConfigError> {
+    let command_line = Cli::command().get_matches_from(args);
+    let file = match command_line.get_one::<PathBuf>("config") {
+        Some(path) => config::read("--config", path)?,
+        None => FileArgs::default(),
+    };
+    let command_given = GivenFlags::of(&command_line);
+    // The file's keys over the saved ones: both given, as typed flags are.
+    let given = command_given.clone().with(file.ids());
+    let layers = |saved: &FileArgs| -> Vec<OsString> {
+        let (program, flags) = args.split_first().expect("the program's name");
+        let mut all = vec![program.clone()];
+        all.extend(saved.args_but(&given));
+        all.extend(file.args_but(&command_given));
+        all.extend(flags.iter().cloned());
+        all
+    };
+    let mut matches = Cli::command().get_matches_from(layers(&FileArgs::default()));
+    let saved = matches
+        .get_one::<PathBuf>("resume")
+        .and_then(|resume| config::saved_beside(resume));
+    if let Some(path) = saved {
+        let saved = config::read("--resume", &path)?;
+        matches = Cli::command().get_matches_from(layers(&saved));
+    }
+    Ok((matches, given))
+}
+
 fn main() -> ExitCode {
-    let matches = Cli::command().get_matches();
+    let args: Vec<OsString> = std::env::args_os().collect();
+    let (matches, given) = match layered(&args) {
+        Ok(layered) => layered,
+        Err(err) => {
+            print_error("", &err);
+            return ExitCode::FAILURE;
+        }
+    };
     let cli = match Cli::from_arg_matches(&matches) {
         Ok(cli) => cli,
         Err(err) => err.exit(),
@@ -104,7 +152,8 @@ fn main() -> ExitCode {
         // Of several processes, rank 0 reports.
         progress: cli.rank.is_none_or(|rank| rank == 0),
         processes: cli.place(),
-        given: GivenFlags::of(&matches),
+        given,
+        resolved_config: Some(config::resolved(&matches)),
         ..cli.opts.clone()
     };
     // Every flag's rules, before anything else is looked at.

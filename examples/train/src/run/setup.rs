@@ -384,7 +384,14 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport, TrainError> {
         None => format!("{:016x}", rand::random::<u64>()),
     };
     let checkpoints = match opts.checkpoint_dir.as_ref().filter(|_| outputs) {
-        Some(dir) => Some(crate::outputs::checkpoint_dir(dir, &run_id, opts.keep)?),
+        Some(dir) => {
+            let checkpoints = crate::outputs::checkpoint_dir(dir, &run_id, opts.keep)?;
+            // The resolved options beside the checkpoints, for `--resume`.
+            if let Some(text) = &opts.resolved_config {
+                crate::config::write(dir, text).map_err(OutputError::from)?;
+            }
+            Some(checkpoints)
+        }
         None => None,
     };
     let metrics = match opts.metrics.as_ref().filter(|_| outputs) {
