@@ -138,7 +138,7 @@ fn place(
         });
     }
     below(local_rank, local_world)?;
-    Ok((world.1 > 1).then(|| RankOptions {
+    Ok((world.1 > 1).then_some(RankOptions {
         rank: rank.1,
         world_size: world.1,
         rendezvous,
