@@ -14,6 +14,7 @@ pub mod metrics;
 pub mod options;
 pub mod outputs;
 pub mod plan;
+pub mod plot;
 pub mod preflight;
 pub mod processes;
 pub mod progress;
