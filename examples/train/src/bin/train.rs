@@ -11,6 +11,7 @@ use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
 use trainer::config::{self, ConfigError, FileArgs};
 use trainer::error_line::print_error;
 use trainer::options::{validate, GivenFlags, TrainOptions};
+use trainer::plot::{beside, plot_files};
 use trainer::processes::{PlaceSource, RankOptions};
 use trainer::run::run;
 use trainer::signals;
@@ -287,6 +288,13 @@ fn main() -> ExitCode {
             }
             if let Some(path) = &opts.metrics {
                 println!("metrics: {}", path.display());
+                // The curves beside the numbers; the run is done whatever
+                // becomes of them.
+                let png = beside(path);
+                match plot_files(std::slice::from_ref(path), &png, None) {
+                    Ok(()) => println!("plot: {}", png.display()),
+                    Err(err) => eprintln!("warning: no plot of the metrics: {err}"),
+                }
             }
             if report.skipped_total > 0 {
                 println!(
