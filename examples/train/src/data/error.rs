@@ -75,6 +75,20 @@ pub enum DataError {
 
     #[error("corpus has {tokens} tokens but a window needs seq_len + 1 = {needed} tokens")]
     CorpusTooShort { tokens: usize, needed: usize },
+
+    #[error(
+        "--eval-split {fraction} holds out {held} of the data's {total} tokens, fewer than one \
+         window's {needed} (--seq-len + 1); raise it or give --eval-data"
+    )]
+    EvalSplitTooSmall {
+        fraction: f64,
+        held: usize,
+        total: usize,
+        needed: usize,
+    },
+
+    #[error("--eval-split {fraction} leaves no window of the data to train on")]
+    EvalSplitLeavesNothing { fraction: f64 },
 }
 
 impl DataError {

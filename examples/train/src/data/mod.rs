@@ -6,6 +6,9 @@
 //! produced bytes and batches never change with a dependency upgrade and a
 //! run can be resumed bit-exactly from a checkpointed generator state.
 //!
+//! Held-out windows ([`EvalWindows`]) are evaluated in a fixed order,
+//! apart from the batcher.
+//!
 //! The token cache ([`token_cache`]) keeps a tokenized corpus on disk for the
 //! batcher to map.
 
@@ -13,6 +16,7 @@ mod batcher;
 mod builtin;
 mod corpus;
 mod error;
+mod held_out;
 mod rng;
 pub mod token_cache;
 
@@ -20,3 +24,4 @@ pub use batcher::{trained_targets, Batcher, Windows};
 pub use builtin::default_corpus;
 pub use corpus::{corpus_files, read_corpus};
 pub use error::DataError;
+pub use held_out::{held_out_tokens, split_windows, EvalBatch, EvalWindows};
