@@ -161,6 +161,9 @@ pub fn preflight(opts: &TrainOptions) -> Result<Checked, TrainError> {
         (None, DataFormat::Auto) => DataFormat::Text,
         (_, format) => format,
     };
+    if let Some(path) = &opts.data {
+        instruct::check_parquet(path, format).map_err(SetupError::Instructions)?;
+    }
     if format == DataFormat::Text && (opts.train_on_prompt || !opts.packing) {
         return Err(SetupError::ShapingText.into());
     }
