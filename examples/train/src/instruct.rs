@@ -32,7 +32,8 @@ use crate::tokenizer::Tokenizer;
 /// What `--data` holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum DataFormat {
-    /// Decided from the files: `.txt`, or the first record's fields.
+    /// Decided from the files: `.txt`, or the first record's fields (a
+    /// Parquet file's columns).
     Auto,
     /// Plain text (`.txt`, or `.jsonl` with a `text` field).
     Text,

@@ -75,7 +75,10 @@ pub(crate) fn is_parquet(path: &Path) -> bool {
     if has_extension(path, "parquet") {
         return true;
     }
-    if ["txt", "json", "jsonl"].iter().any(|ext| has_extension(path, ext)) {
+    if ["txt", "json", "jsonl"]
+        .iter()
+        .any(|ext| has_extension(path, ext))
+    {
         return false;
     }
     let mut magic = [0u8; 4];
@@ -163,13 +166,14 @@ pub(crate) fn parquet_documents(
     mut each: impl FnMut(&str) -> Result<(), DataError>,
 ) -> Result<(), DataError> {
     parquet::for_each_row(path, &["text"], "`text` column", |row, record| {
-        let doc = record
-            .get("text")
-            .and_then(Value::as_str)
-            .ok_or_else(|| DataError::ParquetText {
-                path: path.to_path_buf(),
-                row,
-            })?;
+        let doc =
+            record
+                .get("text")
+                .and_then(Value::as_str)
+                .ok_or_else(|| DataError::ParquetText {
+                    path: path.to_path_buf(),
+                    row,
+                })?;
         if doc.is_empty() {
             return Ok(());
         }

@@ -20,9 +20,9 @@ pub mod parquet;
 mod rng;
 pub mod token_cache;
 
+pub use self::parquet::ParquetError;
 pub use batcher::{trained_targets, Batcher, Windows};
 pub use builtin::default_corpus;
 pub(crate) use corpus::{collect_files, is_parquet};
 pub use corpus::{corpus_files, read_corpus};
 pub use error::DataError;
-pub use self::parquet::ParquetError;

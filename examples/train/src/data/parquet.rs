@@ -51,7 +51,11 @@ pub enum ParquetError {
 
 /// `error` on one line (the crate's messages may wrap).
 fn one_line(error: &ReadError) -> String {
-    error.to_string().split_whitespace().collect::<Vec<_>>().join(" ")
+    error
+        .to_string()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// `columns` as `` `a`, `b` ``, or "none".
@@ -167,11 +171,16 @@ mod tests {
     #[test]
     fn rows_are_the_json_records_of_the_same_data() {
         let mut texts = Vec::new();
-        for_each_row::<ParquetError>(&fixture("text.parquet"), &["text"], "`text` column", |n, v| {
-            assert_eq!(v.as_object().map(|o| o.len()), Some(1), "only `text`");
-            texts.push((n, v["text"].as_str().unwrap().to_string()));
-            Ok(())
-        })
+        for_each_row::<ParquetError>(
+            &fixture("text.parquet"),
+            &["text"],
+            "`text` column",
+            |n, v| {
+                assert_eq!(v.as_object().map(|o| o.len()), Some(1), "only `text`");
+                texts.push((n, v["text"].as_str().unwrap().to_string()));
+                Ok(())
+            },
+        )
         .unwrap();
         let jsonl = std::fs::read_to_string(fixture("text.jsonl")).unwrap();
         let want: Vec<(usize, String)> = jsonl

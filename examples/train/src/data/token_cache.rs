@@ -581,15 +581,7 @@ mod tests {
     #[test]
     fn a_table_streamed_row_by_row_is_cut_as_its_joined_text() {
         let docs = [
-            "aaaa",
-            "b\n\nbb",
-            "",
-            "\n",
-            "cccccc\n",
-            "\ndd",
-            "e",
-            "ffff\n\n",
-            "g\n\n\nh",
+            "aaaa", "b\n\nbb", "", "\n", "cccccc\n", "\ndd", "e", "ffff\n\n", "g\n\n\nh",
         ];
         for size in 1..12 {
             for take in 1..=docs.len() {
@@ -610,7 +602,11 @@ mod tests {
                     }
                 }
                 let rest = table.take();
-                got.extend(cut(&rest, size).filter(|c| !c.is_empty()).map(str::to_owned));
+                got.extend(
+                    cut(&rest, size)
+                        .filter(|c| !c.is_empty())
+                        .map(str::to_owned),
+                );
                 assert_eq!(got, want, "size {size}, {take} documents");
             }
         }
