@@ -209,6 +209,17 @@ fn a_file_that_is_not_parquet_or_has_no_usable_column_is_refused() {
         "has no `messages` column, which chat data needs (its columns: `id`, `text`)",
     );
 
+    // A row without a string, as a JSON line without one, names itself;
+    // the token cache keeps nothing of the run.
+    let cache = dir.path().join("cache");
+    refused(
+        &parquet("null_text.parquet"),
+        &["--data-cache", s(&cache)],
+        "row 2: no string in column `text`",
+    );
+    let kept: Vec<_> = std::fs::read_dir(&cache).unwrap().collect();
+    assert!(kept.is_empty(), "{kept:?}");
+
     // A bad shard in a folder is refused before the good ones are read.
     let folder = dir.path().join("dataset");
     std::fs::create_dir_all(folder.join("data")).unwrap();
