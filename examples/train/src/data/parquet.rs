@@ -15,6 +15,7 @@ use std::sync::Arc;
 use ::parquet::errors::ParquetError as ReadError;
 use ::parquet::file::reader::{FileReader, SerializedFileReader};
 use ::parquet::record::reader::RowIter;
+use ::parquet::record::{Field, Row};
 use ::parquet::schema::types::Type;
 use serde_json::Value;
 
@@ -36,6 +37,8 @@ pub enum ParquetError {
         group: usize,
         error: ReadError,
     },
+    #[error("`{}` row {row}: bytes that are not UTF-8 text", path.display())]
+    NotText { path: PathBuf, row: usize },
     #[error(
         "`{}` has no {wanted} (its columns: {})",
         path.display(),
@@ -150,10 +153,36 @@ pub fn for_each_row<E: From<ParquetError>>(
         for row in rows {
             let row = row.map_err(|e| rows_error(group, e))?;
             number += 1;
-            each(number, row.to_json_value())?;
+            let value = row_json(&row).ok_or_else(|| ParquetError::NotText {
+                path: file.to_path_buf(),
+                row: number,
+            })?;
+            each(number, value)?;
         }
     }
     Ok(())
+}
+
+/// `row` as a JSON object; `None` where it holds bytes that are not UTF-8.
+fn row_json(row: &Row) -> Option<Value> {
+    let fields = row
+        .get_column_iter()
+        .map(|(k, f)| Some((k.clone(), json(f)?)));
+    Some(Value::Object(fields.collect::<Option<_>>()?))
+}
+
+/// `field` as JSON, as the crate's `to_json_value` makes it but for bytes:
+/// writers that leave a string column unannotated store text as bytes,
+/// which are read as the text they are rather than as base64.
+fn json(field: &Field) -> Option<Value> {
+    Some(match field {
+        Field::Bytes(bytes) => Value::String(std::str::from_utf8(bytes.data()).ok()?.to_owned()),
+        Field::Group(row) => row_json(row)?,
+        Field::ListInternal(list) => {
+            Value::Array(list.elements().iter().map(json).collect::<Option<_>>()?)
+        }
+        other => other.to_json_value(),
+    })
 }
 
 #[cfg(test)]
@@ -205,6 +234,26 @@ mod tests {
             .map(|l| serde_json::from_str(l).unwrap())
             .collect();
         assert_eq!(chats, want);
+    }
+
+    /// Text stored as bytes without the string annotation reads as text;
+    /// bytes that are not UTF-8 are an error naming the row.
+    #[test]
+    fn unannotated_bytes_are_text_when_they_are_utf8() {
+        let texts = |name: &str| {
+            let mut texts = Vec::new();
+            for_each_row::<ParquetError>(&fixture(name), &["text"], "", |_, v| {
+                texts.push(v["text"].as_str().unwrap().to_string());
+                Ok(())
+            })
+            .map(|()| texts)
+        };
+        assert_eq!(
+            texts("binary_text.parquet").unwrap(),
+            texts("text.parquet").unwrap()
+        );
+        let err = texts("not_utf8.parquet").unwrap_err();
+        assert!(matches!(err, ParquetError::NotText { row: 2, .. }), "{err}");
     }
 
     #[test]
