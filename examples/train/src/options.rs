@@ -67,8 +67,9 @@ pub struct TrainOptions {
     /// Seed for initialisation, batches and sampling.
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
-    /// Text file, .jsonl file (field `text`) or directory of them, or
-    /// instruction data (see --data-format); the built-in corpus when omitted.
+    /// Text file, .jsonl file (field `text`), Parquet file (column `text`)
+    /// or directory of them, or instruction data (see --data-format); the
+    /// built-in corpus when omitted.
     #[arg(long)]
     pub data: Option<PathBuf>,
     /// Tokenizer: `byte`, `gpt2` (BPE), or a Hugging Face tokenizer.json
@@ -77,8 +78,8 @@ pub struct TrainOptions {
     #[arg(long)]
     pub tokenizer: Option<String>,
     /// What --data holds: `auto` (decided from the files), `text`, or the
-    /// instruction formats `alpaca`, `sharegpt`, `chat` (JSON Lines or a
-    /// JSON array), rendered with the tokenizer's chat template.
+    /// instruction formats `alpaca`, `sharegpt`, `chat` (JSON Lines, a JSON
+    /// array or Parquet columns), rendered with the tokenizer's chat template.
     #[arg(long, default_value = "auto")]
     pub data_format: DataFormat,
     /// Where tokenized text corpora are cached (keyed by the data files and

@@ -85,7 +85,7 @@ fn evals(lines: &[serde_json::Value]) -> Vec<(u64, f64, bool)> {
 /// Evaluations run after every `--eval-every` steps and at the end, and a
 /// run's training losses are the same bit for bit with and without them:
 /// on a text corpus (the engine's and plain burn's loops), and on packed
-/// instruction data.
+/// instruction data (held out as JSON Lines, and as Parquet).
 #[test]
 fn evaluation_runs_when_asked_and_never_changes_the_training() {
     let dir = tempfile::tempdir().unwrap();
@@ -95,7 +95,8 @@ fn evaluation_runs_when_asked_and_never_changes_the_training() {
         records(dir.path(), "train.jsonl", 0, 12),
         records(dir.path(), "eval.jsonl", 50, 5),
     );
-    let cases: [(Vec<&str>, &Path); 3] = [
+    let alpaca_parquet = common::fixtures().join("parquet/alpaca.parquet");
+    let cases: [(Vec<&str>, &Path); 4] = [
         (
             vec!["--data", s(&data), "--batch", "2", "--seq-len", "16"],
             &eval,
@@ -124,6 +125,19 @@ fn evaluation_runs_when_asked_and_never_changes_the_training() {
                 "64",
             ],
             &eval_records,
+        ),
+        (
+            vec![
+                "--init-from",
+                s(&ck),
+                "--data",
+                s(&train_records),
+                "--batch",
+                "2",
+                "--seq-len",
+                "64",
+            ],
+            &alpaca_parquet,
         ),
     ];
     for (i, (base, eval)) in cases.iter().enumerate() {
@@ -368,7 +382,16 @@ fn bad_evaluation_input_is_refused_before_anything_is_written() {
         "--checkpoint-dir",
         s(&ck),
     ];
-    let cases: [(&[&str], String); 7] = [
+    let no_column = common::fixtures().join("parquet/no_usable_column.parquet");
+    let cases: [(&[&str], String); 8] = [
+        (
+            &["--eval-data", s(&no_column)],
+            format!(
+                "error: --eval-data `{}` has no `text`, `instruction` (alpaca), `conversations` \
+                 (sharegpt) or `messages` (chat) column (its columns: `id`, `score`)",
+                s(&no_column)
+            ),
+        ),
         (
             &["--eval-data", s(&missing)],
             format!("error: --eval-data `{}` does not exist", s(&missing)),

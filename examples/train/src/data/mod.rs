@@ -9,6 +9,9 @@
 //! Held-out windows ([`EvalWindows`]) are evaluated in a fixed order,
 //! apart from the batcher.
 //!
+//! Parquet files ([`parquet`]) are read row by row into the records a JSON
+//! Lines file gives, for text and instruction data alike.
+//!
 //! The token cache ([`token_cache`]) keeps a tokenized corpus on disk for the
 //! batcher to map.
 
@@ -17,11 +20,14 @@ mod builtin;
 mod corpus;
 mod error;
 mod held_out;
+pub mod parquet;
 mod rng;
 pub mod token_cache;
 
+pub use self::parquet::ParquetError;
 pub use batcher::{trained_targets, Batcher, Windows};
 pub use builtin::default_corpus;
+pub(crate) use corpus::{collect_files, is_parquet};
 pub use corpus::{corpus_files, read_corpus};
 pub use error::DataError;
 pub use held_out::{held_out_tokens, split_windows, EvalBatch, EvalWindows};

@@ -169,6 +169,14 @@ pub fn preflight(opts: &TrainOptions) -> Result<Checked, TrainError> {
         (Some(_), format) => Some(format),
         (None, _) => None,
     };
+    if let Some(path) = &opts.data {
+        instruct::check_parquet(path, format)
+            .map_err(|e| SetupError::from(DataReadError::Instructions(e)))?;
+    }
+    if let (Some(path), Some(format)) = (&opts.eval_data, eval_format) {
+        instruct::check_parquet(path, format)
+            .map_err(|e| SetupError::from(DataReadError::EvalInstructions(e)))?;
+    }
     if format == DataFormat::Text && (opts.train_on_prompt || !opts.packing) {
         return Err(SetupError::ShapingText.into());
     }
