@@ -30,17 +30,15 @@ if [ -z "${HIDE_CUDNN:-}" ]; then
   done
 fi
 # NCCL, which `train --gpus N` sums gradients with: torch's wheel ships
-# libnccl.so.2, and cudarc opens `libnccl.so`, so a link of that name goes
-# into a folder of our own on LD_LIBRARY_PATH.
+# libnccl.so.2, which burn-offload opens by that name, so its folder goes
+# on LD_LIBRARY_PATH.
 if [ -z "${NCCL_DIR:-}" ]; then
   for sp in $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null); do
-    hit=$(find "$sp/nvidia" -name 'libnccl.so*' 2>/dev/null | head -1)
-    if [ -n "$hit" ]; then
-      NCCL_DIR=/tmp/nccl-lib; mkdir -p $NCCL_DIR; ln -sf "$hit" $NCCL_DIR/libnccl.so; break
-    fi
+    hit=$(find "$sp/nvidia" -name 'libnccl.so.2' 2>/dev/null | head -1)
+    if [ -n "$hit" ]; then NCCL_DIR=$(dirname "$hit"); break; fi
   done
 fi
 if [ -n "${NCCL_DIR:-}" ]; then
   export LD_LIBRARY_PATH="$NCCL_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  echo "nccl: $NCCL_DIR ($(readlink $NCCL_DIR/libnccl.so 2>/dev/null || echo libnccl.so))"
+  echo "nccl: $NCCL_DIR"
 fi

@@ -14,9 +14,10 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Tensor};
 use burn_cubecl::cubecl::cuda::{CudaDevice, CudaRuntime};
 use burn_cubecl::tensor::CubeTensor;
-use cudarc::nccl::{result, sys};
+use cudarc::nccl::sys;
 
 use super::copier::{bind_context, device_ptr_and_stream};
+use super::nccl;
 use super::types::{as_cuda, cuda_as, is_cuda};
 use crate::host::processes::{ProcessError, ProcessGroup};
 
@@ -52,8 +53,7 @@ fn distinct_gpus<X: Backend>(devices: &[X::Device]) -> Option<Vec<CudaDevice>> {
 /// Whether the lanes on `devices` can sum their gradients: always, but on
 /// distinct GPUs only where the NCCL library loads.
 pub(crate) fn can_reduce<X: Backend>(devices: &[X::Device]) -> bool {
-    // SAFETY: only tries to open the library.
-    distinct_gpus::<X>(devices).is_none() || unsafe { sys::is_culib_present() }
+    distinct_gpus::<X>(devices).is_none() || nccl::is_present()
 }
 
 /// [`crate::transfer::Transfer::reduce`] on CUDA: each slot's parts (one per
@@ -125,7 +125,7 @@ pub(crate) fn try_reduce<X: Backend>(
         parts_kept.push(cubes);
         sums.push(sum);
     }
-    result::group_start().unwrap_or_else(|e| panic!("ncclGroupStart failed: {e:?}"));
+    nccl::group_start().unwrap_or_else(|e| panic!("ncclGroupStart failed: {e:?}"));
     for (lanes, out, len, dtype) in &calls {
         for (d, (ptr, stream)) in lanes.iter().enumerate() {
             let recv = if d == root { *out } else { *ptr };
@@ -133,7 +133,7 @@ pub(crate) fn try_reduce<X: Backend>(
             // GPU (kept until after the group), the streams cubecl computes
             // on there, and this set of devices' communicators.
             unsafe {
-                result::reduce(
+                nccl::reduce(
                     *ptr as *const c_void,
                     recv as *mut c_void,
                     *len,
@@ -147,7 +147,7 @@ pub(crate) fn try_reduce<X: Backend>(
             .unwrap_or_else(|e| panic!("ncclReduce on GPU {} failed: {e:?}", gpus[d].index));
         }
     }
-    result::group_end().unwrap_or_else(|e| panic!("ncclGroupEnd failed: {e:?}"));
+    nccl::group_end().unwrap_or_else(|e| panic!("ncclGroupEnd failed: {e:?}"));
     drop(parts_kept);
     Ok(sums
         .into_iter()
@@ -165,7 +165,7 @@ fn init_communicators(indices: &[usize]) -> Communicators {
     let mut comms = vec![std::ptr::null_mut(); indices.len()];
     let devlist: Vec<i32> = indices.iter().map(|&i| i as i32).collect();
     // SAFETY: room for one communicator per device in the list.
-    unsafe { result::comm_init_all(comms.as_mut_ptr(), devlist.len() as i32, devlist.as_ptr()) }
+    unsafe { nccl::comm_init_all(comms.as_mut_ptr(), devlist.len() as i32, devlist.as_ptr()) }
         .unwrap_or_else(|e| panic!("ncclCommInitAll over GPUs {indices:?} failed: {e:?}"));
     Communicators {
         devices: indices.to_vec(),
@@ -201,8 +201,8 @@ enum ProcessCommError {
     InitRank {
         /// The GPU it was made on.
         gpu: usize,
-        /// What NCCL said (no `std::error::Error` in cudarc).
-        error: result::NcclError,
+        /// What NCCL said.
+        error: nccl::NcclError,
     },
 }
 
@@ -210,7 +210,7 @@ enum ProcessCommError {
 /// rank reaches it at the same point of the run).
 fn process_comm<'g>(group: &'g ProcessGroup, gpu: &CudaDevice) -> &'g ProcessComm {
     let made = group.device_state(|| -> Result<ProcessComm, ProcessCommError> {
-        let id = result::get_uniqueid();
+        let id = nccl::get_unique_id();
         // Every rank takes part in the exchange, whatever rank 0 drew.
         let mine: Vec<u8> = match &id {
             Ok(id) => id.internal.iter().map(|&c| c as u8).collect(),
@@ -229,11 +229,11 @@ fn process_comm<'g>(group: &'g ProcessGroup, gpu: &CudaDevice) -> &'g ProcessCom
         bind_context(gpu);
         let mut comm = std::ptr::null_mut();
         // SAFETY: room for one communicator; the id is rank 0's.
-        unsafe { result::comm_init_rank(&mut comm, group.world() as i32, id, group.rank() as i32) }
+        unsafe { nccl::comm_init_rank(&mut comm, group.world() as i32, id, group.rank() as i32) }
             .map_err(|error| ProcessCommError::InitRank {
-                gpu: gpu.index,
-                error,
-            })?;
+            gpu: gpu.index,
+            error,
+        })?;
         Ok(ProcessComm {
             gpu: gpu.index,
             comm,
@@ -310,7 +310,7 @@ pub(crate) fn try_all_reduce<X: Backend>(
         calls.push((part, sum, len, dtype));
     }
     bind_context(&gpu);
-    result::group_start().unwrap_or_else(|e| panic!("ncclGroupStart failed: {e:?}"));
+    nccl::group_start().unwrap_or_else(|e| panic!("ncclGroupStart failed: {e:?}"));
     for (part, sum, len, dtype) in &calls {
         let (send, stream) = device_ptr_and_stream(part);
         let (recv, _) = device_ptr_and_stream(sum);
@@ -318,7 +318,7 @@ pub(crate) fn try_all_reduce<X: Backend>(
         // after the group), the stream cubecl computes on, the group's
         // communicator.
         unsafe {
-            result::all_reduce(
+            nccl::all_reduce(
                 send as *const c_void,
                 recv as *mut c_void,
                 *len,
@@ -330,7 +330,7 @@ pub(crate) fn try_all_reduce<X: Backend>(
         }
         .unwrap_or_else(|e| panic!("ncclAllReduce on GPU {} failed: {e:?}", gpu.index));
     }
-    result::group_end().unwrap_or_else(|e| panic!("ncclGroupEnd failed: {e:?}"));
+    nccl::group_end().unwrap_or_else(|e| panic!("ncclGroupEnd failed: {e:?}"));
     Ok(calls.into_iter().map(|(_, sum, ..)| as_x(sum)).collect())
 }
 
@@ -351,7 +351,7 @@ pub(crate) fn try_all_gather<X: Backend>(
     let (recv, _) = device_ptr_and_stream(&all);
     // SAFETY: as in `try_all_reduce`; the output holds every rank's part.
     unsafe {
-        result::all_gather(
+        nccl::all_gather(
             send as *const c_void,
             recv as *mut c_void,
             len,

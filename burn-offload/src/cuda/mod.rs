@@ -10,6 +10,7 @@ mod device;
 mod download;
 mod kernels;
 mod matmul;
+mod nccl;
 mod transfer;
 mod types;
 mod upload;

@@ -139,8 +139,7 @@ impl Transfer for CudaTransfer {
     }
 
     fn can_join<X: Backend>(_device: &X::Device) -> bool {
-        // SAFETY: only tries to open the library.
-        !is_cuda::<X>() || unsafe { cudarc::nccl::sys::is_culib_present() }
+        !is_cuda::<X>() || super::nccl::is_present()
     }
 
     fn all_reduce<X: Backend>(

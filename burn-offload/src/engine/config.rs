@@ -216,8 +216,9 @@ pub enum ConfigError {
     NoDevices,
     /// Devices whose gradients need a collective library that is missing.
     #[error(
-        "summing gradients across {devices} GPUs needs NCCL, and libnccl.so did not load (put \
-         a folder with it, or a link of that name to libnccl.so.2, on LD_LIBRARY_PATH)"
+        "summing gradients across {devices} GPUs needs NCCL, and neither libnccl.so.2 nor \
+         libnccl.so loaded (install NCCL, e.g. `pip install nvidia-nccl-cu12`, and put the folder \
+         holding libnccl.so.2 on LD_LIBRARY_PATH)"
     )]
     NoCollective {
         /// Devices asked for.

@@ -7,6 +7,7 @@ pub mod error_line;
 pub mod export;
 pub mod generate;
 pub mod instruct;
+pub mod launcher_env;
 pub mod links;
 pub mod load;
 pub mod metrics;

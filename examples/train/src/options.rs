@@ -440,10 +440,10 @@ pub enum OptionsError {
     #[error(transparent)]
     Place(#[from] PlaceError),
     #[error(
-        "--gpus {0} with --world-size: a run of several processes trains on one GPU each; start \
+        "--gpus {gpus} with {world}: a run of several processes trains on one GPU each; start \
          one process per GPU"
     )]
-    GpusWithWorldSize(usize),
+    GpusWithWorldSize { gpus: usize, world: &'static str },
     #[error("--host-layout compact applies to a compute precision below fp32 (--compute bf16)")]
     CompactAtFp32,
     #[error("--host-params is an option of plain burn training; add --resident")]
@@ -503,7 +503,12 @@ fn engine_only(opts: &TrainOptions) -> [(&'static str, bool); 15] {
         ("--no-guard", opts.no_guard),
         ("--stop-after", opts.stop_after.is_some()),
         ("--gpus", opts.gpus > 1),
-        ("--world-size", opts.processes.is_some()),
+        (
+            opts.processes
+                .as_ref()
+                .map_or("--world-size", |p| p.source.world_size_name()),
+            opts.processes.is_some(),
+        ),
     ]
 }
 
@@ -612,7 +617,10 @@ pub fn validate(opts: &TrainOptions) -> Result<(), OptionsError> {
     if let Some(place) = &opts.processes {
         place.validate()?;
         if opts.gpus > 1 {
-            return Err(E::GpusWithWorldSize(opts.gpus));
+            return Err(E::GpusWithWorldSize {
+                gpus: opts.gpus,
+                world: place.source.world_size_name(),
+            });
         }
     }
     if opts.host_layout == HostLayout::Compact && opts.compute == Compute::Fp32 {

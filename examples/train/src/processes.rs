@@ -37,6 +37,31 @@ pub struct RankOptions {
     /// Processes on this host, which share its memory: each plans with
     /// that share.
     pub local_world_size: usize,
+    /// Where the place came from, which the refusals name.
+    pub source: PlaceSource,
+}
+
+/// Who gave a process its place in a run of several.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PlaceSource {
+    /// `--rank`/`--world-size`, or the launcher of `--processes`.
+    #[default]
+    Flags,
+    /// torchrun's environment variables (`RANK`, `WORLD_SIZE`, …).
+    Torchrun,
+    /// SLURM's environment variables (`SLURM_PROCID`, `SLURM_NTASKS`, …).
+    Slurm,
+}
+
+impl PlaceSource {
+    /// What set the world size, as a refusal names it.
+    pub fn world_size_name(self) -> &'static str {
+        match self {
+            PlaceSource::Flags => "--world-size",
+            PlaceSource::Torchrun => "WORLD_SIZE (torchrun's environment)",
+            PlaceSource::Slurm => "SLURM_NTASKS (srun's environment)",
+        }
+    }
 }
 
 /// A place in a run of several processes that cannot be.
@@ -327,6 +352,7 @@ mod tests {
             rendezvous: "127.0.0.1:9".into(),
             local_rank: 0,
             local_world_size: 2,
+            source: PlaceSource::Flags,
         };
         assert!(place.validate().is_ok());
         for (bad, why) in [

@@ -159,23 +159,153 @@ fn a_resumed_run_of_processes_continues_exactly() {
     );
 }
 
-fn spawn_rank(rank: usize, addr: &str, extra: &[&str]) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_train"))
+/// `train` on llama-tiny for 2 steps with `args`, under the variables `env`.
+fn train_with(args: &[&str], env: &[(&str, String)]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_train"));
+    command
         .args(TINY)
         .args(["--model", "llama-tiny", "--steps", "2"])
-        .args([
-            "--rank",
-            &rank.to_string(),
-            "--world-size",
-            "2",
-            "--rendezvous",
-            addr,
-        ])
-        .args(extra)
+        .args(args)
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stderr(Stdio::piped());
+    for name in common::LAUNCHER_VARIABLES {
+        command.env_remove(name);
+    }
+    command.envs(env.iter().map(|(k, v)| (k, v)));
+    command
+}
+
+fn spawn_rank(rank: usize, addr: &str, extra: &[&str]) -> Child {
+    let rank = rank.to_string();
+    let place = ["--rank", &rank, "--world-size", "2", "--rendezvous", addr];
+    train_with(&[&place[..], extra].concat(), &[])
         .spawn()
         .expect("train starts")
+}
+
+/// Two processes placed by torchrun's variables, then by srun's (the
+/// rendezvous on the first host of the node list), and no rank flag, take
+/// the steps of two lanes of one process to the bit; rank 0 alone writes
+/// the metrics.
+#[test]
+fn ranks_placed_by_a_launchers_environment_take_the_steps_of_lanes() {
+    let dir = tempfile::tempdir().unwrap();
+    let lanes = dir.path().join("lanes.jsonl");
+    let out = train_with(&["--gpus", "2", "--metrics", lanes.to_str().unwrap()], &[])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for launcher in ["torchrun", "srun"] {
+        let addr = free_loopback_address().unwrap();
+        let (_, port) = addr.rsplit_once(':').unwrap();
+        let metrics = dir.path().join(format!("{launcher}.jsonl"));
+        let ranks: Vec<Child> = (0..2)
+            .map(|rank| {
+                let rank = rank.to_string();
+                let vars: Vec<(&str, &str)> = match launcher {
+                    "torchrun" => vec![
+                        ("RANK", &rank),
+                        ("WORLD_SIZE", "2"),
+                        ("LOCAL_RANK", &rank),
+                        ("LOCAL_WORLD_SIZE", "2"),
+                        ("MASTER_ADDR", "127.0.0.1"),
+                        ("MASTER_PORT", port),
+                    ],
+                    _ => vec![
+                        ("SLURM_PROCID", &rank),
+                        ("SLURM_NTASKS", "2"),
+                        ("SLURM_LOCALID", &rank),
+                        ("SLURM_NODEID", "0"),
+                        ("SLURM_TASKS_PER_NODE", "2"),
+                        ("SLURM_JOB_NODELIST", "127.0.0.[1-2]"),
+                        ("MASTER_PORT", port),
+                    ],
+                };
+                let vars: Vec<(&str, String)> =
+                    vars.into_iter().map(|(k, v)| (k, v.to_string())).collect();
+                train_with(&["--metrics", metrics.to_str().unwrap()], &vars)
+                    .spawn()
+                    .expect("train starts")
+            })
+            .collect();
+        for rank in ranks {
+            let out = rank.wait_with_output().unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success(), "{launcher}: {stderr}");
+        }
+        assert_eq!(steps(&metrics).len(), 2, "{launcher}");
+        assert_eq!(steps(&metrics), steps(&lanes), "{launcher} against 2 lanes");
+    }
+}
+
+/// A launcher's partial or malformed variables are one `error:` line naming
+/// the variable, before anything is written; rank flags win over the
+/// environment, and a world of one is a run of one process.
+#[test]
+fn a_launchers_environment_is_checked_and_flags_win() {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = dir.path().join("m.jsonl");
+    let m = ["--metrics", metrics.to_str().unwrap()];
+    let refused: [(&[(&str, &str)], &str); 4] = [
+        (
+            &[("RANK", "0")],
+            "error: environment variable WORLD_SIZE is not set, and RANK is",
+        ),
+        (
+            &[
+                ("RANK", "2"),
+                ("WORLD_SIZE", "2"),
+                ("MASTER_ADDR", "h"),
+                ("MASTER_PORT", "1"),
+            ],
+            "error: environment variable RANK=2 is not below WORLD_SIZE=2",
+        ),
+        (
+            &[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "two")],
+            "error: environment variable SLURM_NTASKS must be a whole number, got \"two\"",
+        ),
+        (
+            &[
+                ("RANK", "0"),
+                ("WORLD_SIZE", "2"),
+                ("MASTER_ADDR", "h"),
+                ("MASTER_PORT", "1"),
+            ],
+            "error: --gpus 2 with WORLD_SIZE (torchrun's environment): a run of several",
+        ),
+    ];
+    for (i, (vars, why)) in refused.iter().enumerate() {
+        let vars: Vec<(&str, String)> = vars.iter().map(|(k, v)| (*k, v.to_string())).collect();
+        let gpus: &[&str] = if i == 3 { &["--gpus", "2"] } else { &[] };
+        let out = train_with(&[&m[..], gpus].concat(), &vars)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{vars:?}");
+        let errors = common::error_lines(&out);
+        assert!(
+            errors.len() == 1 && errors[0].starts_with(why),
+            "{vars:?}: {errors:?}"
+        );
+        assert!(!metrics.exists(), "{vars:?} wrote the metrics");
+    }
+    // Flags win: the launcher's ranks and one process with --rank ignore a
+    // bad environment; a world of one trains alone.
+    let bad = [("RANK", "x".to_string())];
+    for (args, vars) in [
+        (&["--processes", "2"][..], &bad[..]),
+        (
+            &[][..],
+            &[("RANK", "0".into()), ("WORLD_SIZE", "1".into())][..],
+        ),
+    ] {
+        let out = train_with(args, vars).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args:?} {vars:?}: {stderr}");
+    }
 }
 
 /// Ranks started by hand meet at `--rendezvous`; ranks whose stores differ

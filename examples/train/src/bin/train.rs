@@ -11,7 +11,7 @@ use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
 use trainer::config::{self, ConfigError, FileArgs};
 use trainer::error_line::print_error;
 use trainer::options::{validate, GivenFlags, TrainOptions};
-use trainer::processes::RankOptions;
+use trainer::processes::{PlaceSource, RankOptions};
 use trainer::run::run;
 use trainer::signals;
 
@@ -36,7 +36,12 @@ struct Cli {
     #[arg(long, conflicts_with_all = ["rank", "world_size"])]
     processes: Option<usize>,
     /// This process's rank in a run of --world-size processes started by
-    /// hand (one per GPU, on one host or several; see --processes).
+    /// hand (one per GPU, on one host or several; see --processes). With
+    /// no rank flag, a launcher's environment places the process: torchrun's
+    /// RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
+    /// MASTER_PORT, or srun's SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, tasks
+    /// per node, and MASTER_ADDR (else the job's first node) and MASTER_PORT
+    /// (else 29500).
     #[arg(long, requires = "world_size")]
     rank: Option<usize>,
     /// Processes in the run, on every host (with --rank).
@@ -76,6 +81,7 @@ impl Cli {
                 rendezvous: self.rendezvous.clone(),
                 local_rank: 0,
                 local_world_size: n,
+                source: PlaceSource::Flags,
             }),
             (None, Some(rank), Some(world_size)) => Some(RankOptions {
                 rank,
@@ -83,11 +89,23 @@ impl Cli {
                 rendezvous: self.rendezvous.clone(),
                 local_rank: self.local_rank.unwrap_or(rank),
                 local_world_size: self.local_world_size.unwrap_or(world_size),
+                source: PlaceSource::Flags,
             }),
             _ => None,
         }
     }
 }
+
+/// The ids of `train`'s flags that place a process in a run of several:
+/// when none is given, a launcher's environment (torchrun's, srun's) may.
+const RANK_FLAGS: [&str; 6] = [
+    "processes",
+    "rank",
+    "world_size",
+    "rendezvous",
+    "local_rank",
+    "local_world_size",
+];
 
 /// `--plan`: the predicted memory table, printed, or the one-line error.
 fn print_plan(opts: &TrainOptions) -> ExitCode {
@@ -148,10 +166,32 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(err) => err.exit(),
     };
+    // Flags win over a launcher's environment, which is read only when no
+    // rank flag is given.
+    let place = match cli.place() {
+        Some(place) => Some(place),
+        None if RANK_FLAGS.iter().any(|id| given.contains(id)) => None,
+        None => {
+            let lookup =
+                |name: &str| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned());
+            match trainer::launcher_env::place_from(lookup) {
+                Ok(place) => place,
+                Err(err) => {
+                    print_error("", &err);
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+    };
+    // Of several processes, the rank started by hand or by a launcher.
+    let rank = place
+        .as_ref()
+        .filter(|_| cli.processes.is_none())
+        .map(|p| p.rank);
     let opts = TrainOptions {
         // Of several processes, rank 0 reports.
-        progress: cli.rank.is_none_or(|rank| rank == 0),
-        processes: cli.place(),
+        progress: rank.is_none_or(|rank| rank == 0),
+        processes: place,
         given,
         resolved_config: Some(config::resolved(&matches)),
         ..cli.opts.clone()
@@ -193,7 +233,7 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     // Of several processes, rank 0 reports the run; the others only their errors.
-    let quiet = cli.rank.is_some_and(|rank| rank > 0);
+    let quiet = rank.is_some_and(|rank| rank > 0);
     match run(&opts) {
         Ok(report) if quiet => ExitCode::from(report.interrupted.map_or(0, |s| 128 + s as u8)),
         Ok(report) if report.interrupted.is_some() => {
@@ -284,7 +324,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(err) => {
-            match cli.rank {
+            match rank {
                 Some(rank) => print_error(&format!("rank {rank}: "), &err),
                 None => print_error("", &err),
             }

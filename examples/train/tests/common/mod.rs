@@ -21,9 +21,33 @@ pub const FINETUNE: [&str; 8] = [
     "1",
 ];
 
+/// The variables of the launchers `train` reads (torchrun's, srun's),
+/// removed from the processes the tests start: a test run under
+/// `srun` still runs each `train` alone, and a test sets its own.
+pub const LAUNCHER_VARIABLES: [&str; 14] = [
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_LOCALID",
+    "SLURM_NODEID",
+    "SLURM_NTASKS_PER_NODE",
+    "SLURM_TASKS_PER_NODE",
+    "SLURM_JOB_NODELIST",
+    "SLURM_NODELIST",
+];
+
 /// Runs `train` with `base`, then `args` (a later flag overrides an earlier one).
 pub fn train(base: &[&str], args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_train"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_train"));
+    for name in LAUNCHER_VARIABLES {
+        command.env_remove(name);
+    }
+    command
         .args(base)
         .args(args)
         .output()
