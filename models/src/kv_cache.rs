@@ -12,7 +12,7 @@
 
 use burn::tensor::activation::softmax;
 use burn::tensor::{backend::Backend, DType, Int, Tensor, TensorData};
-use burn_offload::ops::attention::{causal_attention, windowed_attention};
+use burn_offload::ops::attention::{causal_attention, single_query_attention, windowed_attention};
 use burn_offload::{cast_to, BlockModel};
 
 /// The keys and values of one block, for positions `0..len` of a
@@ -210,12 +210,15 @@ fn attend<B: Backend>(
     let first = window.map_or(0, |w| (start + 1).saturating_sub(w));
     let seen = start + n - first;
     let (keys, values) = (keys.narrow(2, first, seen), values.narrow(2, first, seen));
+    if n == 1 {
+        // A decode step: every key kept is visible.
+        return single_query_attention(q, keys, values);
+    }
     let q = q.reshape([batch, kv_heads, group * n, head_dim]);
     let scores = q.matmul(keys.swap_dims(2, 3));
     let scores = cast_to(scores, DType::F32) * (1.0 / (head_dim as f64).sqrt());
-    // Row r is query r mod n. One query sees every key kept (the window
-    // cut the others off); several see fewer, the earlier ones.
-    let scores = if n > 1 {
+    // Row r is query r mod n: the earlier queries see fewer keys.
+    let scores = {
         let mut bias = Vec::with_capacity(group * n * seen);
         for r in 0..group * n {
             let at = start + r % n;
@@ -227,8 +230,6 @@ fn attend<B: Backend>(
         let bias =
             Tensor::<B, 2>::from_data(TensorData::new(bias, [group * n, seen]), &scores.device());
         scores + bias.unsqueeze::<4>()
-    } else {
-        scores
     };
     let weights = cast_to(softmax(scores, 3), values.dtype());
     weights.matmul(values).reshape([batch, heads, n, head_dim])

@@ -20,6 +20,8 @@
 //!   each way) against their tensor-op formulations computed in f32 from the
 //!   same inputs, for widths that are not multiples of a plane, rows in more
 //!   than one of the `dγ` kernel's chunks, and a strided view of the heads.
+//! - Generation's single-query attention over a cache (one kernel on CUDA)
+//!   against its softmax in tensor ops.
 
 use burn::prelude::*;
 use burn::tensor::{DType, Distribution, TensorData};
@@ -540,4 +542,46 @@ fn rotary_matches_the_tensor_ops_in_f32() {
 fn rotary_matches_the_tensor_ops_in_bf16() {
     // Both sides compute in f32 from the same bf16 values and round once.
     compare_rotary(DType::BF16, 1e-2);
+}
+
+/// Generation's step, one query over cached keys and values
+/// (`single_query_attention`; one kernel on CUDA): views of longer buffers,
+/// read through their strides, grouped-query heads, a chunk of keys short
+/// and several, against the softmax written in tensor ops in f32 from the
+/// same inputs.
+#[test]
+fn single_query_attention_matches_the_softmax_of_tensor_ops() {
+    use burn::tensor::activation::softmax;
+    use burn_offload::ops::attention::single_query_attention;
+    use burn_offload_tests::TestBackend as B;
+    let device = Default::default();
+    let (batch, heads, kv_heads) = (2, 8, 2);
+    for (dtype, tolerance) in [(DType::F32, 2e-3), (DType::BF16, 2e-2)] {
+        for (seen, dim) in [(1, 64), (130, 64), (300, 128)] {
+            let cache = seen + 5;
+            let tensor = |shape: [usize; 4], seed| {
+                let len = shape.iter().product();
+                Tensor::<B, 4>::from_data(
+                    TensorData::new(seeded_normal(len, 1.0, seed), shape),
+                    &device,
+                )
+                .cast(dtype)
+            };
+            let q = tensor([batch, heads, 1, dim], 1);
+            let keys = tensor([batch, kv_heads, cache, dim], 2).narrow(2, 3, seen);
+            let values = tensor([batch, kv_heads, cache, dim], 3).narrow(2, 3, seen);
+            let got = single_query_attention(q.clone(), keys.clone(), values.clone());
+            assert_eq!((got.dims(), got.dtype()), ([batch, heads, 1, dim], dtype));
+            let f32 = |t: Tensor<B, 4>| t.cast(DType::F32);
+            let q = f32(q).reshape([batch, kv_heads, heads / kv_heads, dim]);
+            let scores = q.matmul(f32(keys).swap_dims(2, 3)) / (dim as f64).sqrt();
+            let want = softmax(scores, 3)
+                .matmul(f32(values))
+                .reshape([batch, heads, 1, dim]);
+            let scale = want.clone().abs().max().into_scalar();
+            let err = (f32(got) - want).abs().max().into_scalar() / scale;
+            println!("{dtype:?} {seen} keys of width {dim}: error {err:e} of {scale:e}");
+            assert!(err <= tolerance, "{dtype:?} {seen}x{dim}: off by {err}");
+        }
+    }
 }

@@ -59,7 +59,8 @@
 //!
 //! The files follow the step: `build` (an engine from a model or a store),
 //! `lanes` (the devices), `forward` (phase 1), `head` (2), `backward` (3),
-//! `embedding` (the forward's lookup and phase 4), `sink` (where gradients
+//! `embedding` (the forward's lookup and phase 4), `evaluate` (a held-out
+//! loss, forward only), `sink` (where gradients
 //! land), `ledger` (groups lent to the worker, deferred updates), `inspect`
 //! (the store, the model, checkpoints), `config` and `report`.
 
@@ -67,6 +68,7 @@ mod backward;
 mod build;
 mod config;
 mod embedding;
+mod evaluate;
 mod forward;
 mod head;
 mod inspect;

@@ -1,6 +1,7 @@
 //! Instruction data: alpaca (`instruction`/`input`/`output`), sharegpt
 //! (`conversations` of `from`/`value`) and chat (`messages` of
-//! `role`/`content`) records, in JSON Lines or a JSON array, rendered with the
+//! `role`/`content`) records, in JSON Lines, a JSON array or Parquet rows
+//! (the same fields as columns), rendered with the
 //! tokenizer's chat template ([`crate::chat`]) and tokenized in parallel into
 //! training windows whose targets cover the assistant's tokens only (all of
 //! them with `train_on_prompt`).
@@ -24,13 +25,15 @@ use rayon::prelude::*;
 use serde_json::Value;
 
 use crate::chat::{ChatError, ChatTemplate, Message};
-use crate::data::{trained_targets, Windows};
+use crate::data::parquet::{self, ParquetError};
+use crate::data::{collect_files, corpus_files, is_parquet, trained_targets, DataError, Windows};
 use crate::tokenizer::Tokenizer;
 
 /// What `--data` holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum DataFormat {
-    /// Decided from the files: `.txt`, or the first record's fields.
+    /// Decided from the files: `.txt`, or the first record's fields (a
+    /// Parquet file's columns).
     Auto,
     /// Plain text (`.txt`, or `.jsonl` with a `text` field).
     Text,
@@ -79,6 +82,10 @@ pub enum InstructError {
     UnknownFormat(PathBuf),
     #[error("`{}` holds no records", .0.display())]
     Empty(PathBuf),
+    #[error("{0}")]
+    Parquet(ParquetError),
+    #[error("{0}")]
+    Data(DataError),
     #[error("`{}` {at}: {reason}", path.display())]
     Record {
         path: PathBuf,
@@ -106,6 +113,20 @@ pub enum InstructError {
         longest: usize,
         at: String,
     },
+}
+
+// Not `#[from]`: that would make them `source`s too, and error-chain
+// printers would repeat them.
+impl From<ParquetError> for InstructError {
+    fn from(error: ParquetError) -> Self {
+        InstructError::Parquet(error)
+    }
+}
+
+impl From<DataError> for InstructError {
+    fn from(error: DataError) -> Self {
+        InstructError::Data(error)
+    }
 }
 
 /// One line: the template, the record it failed on, and why.
@@ -189,14 +210,50 @@ struct Record {
     value: Value,
 }
 
+/// The fields of a record that some format reads: the columns read from
+/// Parquet files.
+const RECORD_FIELDS: [&str; 7] = [
+    "text",
+    "instruction",
+    "input",
+    "output",
+    "system",
+    "conversations",
+    "messages",
+];
+
+/// The columns that make a format, in words.
+const ANY_FORMAT: &str =
+    "`text`, `instruction` (alpaca), `conversations` (sharegpt) or `messages` (chat) column";
+
 /// The format of the data at `path` when `Auto`: `.txt` (or a folder
-/// without `.json`/`.jsonl` files) is text; otherwise the first record's
-/// fields decide.
+/// without `.json`/`.jsonl`/`.parquet` files) is text; otherwise the first
+/// record's fields (a Parquet file's columns) decide.
 pub fn detect(path: &Path) -> Result<DataFormat, InstructError> {
     let files = record_files(path)?;
     let Some(first) = files.first() else {
         return Ok(DataFormat::Text);
     };
+    if is_parquet(first) {
+        let columns = parquet::columns(first)?;
+        let has = |k: &str| columns.iter().any(|c| c == k);
+        return Ok(if has("messages") {
+            DataFormat::Chat
+        } else if has("conversations") {
+            DataFormat::Sharegpt
+        } else if has("instruction") {
+            DataFormat::Alpaca
+        } else if has("text") {
+            DataFormat::Text
+        } else {
+            return Err(ParquetError::NoColumn {
+                path: first.clone(),
+                wanted: ANY_FORMAT.into(),
+                columns,
+            }
+            .into());
+        });
+    }
     let records = read_records(first, Some(1))?;
     let Some(record) = records.first() else {
         return Err(InstructError::Empty(first.clone()));
@@ -213,6 +270,34 @@ pub fn detect(path: &Path) -> Result<DataFormat, InstructError> {
     } else {
         return Err(InstructError::UnknownFormat(first.clone()));
     })
+}
+
+/// Checks, from their footers, that every Parquet file of the data at
+/// `path` is one and has the columns `format` reads, so that a bad shard
+/// is refused before a run starts rather than when its turn comes.
+pub fn check_parquet(path: &Path, format: DataFormat) -> Result<(), InstructError> {
+    let (files, needed): (Vec<PathBuf>, &[&str]) = match format {
+        DataFormat::Auto | DataFormat::Text => (corpus_files(path)?, &["text"]),
+        DataFormat::Alpaca => (record_files(path)?, &["instruction", "output"]),
+        DataFormat::Sharegpt => (record_files(path)?, &["conversations"]),
+        DataFormat::Chat => (record_files(path)?, &["messages"]),
+    };
+    for file in files.iter().filter(|f| is_parquet(f)) {
+        let columns = parquet::columns(file)?;
+        if let Some(missing) = needed.iter().find(|n| !columns.iter().any(|c| c == *n)) {
+            let wanted = match format {
+                DataFormat::Auto | DataFormat::Text => format!("`{missing}` column"),
+                _ => format!("`{missing}` column, which {format} data needs"),
+            };
+            return Err(ParquetError::NoColumn {
+                path: file.clone(),
+                wanted,
+                columns,
+            }
+            .into());
+        }
+    }
+    Ok(())
 }
 
 /// Reads, renders and tokenizes the records at `path` into windows.
@@ -497,40 +582,51 @@ fn conversation(record: &Record, format: DataFormat) -> Result<Vec<Message>, Ins
     Ok(messages)
 }
 
-/// The `.json`/`.jsonl` files at `path` (itself, or those in the folder,
-/// sorted).
+/// The `.json`/`.jsonl`/`.parquet` files at `path`: itself, or those under
+/// the folder (a dataset's `data/` included), sorted.
 fn record_files(path: &Path) -> Result<Vec<PathBuf>, InstructError> {
-    let io = |error| InstructError::Io {
-        path: path.to_path_buf(),
-        error,
-    };
+    const EXTENSIONS: [&str; 3] = ["json", "jsonl", "parquet"];
     let is_records = |p: &Path| {
         p.extension()
             .and_then(|e| e.to_str())
-            .is_some_and(|e| e.eq_ignore_ascii_case("json") || e.eq_ignore_ascii_case("jsonl"))
+            .is_some_and(|e| EXTENSIONS.iter().any(|x| e.eq_ignore_ascii_case(x)))
     };
     if !path.exists() {
         return Err(InstructError::NotFound(path.to_path_buf()));
     }
     if !path.is_dir() {
-        fs::metadata(path).map_err(io)?;
-        return Ok(if is_records(path) {
+        fs::metadata(path).map_err(|error| InstructError::Io {
+            path: path.to_path_buf(),
+            error,
+        })?;
+        return Ok(if is_records(path) || is_parquet(path) {
             vec![path.to_path_buf()]
         } else {
             Vec::new()
         });
     }
-    let mut files: Vec<PathBuf> = fs::read_dir(path)
-        .map_err(io)?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.is_file() && is_records(p))
-        .collect();
+    let mut files = Vec::new();
+    collect_files(path, &EXTENSIONS, &mut files)?;
     files.sort();
     Ok(files)
 }
 
-/// The records of one file (at most `limit`): JSON Lines, or a JSON array.
+/// The records of one file (at most `limit`): JSON Lines, a JSON array, or
+/// Parquet rows.
 fn read_records(path: &Path, limit: Option<usize>) -> Result<Vec<Record>, InstructError> {
+    if is_parquet(path) {
+        let mut records = Vec::new();
+        parquet::for_each_row(path, &RECORD_FIELDS, ANY_FORMAT, |row, value| {
+            records.push(Record {
+                path: path.to_path_buf(),
+                at: format!("row {row}"),
+                value,
+            });
+            Ok::<(), InstructError>(())
+        })?;
+        records.truncate(limit.unwrap_or(usize::MAX));
+        return Ok(records);
+    }
     let text = fs::read_to_string(path).map_err(|error| InstructError::Io {
         path: path.to_path_buf(),
         error,

@@ -2,6 +2,24 @@
 
 use serde::Serialize;
 
+/// The line of `--metrics` an evaluation writes, after the line of the
+/// step it follows.
+#[derive(Debug, Clone, Serialize)]
+pub struct EvalMetrics {
+    /// The step evaluated after (as in its [`StepMetrics`] line).
+    pub step: usize,
+    /// Mean loss over the held-out windows' trained tokens.
+    pub eval_loss: f64,
+    /// `exp(eval_loss)`.
+    pub eval_perplexity: f64,
+    /// Targets the loss is the mean over.
+    pub eval_tokens: usize,
+    /// Wall time of the evaluation.
+    pub eval_s: f64,
+    /// Lowest eval loss of the run so far.
+    pub best: bool,
+}
+
 /// One line of `--metrics` (JSON lines).
 #[derive(Debug, Clone, Serialize)]
 pub struct StepMetrics {

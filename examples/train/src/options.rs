@@ -67,8 +67,9 @@ pub struct TrainOptions {
     /// Seed for initialisation, batches and sampling.
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
-    /// Text file, .jsonl file (field `text`) or directory of them, or
-    /// instruction data (see --data-format); the built-in corpus when omitted.
+    /// Text file, .jsonl file (field `text`), Parquet file (column `text`)
+    /// or directory of them, or instruction data (see --data-format); the
+    /// built-in corpus when omitted.
     #[arg(long)]
     pub data: Option<PathBuf>,
     /// Tokenizer: `byte`, `gpt2` (BPE), or a Hugging Face tokenizer.json
@@ -77,8 +78,8 @@ pub struct TrainOptions {
     #[arg(long)]
     pub tokenizer: Option<String>,
     /// What --data holds: `auto` (decided from the files), `text`, or the
-    /// instruction formats `alpaca`, `sharegpt`, `chat` (JSON Lines or a
-    /// JSON array), rendered with the tokenizer's chat template.
+    /// instruction formats `alpaca`, `sharegpt`, `chat` (JSON Lines, a JSON
+    /// array or Parquet columns), rendered with the tokenizer's chat template.
     #[arg(long, default_value = "auto")]
     pub data_format: DataFormat,
     /// Where tokenized text corpora are cached (keyed by the data files and
@@ -95,6 +96,25 @@ pub struct TrainOptions {
     /// attends to another, positions restart at each).
     #[arg(long = "no-packing", action = clap::ArgAction::SetFalse)]
     pub packing: bool,
+    /// Held-out data to evaluate on (the formats of --data): the mean loss
+    /// over its trained tokens, forward only, every --eval-every steps and
+    /// at the end, in the metrics, the progress and the summary.
+    #[arg(long)]
+    pub eval_data: Option<PathBuf>,
+    /// Evaluate on this fraction of --data (or of the built-in corpus),
+    /// which training then never draws: the last tokens of a text corpus,
+    /// for instruction data windows spread over it (the same in every run).
+    #[arg(long)]
+    pub eval_split: Option<f64>,
+    /// Steps between evaluations (0: at the end only); needs --eval-data or
+    /// --eval-split.
+    #[arg(long, default_value_t = 0)]
+    pub eval_every: usize,
+    /// Keep the checkpoint with the lowest eval loss in --checkpoint-dir
+    /// besides the newest --keep (rotation never removes it); a better
+    /// evaluation writes a checkpoint at once.
+    #[arg(long)]
+    pub keep_best: bool,
     /// Write per-step metrics as JSON lines to this file.
     #[arg(long)]
     pub metrics: Option<PathBuf>,
@@ -450,6 +470,12 @@ pub enum OptionsError {
     StopAfterBeyondSteps { stop: usize, steps: usize },
     #[error("--min-lr-ratio must be in [0, 1], got {0}")]
     MinLrRatio(f64),
+    #[error("{0} needs --eval-data or --eval-split")]
+    NeedsEval(&'static str),
+    #[error("--eval-split must be a fraction between 0 and 1 (both excluded), got {0}")]
+    EvalSplit(f64),
+    #[error("--eval-split holds out part of --data; give it or --eval-data, not both")]
+    EvalSplitWithEvalData,
 }
 
 /// The offload engine's options, each with whether it is given or set:
@@ -523,6 +549,20 @@ pub fn validate(opts: &TrainOptions) -> Result<(), OptionsError> {
         if given("checkpoint_every") || opts.checkpoint_every > 0 {
             return Err(E::NeedsCheckpointDir("--checkpoint-every"));
         }
+    }
+    if opts.eval_data.is_none() && opts.eval_split.is_none() {
+        let eval_every = given("eval_every") || opts.eval_every > 0;
+        for (flag, set) in [
+            ("--eval-every", eval_every),
+            ("--keep-best", opts.keep_best),
+        ] {
+            if set {
+                return Err(E::NeedsEval(flag));
+            }
+        }
+    }
+    if opts.keep_best && opts.checkpoint_dir.is_none() {
+        return Err(E::NeedsCheckpointDir("--keep-best"));
     }
     if given("temperature") && opts.sample_tokens == 0 {
         return Err(E::TemperatureUnused);
@@ -624,6 +664,14 @@ pub fn validate(opts: &TrainOptions) -> Result<(), OptionsError> {
     }
     if !(0.0..=1.0).contains(&opts.min_lr_ratio) {
         return Err(E::MinLrRatio(opts.min_lr_ratio));
+    }
+    if let Some(fraction) = opts.eval_split {
+        if !(fraction > 0.0 && fraction < 1.0) {
+            return Err(E::EvalSplit(fraction));
+        }
+        if opts.eval_data.is_some() {
+            return Err(E::EvalSplitWithEvalData);
+        }
     }
     Ok(())
 }

@@ -80,6 +80,19 @@ impl Progress {
         }
     }
 
+    /// A line that stays (an evaluation's): above the bar, or among the
+    /// plain lines after the step it follows.
+    pub fn note(&mut self, text: &str) {
+        if !self.bar.is_hidden() {
+            self.bar.println(text);
+        } else if let Some((_, pending)) = self.plain.as_mut() {
+            if let Some(step) = pending.take() {
+                print(&step);
+            }
+            print(&format!("{text}\n"));
+        }
+    }
+
     /// Ends the bar, or shows the last step's plain line if it was not.
     pub fn finish(&mut self) {
         self.bar.finish();

@@ -88,7 +88,7 @@ fn empty_data_file_and_directory() {
     std::fs::create_dir(&empty_dir).unwrap();
     assert_fails_with(
         &["--data", empty_dir.to_str().unwrap()],
-        "contains no .txt or .jsonl",
+        "contains no .txt, .jsonl or .parquet files",
     );
 }
 

@@ -383,18 +383,6 @@ fn errors_are_one_cause_said_once_naming_the_flag() {
         &tiny(&["--data", "/dev/null"]),
         "error: --data `/dev/null` is neither a file nor a folder",
     );
-    let parquet = dir.path().join("train-00000-of-00001.parquet");
-    std::fs::write(&parquet, b"PAR1\x15\x04PAR1").unwrap();
-    assert_error(
-        &tiny(&["--data", s(&parquet)]),
-        &format!(
-            "error: --data `{}` is a Parquet file, which is not read yet; convert it to JSON \
-             Lines (with pandas: `pandas.read_parquet(path).to_json(out, orient=\"records\", \
-             lines=True)`)",
-            s(&parquet)
-        ),
-    );
-
     // A chat template that fails on one record names itself, the flag that
     // brought it, and the record.
     let ck = llama3_checkpoint(dir.path());

@@ -96,8 +96,8 @@ fn readme_files(readme: &str) -> Vec<(String, String)> {
     files
 }
 
-/// `args` after the output flags that the `config.toml` of its `--resume`
-/// folder names (in the folder or the one above), as the run takes them.
+/// `args` after the output and evaluation flags that the `config.toml` of
+/// its `--resume` folder names (in the folder or the one above), as the run takes them.
 fn with_saved(scratch: &Scratch, args: &[String]) -> Vec<String> {
     let Some(resume) = value(args, "--resume").map(|r| scratch.path(r)) else {
         return args.to_vec();
@@ -108,12 +108,50 @@ fn with_saved(scratch: &Scratch, args: &[String]) -> Vec<String> {
         .unwrap_or_else(|| panic!("no config.toml beside {}", resume.display()));
     let saved: toml::Table = toml::from_str(&saved).unwrap();
     let mut all = Vec::new();
-    for key in ["checkpoint-dir", "metrics", "export-hf"] {
-        if let Some(path) = saved.get(key).and_then(|v| v.as_str()) {
-            all.extend([format!("--{key}"), path.to_string()]);
+    for key in [
+        "checkpoint-dir",
+        "metrics",
+        "export-hf",
+        "eval-data",
+        "eval-split",
+    ] {
+        if let Some(value) = saved.get(key) {
+            let value = value.as_str().map_or(value.to_string(), str::to_string);
+            all.extend([format!("--{key}"), value]);
         }
     }
     all.extend_from_slice(args);
+    all
+}
+
+/// `args` with the keys of its `--config` file (one of the README's
+/// `files`) that it does not give itself, as flags, as the run takes them.
+fn with_config(files: &[(String, String)], args: &[String]) -> Vec<String> {
+    let Some(name) = value(args, "--config") else {
+        return args.to_vec();
+    };
+    let (_, text) = files
+        .iter()
+        .find(|(n, _)| n == name)
+        .unwrap_or_else(|| panic!("--config {name}: no such toml block in the README"));
+    let table: toml::Table = toml::from_str(text).unwrap();
+    let mut all = args.to_vec();
+    for (key, value) in table {
+        let flag = format!("--{key}");
+        if has(args, &flag) {
+            continue;
+        }
+        match value {
+            toml::Value::Boolean(true) => all.push(flag),
+            toml::Value::Boolean(false) => {}
+            toml::Value::String(text) => all.extend([flag, text]),
+            toml::Value::Array(items) => {
+                let items: Vec<String> = items.iter().map(|v| v.to_string()).collect();
+                all.extend([flag, items.join(",")]);
+            }
+            other => all.extend([flag, other.to_string()]),
+        }
+    }
     all
 }
 
@@ -303,7 +341,8 @@ fn has(args: &[String], flag: &str) -> bool {
 }
 
 /// A scratch folder holding what the README's runs read: each `--init-from`
-/// folder a tiny Llama 3-style checkpoint, each `--data` file chat records.
+/// folder a tiny Llama 3-style checkpoint, each `--data` file chat records
+/// (a `--data` folder a dataset of one Parquet shard of them).
 struct Scratch {
     dir: tempfile::TempDir,
 }
@@ -332,6 +371,14 @@ impl Scratch {
             }
             if let Some(data) = value(args, "--data") {
                 let out = scratch.path(data);
+                if Path::new(data).extension().is_none() {
+                    // A Hugging Face dataset's folder: its Parquet shard of
+                    // chat records.
+                    let shard = out.join("data/train-00000-of-00001.parquet");
+                    std::fs::create_dir_all(shard.parent().unwrap()).unwrap();
+                    std::fs::copy(root.join("tests/fixtures/parquet/chat.parquet"), shard).unwrap();
+                    continue;
+                }
                 std::fs::create_dir_all(out.parent().unwrap()).unwrap();
                 let records: Vec<String> = (0..24)
                     .map(|i| {
@@ -395,7 +442,8 @@ fn files_in(dir: &Path) -> Vec<String> {
 }
 
 /// Checks that a training run wrote what the README says it writes.
-fn check_outputs(scratch: &Scratch, args: &[String], out: &Output, what: &str) {
+/// A run stopped before its end (`stopped`) has not evaluated yet.
+fn check_outputs(scratch: &Scratch, args: &[String], out: &Output, what: &str, stopped: bool) {
     let stdout = String::from_utf8_lossy(&out.stdout);
     if let Some(dir) = value(args, "--checkpoint-dir") {
         let dir = scratch.path(dir);
@@ -425,6 +473,12 @@ fn check_outputs(scratch: &Scratch, args: &[String], out: &Output, what: &str) {
             text.lines().any(|l| l.contains("\"step\"")),
             "{what}: no step in {metrics}"
         );
+        if !stopped && (has(args, "--eval-data") || has(args, "--eval-split")) {
+            assert!(
+                text.contains("\"eval_loss\""),
+                "{what}: no evaluation in {metrics}"
+            );
+        }
         if has(args, "--resume") {
             assert!(
                 text.contains("resumed_from"),
@@ -463,10 +517,15 @@ fn every_readme_command_is_run_here_or_by_a_script() {
         .enumerate()
         .filter_map(|(i, c)| train_args(&c.words).map(|args| (i, args)))
         .collect();
-    let all_args: Vec<Vec<String>> = runnable.iter().map(|(_, a)| a.clone()).collect();
+    let files = readme_files(&readme);
+    // What each run reads and writes, its `--config` file's keys included.
+    let all_args: Vec<Vec<String>> = runnable
+        .iter()
+        .map(|(_, a)| with_config(&files, a))
+        .collect();
     let scratch = Scratch::new(&root, &all_args);
-    for (name, text) in readme_files(&readme) {
-        std::fs::write(scratch.path(&name), text).unwrap();
+    for (name, text) in &files {
+        std::fs::write(scratch.path(name), text).unwrap();
     }
     // Checkpoint folders a later command resumes: the run that fills one
     // stops after a step, and its export is removed, as a run stopped by a
@@ -513,7 +572,8 @@ fn every_readme_command_is_run_here_or_by_a_script() {
             eprintln!("ran: {what}");
             continue;
         }
-        let stopped = value(args, "--checkpoint-dir").is_some_and(|d| resumed.contains(d))
+        let configured = with_config(&files, args);
+        let stopped = value(&configured, "--checkpoint-dir").is_some_and(|d| resumed.contains(d))
             && !has(args, "--resume");
         let extra: Vec<&str> = SMALL
             .iter()
@@ -532,9 +592,15 @@ fn every_readme_command_is_run_here_or_by_a_script() {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
-        check_outputs(&scratch, &with_saved(&scratch, args), &out, &what);
+        check_outputs(
+            &scratch,
+            &with_saved(&scratch, &configured),
+            &out,
+            &what,
+            stopped,
+        );
         if stopped {
-            if let Some(export) = value(args, "--export-hf") {
+            if let Some(export) = value(&configured, "--export-hf") {
                 std::fs::remove_dir_all(scratch.path(export)).unwrap();
             }
         }

@@ -64,6 +64,9 @@
 //! fused kernels know no documents, so those calls do not reach them
 //! (`packed.rs`).
 //!
+//! [`single_query_attention`] is generation's step: one new position over
+//! a key/value cache, forward only (one kernel on CUDA).
+//!
 //! Other autodiff backends get [`reference_causal_attention`], which burn
 //! differentiates op by op; graph-free backends get the forward alone.
 
@@ -72,6 +75,9 @@ mod base;
 mod cuda;
 #[cfg(feature = "cuda")]
 mod cudnn;
+mod decode;
+#[cfg(feature = "cuda")]
+mod decode_cuda;
 #[cfg(feature = "cuda")]
 mod flash;
 mod memo;
@@ -82,6 +88,7 @@ mod tiling;
 pub use base::*;
 #[cfg(feature = "cuda")]
 pub use cudnn::{cudnn_attention_runs, cudnn_version, set_cudnn_attention};
+pub use decode::single_query_attention;
 pub use memo::{capture, replay, replayed_attention_outputs, AttentionMemo};
 pub use packed::{
     causal_attention_in, causal_attention_tiled_in, reference_attention_in, windowed_attention_in,

@@ -308,6 +308,24 @@ fn main() -> ExitCode {
                 "loss {first:.4} -> {last:.4} over {} steps",
                 report.losses.len()
             );
+            if let Some((done, eval)) = report.evaluations.last() {
+                println!(
+                    "eval loss {:.4} (perplexity {:.2}) after step {done}",
+                    eval.loss,
+                    eval.loss.exp()
+                );
+            }
+            if let Some(best) = report.best_eval {
+                println!(
+                    "best eval loss {:.4} after step {}{}",
+                    best.loss,
+                    best.steps_done,
+                    match &opts.checkpoint_dir {
+                        Some(dir) if opts.keep_best => format!(" (kept in {})", dir.display()),
+                        _ => String::new(),
+                    }
+                );
+            }
             if opts.sample_tokens > 0 {
                 println!("--- sample ---\n{}", report.sample);
             }

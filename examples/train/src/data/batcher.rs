@@ -25,8 +25,9 @@ pub struct Batcher {
 enum Source {
     /// A token stream: any window of it.
     Stream(Vec<u32>),
-    /// The same, memory-mapped from the token cache.
-    Mapped(std::sync::Arc<TokenFile>),
+    /// The same, memory-mapped from the token cache: its first tokens, as
+    /// many as the number says (the others held out).
+    Mapped(std::sync::Arc<TokenFile>, usize),
     /// Fixed windows with their own targets.
     Windows(Windows),
 }
@@ -94,16 +95,17 @@ impl Batcher {
         Self::stream(tokens.len(), Source::Stream(tokens), seq_len, seed)
     }
 
-    /// [`Batcher::new`] over a tokenized corpus on disk, read where the
-    /// windows fall (the corpus is never in memory whole).
-    pub fn mapped(tokens: TokenFile, seq_len: usize, seed: u64) -> Result<Self, DataError> {
-        let len = tokens.len();
-        Self::stream(
-            len,
-            Source::Mapped(std::sync::Arc::new(tokens)),
-            seq_len,
-            seed,
-        )
+    /// [`Batcher::new`] over the first `len` tokens of a tokenized corpus
+    /// on disk, read where the windows fall (the corpus is never in memory
+    /// whole).
+    pub fn mapped(
+        tokens: std::sync::Arc<TokenFile>,
+        len: usize,
+        seq_len: usize,
+        seed: u64,
+    ) -> Result<Self, DataError> {
+        let len = len.min(tokens.len());
+        Self::stream(len, Source::Mapped(tokens, len), seq_len, seed)
     }
 
     /// A batcher over a token stream of `len` tokens, which must hold a window.
@@ -178,8 +180,8 @@ impl Batcher {
                     targets.extend(window[1..].iter().map(|&t| i64::from(t)));
                 }
             }
-            Source::Mapped(tokens) => {
-                let starts = (tokens.len() - seq) as u64;
+            Source::Mapped(tokens, len) => {
+                let starts = (len - seq) as u64;
                 for _ in 0..batch {
                     let start = self.rng.below(starts) as usize;
                     inputs.extend((start..start + seq).map(|i| i64::from(tokens.get(i))));
@@ -220,7 +222,7 @@ impl Batcher {
     pub fn len_tokens(&self) -> usize {
         match &self.source {
             Source::Stream(tokens) => tokens.len(),
-            Source::Mapped(tokens) => tokens.len(),
+            Source::Mapped(_, len) => *len,
             Source::Windows(windows) => windows.inputs.len(),
         }
     }

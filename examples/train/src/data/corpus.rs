@@ -1,12 +1,16 @@
 //! Reading a text corpus from disk: which files a path names (a file, or
-//! every `.txt` and `.jsonl` file under a folder), and their documents (the
-//! text, or the `text` field of each JSON line), joined by a blank line.
+//! every `.txt`, `.jsonl` and `.parquet` file under a folder), and their
+//! documents (the text, or the `text` field of each JSON line or Parquet
+//! row), joined by a blank line.
 
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
+use serde_json::Value;
+
 use super::error::DataError;
+use super::parquet;
 
 /// Separator placed between documents (files, JSONL records) in a corpus.
 pub(crate) const DOC_SEPARATOR: &str = "\n\n";
@@ -15,8 +19,10 @@ pub(crate) const DOC_SEPARATOR: &str = "\n\n";
 ///
 /// * A `.jsonl` file is read as one JSON object per line; the string field
 ///   `text` of each object is a document. Blank lines are skipped.
+/// * A Parquet file (`.parquet`, or a file starting with its magic) is read
+///   row by row; the string column `text` of each row is a document.
 /// * Any other file is read as UTF-8 text.
-/// * A directory contributes every `.txt` and `.jsonl` file inside it,
+/// * A directory contributes every `.txt`, `.jsonl` and `.parquet` file inside it,
 ///   recursively, in sorted path order so the corpus is the same on every run.
 ///
 /// Documents are joined with a blank line. An empty result is an error, since
@@ -40,39 +46,40 @@ pub fn read_corpus(path: &Path) -> Result<String, DataError> {
 }
 
 /// The files of the corpus at `path`: itself, or for a directory every
-/// `.txt` and `.jsonl` file inside it, recursively, in sorted path order.
+/// `.txt`, `.jsonl` and `.parquet` file inside it, recursively, in sorted
+/// path order.
 pub fn corpus_files(path: &Path) -> Result<Vec<PathBuf>, DataError> {
     let meta = fs::metadata(path).map_err(|e| match e.kind() {
         io::ErrorKind::NotFound => DataError::NotFound(path.to_path_buf()),
         _ => DataError::io(path, e),
     })?;
     if meta.is_file() {
-        if is_parquet(path) {
-            return Err(DataError::Parquet(path.to_path_buf()));
-        }
         return Ok(vec![path.to_path_buf()]);
     }
     if !meta.is_dir() {
         return Err(DataError::NotAFile(path.to_path_buf()));
     }
     let mut files = Vec::new();
-    let mut parquet = 0;
-    collect_corpus_files(path, &mut files, &mut parquet)?;
+    collect_files(path, &["txt", "jsonl", "parquet"], &mut files)?;
     if files.is_empty() {
-        return Err(DataError::NoCorpusFiles {
-            path: path.to_path_buf(),
-            parquet,
-        });
+        return Err(DataError::NoCorpusFiles(path.to_path_buf()));
     }
     files.sort();
     Ok(files)
 }
 
 /// Whether `path` is a Parquet file: its extension, or the `PAR1` magic its
-/// files start with.
+/// files start with (unless it is named as text or JSON, which may start
+/// with those letters).
 pub(crate) fn is_parquet(path: &Path) -> bool {
     if has_extension(path, "parquet") {
         return true;
+    }
+    if ["txt", "json", "jsonl"]
+        .iter()
+        .any(|ext| has_extension(path, ext))
+    {
+        return false;
     }
     let mut magic = [0u8; 4];
     fs::File::open(path)
@@ -86,12 +93,12 @@ pub(crate) fn has_extension(path: &Path, ext: &str) -> bool {
         .is_some_and(|e| e.eq_ignore_ascii_case(ext))
 }
 
-/// Recursively gathers `.txt` / `.jsonl` files under `dir`, counting the
-/// Parquet files it passes over.
-fn collect_corpus_files(
+/// Recursively gathers the files under `dir` with one of `extensions`, in
+/// the order the folder lists them.
+pub(crate) fn collect_files(
     dir: &Path,
+    extensions: &[&str],
     out: &mut Vec<PathBuf>,
-    parquet: &mut usize,
 ) -> Result<(), DataError> {
     let entries = fs::read_dir(dir).map_err(|e| DataError::io(dir, e))?;
     for entry in entries {
@@ -101,13 +108,10 @@ fn collect_corpus_files(
         if file_type.is_dir() {
             // Only real directories are descended into (`file_type` does not
             // follow symlinks), which rules out symlink cycles.
-            collect_corpus_files(&path, out, parquet)?;
+            collect_files(&path, extensions, out)?;
             continue;
         }
-        if has_extension(&path, "parquet") {
-            *parquet += 1;
-        }
-        if !(has_extension(&path, "txt") || has_extension(&path, "jsonl")) {
+        if !extensions.iter().any(|ext| has_extension(&path, ext)) {
             continue;
         }
         // A symlink to a regular file is accepted; a dangling one is reported
@@ -126,9 +130,17 @@ fn collect_corpus_files(
     Ok(())
 }
 
-/// Reads one file as text or JSONL depending on its extension. May return an
-/// empty string; callers decide whether that is an error.
+/// Reads one file as text, JSONL or Parquet depending on its extension. May
+/// return an empty string; callers decide whether that is an error.
 pub(crate) fn read_corpus_file(path: &Path) -> Result<String, DataError> {
+    if is_parquet(path) {
+        let mut docs = Vec::new();
+        parquet_documents(path, |doc| {
+            docs.push(doc.to_owned());
+            Ok(())
+        })?;
+        return Ok(docs.join(DOC_SEPARATOR));
+    }
     let bytes = fs::read(path).map_err(|e| DataError::io(path, e))?;
     let mut text = String::from_utf8(bytes).map_err(|e| DataError::NotUtf8 {
         path: path.to_path_buf(),
@@ -144,6 +156,29 @@ pub(crate) fn read_corpus_file(path: &Path) -> Result<String, DataError> {
     } else {
         Ok(text)
     }
+}
+
+/// Calls `each` with the documents of the Parquet file `path`: the `text`
+/// column, row by row, one row group at a time, empty ones skipped (as
+/// [`parse_jsonl`] skips them).
+pub(crate) fn parquet_documents(
+    path: &Path,
+    mut each: impl FnMut(&str) -> Result<(), DataError>,
+) -> Result<(), DataError> {
+    parquet::for_each_row(path, &["text"], "`text` column", |row, record| {
+        let doc =
+            record
+                .get("text")
+                .and_then(Value::as_str)
+                .ok_or_else(|| DataError::ParquetText {
+                    path: path.to_path_buf(),
+                    row,
+                })?;
+        if doc.is_empty() {
+            return Ok(());
+        }
+        each(doc)
+    })
 }
 
 fn parse_jsonl(path: &Path, text: &str) -> Result<String, DataError> {
@@ -213,8 +248,10 @@ mod tests {
         let dir = tempdir().expect("tempdir");
         write(&dir.path().join("notes.md"), b"not corpus");
         let err = read_corpus(dir.path()).unwrap_err();
-        assert!(matches!(err, DataError::NoCorpusFiles { .. }), "{err}");
-        assert!(err.to_string().contains("contains no .txt or .jsonl files"));
+        assert!(matches!(err, DataError::NoCorpusFiles(_)), "{err}");
+        assert!(err
+            .to_string()
+            .contains("contains no .txt, .jsonl or .parquet files"));
     }
 
     #[test]

@@ -4,6 +4,8 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
+use super::parquet::ParquetError;
+
 /// Everything that can go wrong while loading data or setting up batching.
 ///
 /// Messages are single lines that name the offending path so that a CLI can
@@ -19,23 +21,14 @@ pub enum DataError {
     #[error("`{}` is neither a file nor a folder", .0.display())]
     NotAFile(PathBuf),
 
-    #[error(
-        "`{}` is a Parquet file, which is not read yet; convert it to JSON Lines (with pandas: \
-         `pandas.read_parquet(path).to_json(out, orient=\"records\", lines=True)`)",
-        .0.display()
-    )]
-    Parquet(PathBuf),
+    #[error("{0}")]
+    Parquet(ParquetError),
 
-    #[error(
-        "`{}` contains no .txt or .jsonl files{}",
-        path.display(),
-        if *parquet > 0 {
-            format!(" ({parquet} Parquet files, which are not read yet; convert them to JSON Lines)")
-        } else {
-            String::new()
-        }
-    )]
-    NoCorpusFiles { path: PathBuf, parquet: usize },
+    #[error("`{}` row {row}: no string in column `text`", path.display())]
+    ParquetText { path: PathBuf, row: usize },
+
+    #[error("`{}` contains no .txt, .jsonl or .parquet files", .0.display())]
+    NoCorpusFiles(PathBuf),
 
     #[error("`{}` is not UTF-8 text (invalid byte at offset {offset})", path.display())]
     NotUtf8 { path: PathBuf, offset: usize },
@@ -75,6 +68,28 @@ pub enum DataError {
 
     #[error("corpus has {tokens} tokens but a window needs seq_len + 1 = {needed} tokens")]
     CorpusTooShort { tokens: usize, needed: usize },
+
+    #[error(
+        "--eval-split {fraction} holds out {held} of the data's {total} tokens, fewer than one \
+         window's {needed} (--seq-len + 1); raise it or give --eval-data"
+    )]
+    EvalSplitTooSmall {
+        fraction: f64,
+        held: usize,
+        total: usize,
+        needed: usize,
+    },
+
+    #[error("--eval-split {fraction} leaves no window of the data to train on")]
+    EvalSplitLeavesNothing { fraction: f64 },
+}
+
+// Not `#[from]`: that would make it a `source` too, and error-chain
+// printers would repeat it.
+impl From<ParquetError> for DataError {
+    fn from(error: ParquetError) -> Self {
+        DataError::Parquet(error)
+    }
 }
 
 impl DataError {

@@ -1,5 +1,5 @@
 //! Tokenized corpora on disk. A text corpus is cut into documents (files,
-//! JSONL records, and large text files at blank lines every few MB), each
+//! JSONL records, Parquet rows, and large text files at blank lines every few MB), each
 //! document into pieces of about 64 KiB at places where the tokenizer splits
 //! anyway ([`pieces`]), the pieces are tokenized in parallel (rayon) a batch at
 //! a time, and the ids are written to `tokens.bin` (u16 where the vocabulary
@@ -24,7 +24,9 @@ use std::time::Instant;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use super::corpus::{corpus_files, has_extension, read_corpus_file, DOC_SEPARATOR};
+use super::corpus::{
+    corpus_files, has_extension, is_parquet, parquet_documents, read_corpus_file, DOC_SEPARATOR,
+};
 use super::error::DataError;
 use crate::tokenizer::Tokenizer;
 
@@ -246,29 +248,43 @@ struct Written {
 
 /// Tokenizes the documents of `files` in order into `bin`, each cut into
 /// [`pieces`] and a batch of pieces encoded in parallel.
+///
+/// Consecutive Parquet files are one table (a dataset's shards): their rows
+/// continue one text, as the lines of one JSONL file do, so shards give the
+/// tokens their concatenation would, and a Parquet file those of the JSONL
+/// file with the same records.
 fn write_tokens(
     files: &[PathBuf],
     tokenizer: &Tokenizer,
     width: usize,
     bin: &Path,
 ) -> Result<Written, DataError> {
-    let mut out = BufWriter::new(File::create(bin).map_err(|e| cache_error(bin, e))?);
-    let separator = tokenizer.encode(DOC_SEPARATOR);
-    let mut crc = crc32fast::Hasher::new();
-    let mut count = 0;
-    let mut write = |ids: &[u32]| -> Result<(), DataError> {
-        for &id in ids {
-            let bytes = id.to_le_bytes();
-            crc.update(&bytes);
-            out.write_all(&bytes[..width])
-                .map_err(|e| cache_error(bin, e))?;
-        }
-        count += ids.len();
-        Ok(())
+    let out = BufWriter::new(File::create(bin).map_err(|e| cache_error(bin, e))?);
+    let mut encoder = Encoder {
+        tokenizer,
+        separator: tokenizer.encode(DOC_SEPARATOR),
+        out,
+        bin,
+        width,
+        crc: crc32fast::Hasher::new(),
+        count: 0,
+        first: true,
+        forced_cuts: 0,
     };
-    let mut first = true;
-    let mut forced_cuts = 0;
+    let mut table = Joined::new(CHUNK_BYTES);
     for file in files {
+        if is_parquet(file) {
+            parquet_documents(file, |doc| {
+                table.push(doc);
+                while let Some(end) = table.chunk_end() {
+                    encoder.text(&table.text[..end])?;
+                    table.drop_chunk(end);
+                }
+                Ok(())
+            })?;
+            continue;
+        }
+        encoder.text(&table.take())?;
         // JSONL records are gathered into text; a text file is mapped, not read.
         let (owned, mapped);
         let text: &str = if has_extension(file, "jsonl") {
@@ -284,42 +300,142 @@ fn write_tokens(
             })?;
             text.strip_prefix('\u{feff}').unwrap_or(text)
         };
-        // (starts a document, piece), a batch of BATCH_BYTES at a time.
-        let mut batch: Vec<(bool, &str)> = Vec::new();
-        let mut batch_bytes = 0;
-        let mut flush = |batch: &mut Vec<(bool, &str)>| -> Result<(), DataError> {
-            let encoded: Vec<Vec<u32>> =
-                batch.par_iter().map(|(_, p)| tokenizer.encode(p)).collect();
-            for ((starts, _), ids) in batch.iter().zip(&encoded) {
-                if *starts && !std::mem::take(&mut first) {
-                    write(&separator)?;
-                }
-                write(ids)?;
-            }
-            batch.clear();
-            Ok(())
-        };
-        for document in cut(text, CHUNK_BYTES).filter(|c| !c.is_empty()) {
-            let mut cuts = pieces(document, tokenizer);
-            let mut starts = true;
-            for piece in cuts.by_ref() {
-                batch.push((std::mem::take(&mut starts), piece));
-                batch_bytes += piece.len();
-                if batch_bytes >= BATCH_BYTES {
-                    flush(&mut batch)?;
-                    batch_bytes = 0;
-                }
-            }
-            forced_cuts += cuts.forced;
-        }
-        flush(&mut batch)?;
+        encoder.text(text)?;
     }
+    encoder.text(&table.take())?;
+    let Encoder {
+        mut out,
+        crc,
+        count,
+        forced_cuts,
+        ..
+    } = encoder;
     out.flush().map_err(|e| cache_error(bin, e))?;
     Ok(Written {
         count,
         crc32: crc.finalize(),
         forced_cuts,
     })
+}
+
+/// Writes the ids of texts to the token file, a blank line's ids between
+/// documents.
+struct Encoder<'a> {
+    tokenizer: &'a Tokenizer,
+    /// The ids of [`DOC_SEPARATOR`].
+    separator: Vec<u32>,
+    out: BufWriter<File>,
+    bin: &'a Path,
+    /// Bytes per id.
+    width: usize,
+    crc: crc32fast::Hasher,
+    count: usize,
+    /// Nothing written yet: the next document needs no separator.
+    first: bool,
+    forced_cuts: usize,
+}
+
+impl Encoder<'_> {
+    /// Encodes `text` (one file's, or a chunk of a Parquet table's): its
+    /// documents are its chunks as [`cut`] makes them.
+    fn text(&mut self, text: &str) -> Result<(), DataError> {
+        // (starts a document, piece), a batch of BATCH_BYTES at a time.
+        let mut batch: Vec<(bool, &str)> = Vec::new();
+        let mut batch_bytes = 0;
+        for document in cut(text, CHUNK_BYTES).filter(|c| !c.is_empty()) {
+            let mut cuts = pieces(document, self.tokenizer);
+            let mut starts = true;
+            for piece in cuts.by_ref() {
+                batch.push((std::mem::take(&mut starts), piece));
+                batch_bytes += piece.len();
+                if batch_bytes >= BATCH_BYTES {
+                    self.flush(&mut batch)?;
+                    batch_bytes = 0;
+                }
+            }
+            self.forced_cuts += cuts.forced;
+        }
+        self.flush(&mut batch)
+    }
+
+    /// Encodes `batch` in parallel and writes its ids in order.
+    fn flush(&mut self, batch: &mut Vec<(bool, &str)>) -> Result<(), DataError> {
+        let tokenizer = self.tokenizer;
+        let encoded: Vec<Vec<u32>> = batch.par_iter().map(|(_, p)| tokenizer.encode(p)).collect();
+        for ((starts, _), ids) in batch.iter().zip(&encoded) {
+            if *starts && !std::mem::take(&mut self.first) {
+                let separator = std::mem::take(&mut self.separator);
+                let written = self.write(&separator);
+                self.separator = separator;
+                written?;
+            }
+            self.write(ids)?;
+        }
+        batch.clear();
+        Ok(())
+    }
+
+    fn write(&mut self, ids: &[u32]) -> Result<(), DataError> {
+        for &id in ids {
+            let bytes = id.to_le_bytes();
+            self.crc.update(&bytes);
+            self.out
+                .write_all(&bytes[..self.width])
+                .map_err(|e| cache_error(self.bin, e))?;
+        }
+        self.count += ids.len();
+        Ok(())
+    }
+}
+
+/// The documents of a Parquet table joined by blank lines, held until
+/// [`cut`] would cut the joined text: at the first blank line after `size`
+/// bytes ([`CHUNK_BYTES`]). Memory holds a chunk and a document at most.
+struct Joined {
+    text: String,
+    /// A document has been pushed: the next one follows a blank line.
+    started: bool,
+    size: usize,
+}
+
+impl Joined {
+    fn new(size: usize) -> Self {
+        Joined {
+            text: String::new(),
+            started: false,
+            size,
+        }
+    }
+
+    fn push(&mut self, doc: &str) {
+        if std::mem::replace(&mut self.started, true) {
+            self.text.push_str(DOC_SEPARATOR);
+        }
+        self.text.push_str(doc);
+    }
+
+    /// Where the first whole chunk held ends, if one is: the blank lines
+    /// after it are all there, so more text cannot move the cut.
+    fn chunk_end(&self) -> Option<usize> {
+        if self.text.len() < self.size {
+            return None;
+        }
+        self.text.as_bytes()[self.size..]
+            .windows(DOC_SEPARATOR.len())
+            .position(|w| w == DOC_SEPARATOR.as_bytes())
+            .map(|at| self.size + at)
+    }
+
+    /// Drops the chunk ending at `end` and the blank line after it.
+    fn drop_chunk(&mut self, end: usize) {
+        self.text.drain(..end + DOC_SEPARATOR.len());
+    }
+
+    /// The rest of the table's text; the next table starts anew.
+    fn take(&mut self) -> String {
+        self.started = false;
+        std::mem::take(&mut self.text)
+    }
 }
 
 /// `text` cut into pieces of at least [`PIECE_BYTES`] whose encodings,
@@ -458,5 +574,41 @@ mod tests {
         assert_eq!(chunks.join(DOC_SEPARATOR), text);
         assert_eq!(cut(text, 100).collect::<Vec<_>>(), [text]);
         assert_eq!(cut("", 3).count(), 0);
+    }
+
+    /// Documents pushed one at a time come out in the chunks [`cut`] makes
+    /// of them joined, whatever blank lines they hold and wherever they fall.
+    #[test]
+    fn a_table_streamed_row_by_row_is_cut_as_its_joined_text() {
+        let docs = [
+            "aaaa", "b\n\nbb", "", "\n", "cccccc\n", "\ndd", "e", "ffff\n\n", "g\n\n\nh",
+        ];
+        for size in 1..12 {
+            for take in 1..=docs.len() {
+                let docs: Vec<&str> = docs[..take]
+                    .iter()
+                    .copied()
+                    .filter(|d| !d.is_empty())
+                    .collect();
+                let joined = docs.join(DOC_SEPARATOR);
+                let want: Vec<&str> = cut(&joined, size).filter(|c| !c.is_empty()).collect();
+                let mut table = Joined::new(size);
+                let mut got = Vec::new();
+                for doc in &docs {
+                    table.push(doc);
+                    while let Some(end) = table.chunk_end() {
+                        got.push(table.text[..end].to_string());
+                        table.drop_chunk(end);
+                    }
+                }
+                let rest = table.take();
+                got.extend(
+                    cut(&rest, size)
+                        .filter(|c| !c.is_empty())
+                        .map(str::to_owned),
+                );
+                assert_eq!(got, want, "size {size}, {take} documents");
+            }
+        }
     }
 }

@@ -23,7 +23,7 @@ use models::{cross_entropy, ModelConfig};
 use super::machine::*;
 use super::resume::*;
 use super::state::*;
-use crate::data::{trained_targets, Batcher};
+use crate::data::{trained_targets, Batcher, EvalBatch, EvalWindows};
 use crate::export::{self, ExportError};
 use crate::metrics::*;
 use crate::options::*;
@@ -36,6 +36,7 @@ use crate::schedule::WarmupCosine;
 use crate::signals;
 use crate::tokenizer::Tokenizer;
 use crate::{peak_rss_bytes, process_rss_bytes};
+use burn_offload::ops::cross_entropy::nll_sum;
 use burn_offload::trace;
 use burn_offload::ProcessGroup;
 
@@ -115,8 +116,12 @@ pub(crate) struct Job<'a> {
     /// The run's processes, when it has several.
     pub(crate) group: Option<Arc<ProcessGroup>>,
     /// What the sample after training continues: the data's first tokens,
-    /// or for instruction data its first example's prompt.
+    /// or for instruction data an example's prompt.
     pub(crate) sample_prompt: Vec<u32>,
+    /// The held-out windows the run evaluates on.
+    pub(crate) eval: Option<EvalWindows>,
+    /// The lowest eval loss so far (before a resume too).
+    pub(crate) best: Option<BestEval>,
 }
 
 impl Job<'_> {
@@ -143,6 +148,7 @@ impl Job<'_> {
             batcher_rng: self.batcher.rng_state(),
             corpus_tokens: self.corpus.0,
             corpus_crc32: self.corpus.1,
+            best_eval: self.best,
         }
     }
 
@@ -227,6 +233,8 @@ impl Job<'_> {
         if let Some(resume) = self.resume.take() {
             engine.load_checkpoint(&resume.path)?;
             self.batcher.set_rng_state(resume.state.batcher_rng);
+            self.best = resume.state.best_eval;
+            self.pin_resumed_best()?;
             outcome.start_step = resume.state.steps_done;
             outcome.skipped_total = resume.state.skipped_total;
             if let Some(metrics) = self.metrics.as_mut() {
@@ -389,15 +397,36 @@ impl Job<'_> {
             step += 1;
             unsaved = true;
             signals::update(|progress| progress.steps_done = step);
-            if opts.checkpoint_every > 0 && step % opts.checkpoint_every == 0 {
+            let mut new_best = false;
+            if self.eval_due(step) {
+                let nll = |batch: &EvalBatch| {
+                    let [inputs, targets] = [&batch.inputs, &batch.targets].map(|v| {
+                        Tensor::<B, 2, Int>::from_data(
+                            TensorData::new(v.clone(), [batch.rows, opts.seq_len]),
+                            device,
+                        )
+                    });
+                    Ok(engine.nll_sum(&inputs, &targets, batch.documents.as_ref())?)
+                };
+                if let Some(evaluation) = self.evaluate(nll)? {
+                    new_best = self.evaluated(step, evaluation, &mut progress)?;
+                    outcome.evaluations.push((step, evaluation));
+                }
+            }
+            let keep_best = new_best && opts.keep_best;
+            if keep_best || (opts.checkpoint_every > 0 && step % opts.checkpoint_every == 0) {
                 outcome.checkpoint =
                     self.checkpoint(step, outcome.skipped_total, |dir, state| {
                         engine.save_checkpoint(dir, state)
                     })?;
                 unsaved = false;
+                if keep_best {
+                    self.pin_best(outcome.checkpoint.clone())?;
+                }
             }
         }
         progress.finish();
+        outcome.best_eval = self.best;
         if outcome.interrupted.is_some() {
             // Stop promptly: the run is not finished, so neither export nor sample.
             return Ok(outcome);
@@ -526,6 +555,7 @@ impl Job<'_> {
         let params = model.num_params() as u64;
         let flops = 6.0 * params as f64 * tokens_per_step;
         let mut losses = Vec::with_capacity(opts.steps);
+        let mut evaluations = Vec::new();
         // With --accum the graph holds one micro-batch's activations at a
         // time; the gradients are summed into a second set of parameter-sized
         // tensors (burn's accumulator, which takes a single micro-batch's as
@@ -642,6 +672,29 @@ impl Job<'_> {
                 trained_tokens,
             });
             signals::update(|progress| progress.steps_done = step + 1);
+            if self.eval_due(step + 1) {
+                let valid = match opts.compute {
+                    Compute::Fp32 => model.valid(),
+                    low => burn_offload::cast_params(model.valid(), low.dtype()),
+                };
+                let nll = |batch: &EvalBatch| {
+                    let [inputs, targets] = [&batch.inputs, &batch.targets].map(|v| {
+                        Tensor::<AB::InnerBackend, 2, Int>::from_data(
+                            TensorData::new(v.clone(), [batch.rows, opts.seq_len]),
+                            device,
+                        )
+                    });
+                    let logits = match &batch.documents {
+                        Some(documents) => valid.forward_in(inputs, documents),
+                        None => valid.forward(inputs),
+                    };
+                    Ok(nll_sum(logits, targets).into_scalar().elem::<f64>())
+                };
+                if let Some(evaluation) = self.evaluate(nll)? {
+                    self.evaluated(step + 1, evaluation, &mut progress)?;
+                    evaluations.push((step + 1, evaluation));
+                }
+            }
         }
         progress.finish();
         let (exported, sample) = self.finish(&model.valid(), device)?;
@@ -649,6 +702,8 @@ impl Job<'_> {
             losses,
             sample,
             exported,
+            evaluations,
+            best_eval: self.best,
             ..Outcome::default()
         })
     }
@@ -681,7 +736,8 @@ impl Job<'_> {
         )
     }
 
-    pub(super) fn log(&mut self, line: &StepMetrics) -> Result<(), JobError> {
+    /// Writes `line` into the metrics file, if the run has one.
+    pub(super) fn log(&mut self, line: &impl serde::Serialize) -> Result<(), JobError> {
         match self.metrics.as_mut() {
             Some(metrics) => Ok(metrics.line(line)?),
             None => Ok(()),

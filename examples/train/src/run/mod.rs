@@ -1,16 +1,19 @@
 //! A training run: set up from its options (`setup`: checks, model, data,
-//! resume), on a machine whose memory the plan fits (`machine`), stepped by
+//! resume; `data`: what it trains and evaluates on), on a machine whose memory the plan fits (`machine`), stepped by
 //! the engine's loop or the resident one (`job`), with what it carries
 //! between steps and reports at the end (`state`, `resume`).
 
+mod data;
+mod evaluate;
 mod job;
 mod machine;
 mod resume;
 mod setup;
 mod state;
 
+pub use data::DataReadError;
 pub use job::JobError;
 pub use machine::{longest_sequence, machine, plan, MachineError};
 pub use resume::{ResumeError, RunShape};
 pub use setup::{plan_table, preflight, run, Checked, SetupError, TrainError};
-pub use state::{TrainReport, TrainerState};
+pub use state::{BestEval, Evaluation, TrainReport, TrainerState};

@@ -12,15 +12,13 @@ use burn_offload::{Compute, HostOptimizerConfig, MatmulError, PrecisionError};
 use models::hf::HfError;
 use models::{ConfigError, ModelConfig};
 
+use super::data::{DataReadError, RunData};
 use super::job::*;
 use super::machine::*;
 use super::resume::*;
 use super::state::*;
-use crate::data::token_cache;
-use crate::data::{default_corpus, Batcher, DataError};
-use crate::error_line::flagged;
 use crate::export::{self, ExportError};
-use crate::instruct::{self, DataFormat, InstructError};
+use crate::instruct::{self, DataFormat};
 use crate::options::*;
 use crate::outputs::{MetricsFile, OutputError};
 use crate::processes::RankError;
@@ -83,10 +81,9 @@ pub enum SetupError {
     ShapingText,
     #[error("--data-cache holds tokenized text corpora; --data is not a text corpus")]
     DataCacheNotText,
-    #[error("{}", flagged("--data", .0))]
-    Data(DataError),
-    #[error("{}", flagged("--data", .0))]
-    Instructions(InstructError),
+    /// `--data` or `--eval-data`, read.
+    #[error(transparent)]
+    Data(#[from] DataReadError),
     #[error("--matmul: {0}")]
     Matmul(MatmulError),
     #[error("--compute {compute}: {why}")]
@@ -138,6 +135,8 @@ pub struct Checked {
     pub config: ModelConfig,
     /// What `--data` holds.
     pub format: DataFormat,
+    /// What `--eval-data` holds, when given.
+    pub eval_format: Option<DataFormat>,
 }
 
 /// The options, the tokenizer and the model config, checked.
@@ -156,11 +155,28 @@ pub fn preflight(opts: &TrainOptions) -> Result<Checked, TrainError> {
     let (tokenizer, config) = checked_model(opts)?;
     let format = match (&opts.data, opts.data_format) {
         (Some(path), DataFormat::Auto) => {
-            instruct::detect(path).map_err(SetupError::Instructions)?
+            instruct::detect(path).map_err(|e| SetupError::from(DataReadError::Instructions(e)))?
         }
         (None, DataFormat::Auto) => DataFormat::Text,
         (_, format) => format,
     };
+    // Read as --data is: the format given, or each its own detected.
+    let eval_format = match (&opts.eval_data, opts.data_format) {
+        (Some(path), DataFormat::Auto) => Some(
+            instruct::detect(path)
+                .map_err(|e| SetupError::from(DataReadError::EvalInstructions(e)))?,
+        ),
+        (Some(_), format) => Some(format),
+        (None, _) => None,
+    };
+    if let Some(path) = &opts.data {
+        instruct::check_parquet(path, format)
+            .map_err(|e| SetupError::from(DataReadError::Instructions(e)))?;
+    }
+    if let (Some(path), Some(format)) = (&opts.eval_data, eval_format) {
+        instruct::check_parquet(path, format)
+            .map_err(|e| SetupError::from(DataReadError::EvalInstructions(e)))?;
+    }
     if format == DataFormat::Text && (opts.train_on_prompt || !opts.packing) {
         return Err(SetupError::ShapingText.into());
     }
@@ -182,6 +198,7 @@ pub fn preflight(opts: &TrainOptions) -> Result<Checked, TrainError> {
         tokenizer,
         config,
         format,
+        eval_format,
     })
 }
 
@@ -191,6 +208,7 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport, TrainError> {
         tokenizer,
         config,
         format,
+        eval_format,
     } = preflight(opts)?;
     // Before the first CUDA tensor: pages of the pools sized to the budget.
     #[cfg(feature = "cuda")]
@@ -224,109 +242,12 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport, TrainError> {
             );
         }
     }
-    // The sample after training continues the data's first tokens.
-    let text_prompt = |len: usize, token: &dyn Fn(usize) -> u32| -> Vec<u32> {
-        (0..len.min(16).min(opts.seq_len.div_ceil(2)))
-            .map(token)
-            .collect()
-    };
-    let (batcher, corpus, sample_prompt) = match (&opts.data, format) {
-        (Some(path), DataFormat::Alpaca | DataFormat::Sharegpt | DataFormat::Chat) => {
-            let shaping = instruct::Shaping {
-                format,
-                seq_len: opts.seq_len,
-                train_on_prompt: opts.train_on_prompt,
-                packing: opts.packing,
-            };
-            let prepared =
-                instruct::prepare(path, shaping, &tokenizer).map_err(SetupError::Instructions)?;
-            prepared.check_trains().map_err(SetupError::Instructions)?;
-            if opts.progress {
-                eprintln!(
-                    "{} data: {} examples, {} tokens ({:.0} tok/s tokenized), {} truncated to \
-                     --seq-len, {} windows{}, {} targets trained on",
-                    prepared.format,
-                    prepared.examples,
-                    prepared.tokens,
-                    prepared.tokens_per_s,
-                    prepared.truncated,
-                    prepared.windows.count(),
-                    if opts.packing {
-                        " (packed, each example attending only to itself)"
-                    } else {
-                        ""
-                    },
-                    prepared.trained,
-                );
-                if prepared.emptied > 0 {
-                    eprintln!(
-                        "warning: --seq-len {} leaves no token to train on in {} of the {} \
-                         examples (the longest, {}, has {} tokens); {} windows without a trained \
-                         token dropped",
-                        opts.seq_len,
-                        prepared.emptied,
-                        prepared.examples,
-                        prepared.longest.1,
-                        prepared.longest.0,
-                        prepared.dropped_windows
-                    );
-                }
-            }
-            let sample_prompt = prepared.sample_prompt;
-            let windows = prepared.windows;
-            // The inputs, then the targets (ignored ones as their u32 bits).
-            let identity = windows
-                .inputs
-                .iter()
-                .copied()
-                .chain(windows.targets.iter().map(|&t| t as u32));
-            let corpus = (windows.inputs.len(), corpus_crc32(identity));
-            let batcher = Batcher::windows(windows, opts.seed).map_err(SetupError::Data)?;
-            (batcher, corpus, sample_prompt)
-        }
-        (Some(path), _) => {
-            let root = opts
-                .data_cache
-                .clone()
-                .unwrap_or_else(token_cache::default_root);
-            let tokenized =
-                token_cache::tokenize(path, &tokenizer, &root).map_err(SetupError::Data)?;
-            if opts.progress {
-                let how = match tokenized.tokens_per_s {
-                    Some(rate) => format!("tokenized at {rate:.0} tok/s into"),
-                    None => "read from".to_string(),
-                };
-                let forced = match tokenized.forced_cuts {
-                    0 => String::new(),
-                    n => format!(
-                        " ({n} pieces cut inside a run of 1 MiB without a space or line break)"
-                    ),
-                };
-                eprintln!(
-                    "corpus: {} tokens, {how} `{}`{forced}",
-                    tokenized.tokens.len(),
-                    tokenized.folder.display()
-                );
-            }
-            let corpus = (tokenized.tokens.len(), tokenized.crc32);
-            let tokens = &tokenized.tokens;
-            let sample_prompt = text_prompt(tokens.len(), &|i| tokens.get(i));
-            (
-                Batcher::mapped(tokenized.tokens, opts.seq_len, opts.seed)
-                    .map_err(SetupError::Data)?,
-                corpus,
-                sample_prompt,
-            )
-        }
-        (None, _) => {
-            let tokens = tokenizer.encode(&default_corpus());
-            let corpus = (tokens.len(), corpus_crc32(tokens.iter().copied()));
-            let sample_prompt = text_prompt(tokens.len(), &|i| tokens[i]);
-            let batcher =
-                Batcher::new(tokens, opts.seq_len, opts.seed).map_err(SetupError::Data)?;
-            (batcher, corpus, sample_prompt)
-        }
-    };
+    let RunData {
+        batcher,
+        corpus,
+        sample_prompt,
+        eval,
+    } = super::data::read(opts, format, eval_format, &tokenizer).map_err(SetupError::from)?;
     let resume = match &opts.resume {
         Some(path) => Some(Resume::read(path, opts, &config, &tokenizer, corpus)?),
         None => None,
@@ -372,6 +293,8 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport, TrainError> {
             checkpoint: None,
             exported: None,
             skipped_total: resume.state.skipped_total,
+            evaluations: Vec::new(),
+            best_eval: resume.state.best_eval,
         });
     }
 
@@ -432,6 +355,8 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport, TrainError> {
         building: Instant::now(),
         group,
         sample_prompt,
+        eval,
+        best: None,
     };
     // `--host-params`: the same loop over `Offload<B>` with the host AdamW.
     type HostAb = Autodiff<burn_offload::Offload<DefaultBackend>>;
@@ -513,6 +438,8 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport, TrainError> {
         checkpoint: outcome.checkpoint,
         exported: outcome.exported,
         skipped_total: outcome.skipped_total,
+        evaluations: outcome.evaluations,
+        best_eval: outcome.best_eval,
     })
 }
 

@@ -28,6 +28,18 @@ pub struct TrainerState {
     /// Identity of the token stream, so a resume on other data is refused.
     pub corpus_tokens: usize,
     pub corpus_crc32: u32,
+    /// The lowest eval loss so far, for `--keep-best` to keep through a
+    /// resume (checkpoints before evaluation have none).
+    #[serde(default)]
+    pub best_eval: Option<BestEval>,
+}
+
+/// The run's lowest eval loss and when it was measured.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct BestEval {
+    /// Steps done when it was measured.
+    pub steps_done: usize,
+    pub loss: f64,
 }
 
 pub(crate) fn one() -> usize {
@@ -53,6 +65,21 @@ pub struct TrainReport {
     /// The Hugging Face folder written, if any.
     pub exported: Option<PathBuf>,
     pub skipped_total: usize,
+    /// This call's evaluations, by steps done.
+    pub evaluations: Vec<(usize, Evaluation)>,
+    /// The run's lowest eval loss (before a resume too).
+    pub best_eval: Option<BestEval>,
+}
+
+/// What one evaluation measured.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Evaluation {
+    /// Mean loss over the held-out trained tokens.
+    pub loss: f64,
+    /// Targets the mean is over.
+    pub tokens: usize,
+    /// Wall time.
+    pub seconds: f64,
 }
 
 /// How a training loop ended.
@@ -65,4 +92,6 @@ pub(crate) struct Outcome {
     pub(crate) checkpoint: Option<PathBuf>,
     pub(crate) exported: Option<PathBuf>,
     pub(crate) skipped_total: usize,
+    pub(crate) evaluations: Vec<(usize, Evaluation)>,
+    pub(crate) best_eval: Option<BestEval>,
 }
