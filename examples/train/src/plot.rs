@@ -214,7 +214,7 @@ pub fn plot_files(inputs: &[PathBuf], out: &Path, font: Option<&Path>) -> Result
             .ok_or(PlotError::NoFont)?,
     };
     register(&font)?;
-    draw(&runs, out).map_err(|message| PlotError::Draw {
+    draw(&runs, out).map_err(|DrawFailure(message)| PlotError::Draw {
         path: out.to_path_buf(),
         message,
     })
@@ -242,6 +242,18 @@ fn register(font: &Path) -> Result<(), PlotError> {
     })?;
     let _ = REGISTERED.set(());
     Ok(())
+}
+
+/// What plotters said when drawing failed (its errors are generic over
+/// the backend), in its words.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct DrawFailure(String);
+
+impl DrawFailure {
+    fn of(error: impl std::fmt::Display) -> Self {
+        Self(error.to_string())
+    }
 }
 
 /// One panel: its title and each run's series of it.
@@ -276,7 +288,7 @@ fn tick(y: f64) -> String {
     }
 }
 
-fn draw(runs: &[Run], out: &Path) -> Result<(), String> {
+fn draw(runs: &[Run], out: &Path) -> Result<(), DrawFailure> {
     let mut panels = vec![Panel {
         title: "training loss",
         series: runs.iter().map(|r| (&*r.name, &r.loss[..])).collect(),
@@ -299,7 +311,7 @@ fn draw(runs: &[Run], out: &Path) -> Result<(), String> {
             .collect(),
     });
     let root = BitMapBackend::new(out, SIZE).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    root.fill(&WHITE).map_err(DrawFailure::of)?;
     let areas = root.split_evenly((2, 2));
     let all = |p: &Panel, f: fn(&(f64, f64)) -> f64| -> Vec<f64> {
         p.series.iter().flat_map(|(_, s)| s.iter().map(f)).collect()
@@ -313,20 +325,20 @@ fn draw(runs: &[Run], out: &Path) -> Result<(), String> {
             .x_label_area_size(40)
             .y_label_area_size(80)
             .build_cartesian_2d(steps, values)
-            .map_err(|e| e.to_string())?;
+            .map_err(DrawFailure::of)?;
         chart
             .configure_mesh()
             .x_desc("step")
             .label_style(("sans-serif", 15))
             .y_label_formatter(&|y| tick(*y))
             .draw()
-            .map_err(|e| e.to_string())?;
+            .map_err(DrawFailure::of)?;
         for (i, (name, series)) in panel.series.iter().enumerate() {
             let color = Palette99::pick(i).to_rgba();
             let line = PathElement::new(series.to_vec(), color.stroke_width(2));
             chart
                 .draw_series(std::iter::once(line))
-                .map_err(|e| e.to_string())?
+                .map_err(DrawFailure::of)?
                 .label(*name)
                 .legend(move |(x, y)| {
                     PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(3))
@@ -334,7 +346,7 @@ fn draw(runs: &[Run], out: &Path) -> Result<(), String> {
             // Sparse series (evaluations) show each point.
             if series.len() < 50 {
                 let dots = series.iter().map(|&p| Circle::new(p, 3, color.filled()));
-                chart.draw_series(dots).map_err(|e| e.to_string())?;
+                chart.draw_series(dots).map_err(DrawFailure::of)?;
             }
         }
         chart
@@ -344,9 +356,9 @@ fn draw(runs: &[Run], out: &Path) -> Result<(), String> {
             .border_style(BLACK)
             .label_font(("sans-serif", 15))
             .draw()
-            .map_err(|e| e.to_string())?;
+            .map_err(DrawFailure::of)?;
     }
-    root.present().map_err(|e| e.to_string())?;
+    root.present().map_err(DrawFailure::of)?;
     Ok(())
 }
 
