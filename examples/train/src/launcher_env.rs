@@ -150,7 +150,8 @@ fn place(
 
 /// torchrun's place: `RANK` and `WORLD_SIZE` with `MASTER_ADDR` and
 /// `MASTER_PORT` (the local pair defaults as `--local-rank` and
-/// `--local-world-size` do: one host).
+/// `--local-world-size` do: one host). Under torchrun's agent, whose store
+/// holds `MASTER_PORT`, the rendezvous is on the port after it.
 fn torchrun(env: &Env, set: &'static str) -> Result<Option<RankOptions>, LauncherEnvError> {
     let rank = env.number("RANK", set)?;
     let world = env.number("WORLD_SIZE", set)?;
@@ -167,7 +168,11 @@ fn torchrun(env: &Env, set: &'static str) -> Result<Option<RankOptions>, Launche
         0 | 1 => String::new(),
         _ => {
             let addr = env.required("MASTER_ADDR", set)?;
-            host_port(&addr, port(env.number("MASTER_PORT", set)?)?)
+            let master = env.number("MASTER_PORT", set)?;
+            // torchrun's agent serves its own store on MASTER_PORT (and
+            // says so with TORCHELASTIC_RUN_ID): rank 0 listens on the next.
+            let taken = env.get("TORCHELASTIC_RUN_ID").is_some();
+            host_port(&addr, port(master + usize::from(taken))?)
         }
     };
     place(
@@ -358,6 +363,12 @@ mod tests {
         ]
         .concat();
         assert_eq!(place_of(&v6).unwrap().unwrap().rendezvous, "[::1]:9");
+        let agent = [&TORCHRUN_1_OF_2[..], &[("TORCHELASTIC_RUN_ID", "none")]].concat();
+        assert_eq!(
+            place_of(&agent).unwrap().unwrap().rendezvous,
+            "10.0.0.5:1235",
+            "torchrun's store holds MASTER_PORT"
+        );
     }
 
     #[test]

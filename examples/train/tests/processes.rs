@@ -183,8 +183,9 @@ fn spawn_rank(rank: usize, addr: &str, extra: &[&str]) -> Child {
         .expect("train starts")
 }
 
-/// Two processes placed by torchrun's variables, then by srun's (the
-/// rendezvous on the first host of the node list), and no rank flag, take
+/// Two processes placed by torchrun's variables (its agent's store holding
+/// MASTER_PORT), then by srun's (the rendezvous on the first host of the
+/// node list), and no rank flag, take
 /// the steps of two lanes of one process to the bit; rank 0 alone writes
 /// the metrics.
 #[test]
@@ -202,6 +203,8 @@ fn ranks_placed_by_a_launchers_environment_take_the_steps_of_lanes() {
     for launcher in ["torchrun", "srun"] {
         let addr = free_loopback_address().unwrap();
         let (_, port) = addr.rsplit_once(':').unwrap();
+        // torchrun's agent holds MASTER_PORT for its own store.
+        let _store = (launcher == "torchrun").then(|| std::net::TcpListener::bind(&addr).unwrap());
         let metrics = dir.path().join(format!("{launcher}.jsonl"));
         let ranks: Vec<Child> = (0..2)
             .map(|rank| {
@@ -214,6 +217,7 @@ fn ranks_placed_by_a_launchers_environment_take_the_steps_of_lanes() {
                         ("LOCAL_WORLD_SIZE", "2"),
                         ("MASTER_ADDR", "127.0.0.1"),
                         ("MASTER_PORT", port),
+                        ("TORCHELASTIC_RUN_ID", "none"),
                     ],
                     _ => vec![
                         ("SLURM_PROCID", &rank),

@@ -24,13 +24,14 @@ pub const FINETUNE: [&str; 8] = [
 /// The variables of the launchers `train` reads (torchrun's, srun's),
 /// removed from the processes the tests start: a test run under
 /// `srun` still runs each `train` alone, and a test sets its own.
-pub const LAUNCHER_VARIABLES: [&str; 14] = [
+pub const LAUNCHER_VARIABLES: [&str; 15] = [
     "RANK",
     "WORLD_SIZE",
     "LOCAL_RANK",
     "LOCAL_WORLD_SIZE",
     "MASTER_ADDR",
     "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
     "SLURM_PROCID",
     "SLURM_NTASKS",
     "SLURM_LOCALID",
