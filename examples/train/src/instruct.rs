@@ -236,40 +236,35 @@ pub fn detect(path: &Path) -> Result<DataFormat, InstructError> {
     };
     if is_parquet(first) {
         let columns = parquet::columns(first)?;
-        let has = |k: &str| columns.iter().any(|c| c == k);
-        return Ok(if has("messages") {
-            DataFormat::Chat
-        } else if has("conversations") {
-            DataFormat::Sharegpt
-        } else if has("instruction") {
-            DataFormat::Alpaca
-        } else if has("text") {
-            DataFormat::Text
-        } else {
-            return Err(ParquetError::NoColumn {
+        return match format_of(|k| columns.iter().any(|c| c == k)) {
+            Some(format) => Ok(format),
+            None => Err(ParquetError::NoColumn {
                 path: first.clone(),
                 wanted: ANY_FORMAT.into(),
                 columns,
             }
-            .into());
-        });
+            .into()),
+        };
     }
     let records = read_records(first, Some(1))?;
     let Some(record) = records.first() else {
         return Err(InstructError::Empty(first.clone()));
     };
-    let has = |k: &str| record.value.get(k).is_some();
-    Ok(if has("messages") {
-        DataFormat::Chat
-    } else if has("conversations") {
-        DataFormat::Sharegpt
-    } else if has("instruction") {
-        DataFormat::Alpaca
-    } else if has("text") {
-        DataFormat::Text
-    } else {
-        return Err(InstructError::UnknownFormat(first.clone()));
-    })
+    format_of(|k| record.value.get(k).is_some())
+        .ok_or_else(|| InstructError::UnknownFormat(first.clone()))
+}
+
+/// The format of a record with these fields (a JSON record's, or a Parquet
+/// file's columns), the first that fits in this order.
+fn format_of(has: impl Fn(&str) -> bool) -> Option<DataFormat> {
+    [
+        ("messages", DataFormat::Chat),
+        ("conversations", DataFormat::Sharegpt),
+        ("instruction", DataFormat::Alpaca),
+        ("text", DataFormat::Text),
+    ]
+    .into_iter()
+    .find_map(|(field, format)| has(field).then_some(format))
 }
 
 /// Checks, from their footers, that every Parquet file of the data at
