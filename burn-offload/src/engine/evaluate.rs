@@ -5,6 +5,7 @@
 use burn::tensor::backend::Backend;
 use burn::tensor::{ElementConversion, Int, Tensor};
 
+use super::forward::not_empty;
 use super::{Engine, EngineError, StreamedModel};
 use crate::engine::config::BatchError;
 use crate::ops::cross_entropy::nll_sum;
@@ -23,14 +24,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         targets: &Tensor<B, 2, Int>,
         documents: Option<&Documents>,
     ) -> Result<f64, EngineError> {
-        let [batch, seq] = inputs.dims();
-        if batch == 0 || seq == 0 {
-            return Err(BatchError::Empty {
-                index: 0,
-                shape: [batch, seq],
-            }
-            .into());
-        }
+        let [batch, seq] = not_empty(inputs)?;
         if targets.dims() != [batch, seq] {
             return Err(BatchError::TargetShape {
                 index: 0,
@@ -47,23 +41,19 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
             .stream_forward(&blocks, &inputs, &[documents], false)?
             .pop()
             .expect("one lane");
-        let stem = self.bind_stem::<B, M>(self.template.clone(), false, false, 0);
-        let lane = &mut self.lanes[0];
-        lane.pager.ready::<B>(&lane.device);
-        let stem = self.landed_stem(stem);
         let chunk = (self.config.loss_chunk_tokens / batch).clamp(1, seq);
-        let mut sum: Option<Tensor<B, 1>> = None;
-        for start in (0..seq).step_by(chunk) {
-            let len = chunk.min(seq - start);
-            let logits = stem.head(x.clone().narrow(1, start, len));
-            add_to(
-                &mut sum,
-                nll_sum(logits, targets.clone().narrow(1, start, len)),
-            );
-        }
-        drop(stem);
-        self.lanes[0].pager.evict(0);
-        let sum = sum.expect("at least one chunk");
+        let sum = self.with_stem(|stem| {
+            let mut sum: Option<Tensor<B, 1>> = None;
+            for start in (0..seq).step_by(chunk) {
+                let len = chunk.min(seq - start);
+                let logits = stem.head(x.clone().narrow(1, start, len));
+                add_to(
+                    &mut sum,
+                    nll_sum(logits, targets.clone().narrow(1, start, len)),
+                );
+            }
+            sum.expect("at least one chunk")
+        });
         Ok(sum.into_scalar().elem::<f64>())
     }
 }

@@ -310,14 +310,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
     /// the blocks streamed as in training's forward (no graph), on the first
     /// device: sampling never needs the whole model on the device.
     pub fn last_logits(&mut self, inputs: &Tensor<B, 2, Int>) -> Result<Tensor<B, 2>, EngineError> {
-        let [batch, seq] = inputs.dims();
-        if batch == 0 || seq == 0 {
-            return Err(BatchError::Empty {
-                index: 0,
-                shape: [batch, seq],
-            }
-            .into());
-        }
+        not_empty(inputs)?;
         let blocks = self.template.blocks().to_vec();
         let inputs = [crate::transfer::on_device(
             inputs.clone(),
@@ -343,14 +336,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         embed: impl FnOnce(&M, Tensor<B, 2, Int>) -> Tensor<B, 3>,
         mut run: impl FnMut(usize, &M::Block, Tensor<B, 3>) -> Tensor<B, 3>,
     ) -> Result<Tensor<B, 2>, EngineError> {
-        let [batch, seq] = inputs.dims();
-        if batch == 0 || seq == 0 {
-            return Err(BatchError::Empty {
-                index: 0,
-                shape: [batch, seq],
-            }
-            .into());
-        }
+        not_empty(inputs)?;
         let inputs = crate::transfer::on_device(inputs.clone(), &self.lanes[0].device);
         let x = match self.embedding_slot {
             Some(slot) => self
@@ -389,14 +375,34 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
     /// last block's output `x`, the stem bound for it.
     fn last_head(&mut self, x: Tensor<B, 3>) -> Tensor<B, 2> {
         let [batch, seq, _] = x.dims();
+        let logits = self.with_stem(|stem| stem.head(x.narrow(1, seq - 1, 1)));
+        let vocab = logits.dims()[2];
+        cast_to(logits, DType::F32).reshape([batch, vocab])
+    }
+
+    /// `f` of the stem bound on the first device without a graph, dropped
+    /// after (the head of sampling and of evaluation).
+    pub(super) fn with_stem<R>(&mut self, f: impl FnOnce(&M) -> R) -> R {
         let stem = self.bind_stem::<B, M>(self.template.clone(), false, false, 0);
         let lane = &mut self.lanes[0];
         lane.pager.ready::<B>(&lane.device);
         let stem = self.landed_stem(stem);
-        let logits = stem.head(x.narrow(1, seq - 1, 1));
+        let out = f(&stem);
         drop(stem);
         self.lanes[0].pager.evict(0);
-        let vocab = logits.dims()[2];
-        cast_to(logits, DType::F32).reshape([batch, vocab])
+        out
     }
+}
+
+/// Refuses an input of no tokens: `[batch, seq]` with a zero.
+pub(super) fn not_empty<B: Backend>(inputs: &Tensor<B, 2, Int>) -> Result<[usize; 2], EngineError> {
+    let [batch, seq] = inputs.dims();
+    if batch == 0 || seq == 0 {
+        return Err(BatchError::Empty {
+            index: 0,
+            shape: [batch, seq],
+        }
+        .into());
+    }
+    Ok([batch, seq])
 }
