@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use burn::prelude::{Backend, Int, Tensor, TensorData};
 use burn_offload::Documents;
 
 use super::batcher::{trained_targets, Windows};
@@ -33,16 +34,19 @@ impl Tokens {
             Tokens::Mapped(tokens) => tokens.get(i),
         }
     }
+
+    fn len(&self) -> usize {
+        match self {
+            Tokens::Owned(tokens) => tokens.len(),
+            Tokens::Mapped(tokens) => tokens.len(),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
 enum Source {
-    /// Consecutive windows of `tokens[start..end]`, each target the next token.
-    Stream {
-        tokens: Tokens,
-        start: usize,
-        end: usize,
-    },
+    /// Consecutive windows of `tokens[start..]`, each target the next token.
+    Stream { tokens: Tokens, start: usize },
     /// Fixed windows with their own targets.
     Windows(Windows),
 }
@@ -116,36 +120,39 @@ pub fn split_windows(windows: Windows, fraction: f64) -> Result<(Windows, Window
     Ok((train, eval))
 }
 
+impl EvalBatch {
+    /// The inputs and targets as `[rows, seq_len]` tensors on `device`.
+    pub fn tensors<B: Backend>(&self, device: &B::Device) -> [Tensor<B, 2, Int>; 2] {
+        let shape = [self.rows, self.inputs.len() / self.rows.max(1)];
+        [&self.inputs, &self.targets]
+            .map(|v| Tensor::from_data(TensorData::new(v.clone(), shape), device))
+    }
+}
+
 impl EvalWindows {
     /// Consecutive windows of `tokens` (in memory).
     pub fn stream(tokens: Vec<u32>, seq_len: usize) -> Result<Self, DataError> {
-        let end = tokens.len();
-        Self::of_stream(Tokens::Owned(Arc::new(tokens)), 0, end, seq_len)
+        Self::of_stream(Tokens::Owned(Arc::new(tokens)), 0, seq_len)
     }
 
     /// Consecutive windows of the mapped `tokens` from `start` to its end.
     pub fn mapped(tokens: Arc<TokenFile>, start: usize, seq_len: usize) -> Result<Self, DataError> {
-        let end = tokens.len();
-        Self::of_stream(Tokens::Mapped(tokens), start, end, seq_len)
+        Self::of_stream(Tokens::Mapped(tokens), start, seq_len)
     }
 
-    fn of_stream(
-        tokens: Tokens,
-        start: usize,
-        end: usize,
-        seq_len: usize,
-    ) -> Result<Self, DataError> {
+    fn of_stream(tokens: Tokens, start: usize, seq_len: usize) -> Result<Self, DataError> {
         if seq_len == 0 {
             return Err(DataError::ZeroSeqLen);
         }
-        if end.saturating_sub(start) <= seq_len {
+        let held = tokens.len().saturating_sub(start);
+        if held <= seq_len {
             return Err(DataError::CorpusTooShort {
-                tokens: end.saturating_sub(start),
+                tokens: held,
                 needed: seq_len + 1,
             });
         }
         Ok(Self {
-            source: Source::Stream { tokens, start, end },
+            source: Source::Stream { tokens, start },
             seq_len,
         })
     }
@@ -167,7 +174,7 @@ impl EvalWindows {
     pub fn count(&self) -> usize {
         match &self.source {
             // Consecutive windows, each needing one more token for its last target.
-            Source::Stream { start, end, .. } => (end - start - 1) / self.seq_len,
+            Source::Stream { tokens, start } => (tokens.len() - start - 1) / self.seq_len,
             Source::Windows(windows) => windows.count(),
         }
     }

@@ -400,12 +400,7 @@ impl Job<'_> {
             let mut new_best = false;
             if self.eval_due(step) {
                 let nll = |batch: &EvalBatch| {
-                    let [inputs, targets] = [&batch.inputs, &batch.targets].map(|v| {
-                        Tensor::<B, 2, Int>::from_data(
-                            TensorData::new(v.clone(), [batch.rows, opts.seq_len]),
-                            device,
-                        )
-                    });
+                    let [inputs, targets] = batch.tensors::<B>(device);
                     Ok(engine.nll_sum(&inputs, &targets, batch.documents.as_ref())?)
                 };
                 if let Some(evaluation) = self.evaluate(nll)? {
@@ -678,12 +673,7 @@ impl Job<'_> {
                     low => burn_offload::cast_params(model.valid(), low.dtype()),
                 };
                 let nll = |batch: &EvalBatch| {
-                    let [inputs, targets] = [&batch.inputs, &batch.targets].map(|v| {
-                        Tensor::<AB::InnerBackend, 2, Int>::from_data(
-                            TensorData::new(v.clone(), [batch.rows, opts.seq_len]),
-                            device,
-                        )
-                    });
+                    let [inputs, targets] = batch.tensors::<AB::InnerBackend>(device);
                     let logits = match &batch.documents {
                         Some(documents) => valid.forward_in(inputs, documents),
                         None => valid.forward(inputs),
