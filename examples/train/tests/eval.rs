@@ -96,6 +96,16 @@ fn evaluation_runs_when_asked_and_never_changes_the_training() {
         records(dir.path(), "eval.jsonl", 50, 5),
     );
     let alpaca_parquet = common::fixtures().join("parquet/alpaca.parquet");
+    let instructions = vec![
+        "--init-from",
+        s(&ck),
+        "--data",
+        s(&train_records),
+        "--batch",
+        "2",
+        "--seq-len",
+        "64",
+    ];
     let cases: [(Vec<&str>, &Path); 4] = [
         (
             vec!["--data", s(&data), "--batch", "2", "--seq-len", "16"],
@@ -113,32 +123,8 @@ fn evaluation_runs_when_asked_and_never_changes_the_training() {
             ],
             &eval,
         ),
-        (
-            vec![
-                "--init-from",
-                s(&ck),
-                "--data",
-                s(&train_records),
-                "--batch",
-                "2",
-                "--seq-len",
-                "64",
-            ],
-            &eval_records,
-        ),
-        (
-            vec![
-                "--init-from",
-                s(&ck),
-                "--data",
-                s(&train_records),
-                "--batch",
-                "2",
-                "--seq-len",
-                "64",
-            ],
-            &alpaca_parquet,
-        ),
+        (instructions.clone(), &eval_records),
+        (instructions.clone(), &alpaca_parquet),
     ];
     for (i, (base, eval)) in cases.iter().enumerate() {
         let run = |name: &str, extra: &[&str]| {
