@@ -271,11 +271,18 @@ impl Job<'_> {
         let model_flops = 6.0 * params as f64 * tokens_per_step;
         // The recompute covers the blocks whose graph the forward did not keep.
         let blocks = self.config.n_layer();
-        let recomputed = (blocks - config.kept_graphs.min(blocks)) as f64 / blocks.max(1) as f64;
+        let recomputed_blocks = blocks - config.kept_graphs.min(blocks);
+        let recomputed = recomputed_blocks as f64 / blocks.max(1) as f64;
+        // Those that take their attention outputs from the forward skip
+        // attention's forward in the recompute.
+        let attention_recomputed = (recomputed_blocks
+            - config.kept_attention.min(recomputed_blocks)) as f64
+            / blocks.max(1) as f64;
         // Causal attention's products, `seq² × width` FLOPs each a sequence
         // and layer (half the square's multiply-adds): two forward, two more
-        // where the block is recomputed, five backward (the scores again,
-        // the probabilities', values', queries' and keys' gradients).
+        // where the block's attention is recomputed, five backward (the
+        // scores again, the probabilities', values', queries' and keys'
+        // gradients).
         let sequences = (opts.batch * opts.accum * lanes) as f64;
         let attention_product = sequences
             * (opts.seq_len as f64).powi(2)
@@ -284,7 +291,7 @@ impl Job<'_> {
         let hardware_flops = passes
             * (model_flops
                 + 2.0 * recomputed * block_params as f64 * tokens_per_step
-                + (7.0 + 2.0 * recomputed) * attention_product);
+                + (7.0 + 2.0 * attention_recomputed) * attention_product);
         let mut consecutive_skips = 0;
         let mut step = outcome.start_step;
         // Steps done since the last checkpoint was written.

@@ -1,0 +1,2 @@
+# nvidia-h200 (fresh machine), train at 2f98d36 (.device/new/train.xz), carry [".device/new/train.xz"]
+LONG_MODEL=8b LONG_SEQ=262144 LONG_STEPS=3 LONG_FIRST=1 LONG_LIMIT=560 LONG_FLAGS="--optim-state 8bit --fused --grad-clip 0" bash bench/gpu/long_parts.sh 1 2>&1 | tail -60
