@@ -6,7 +6,8 @@
 //! [`check`] refuses, before the first step, a folder that holds files or
 //! lies in (or around) one the run reads or writes, unless `--overwrite`;
 //! [`write`] fills a folder beside the destination and renames it into place,
-//! so a failed export leaves whatever was there before.
+//! so a failed export leaves whatever was there before. `--export-peft`'s
+//! folder obeys the same rules (each error names the flag it is about).
 
 use std::fs;
 use std::io::Write;
@@ -16,67 +17,85 @@ use serde_json::{Map, Value};
 
 use crate::tokenizer::Tokenizer;
 
+/// The whole model's export flag.
+pub const HF: &str = "--export-hf";
+/// The adapters' export flag.
+pub const PEFT: &str = "--export-peft";
+
 /// Why an export folder is refused or could not be written.
 #[derive(Debug, thiserror::Error)]
 pub enum ExportError {
-    #[error("--export-hf `{}` is a file, not a folder", .0.display())]
-    IsAFile(PathBuf),
+    #[error("{to} `{}` is a file, not a folder", export.display())]
+    IsAFile { to: &'static str, export: PathBuf },
     #[error(
-        "--export-hf `{}` {} {flag} folder{}: the export would overwrite {what}; choose another \
+        "{to} `{}` {} {of} folder{}: the export would overwrite {what}; choose another \
          folder, or add --overwrite to replace it",
         export.display(),
         if *inside { "is inside the" } else { "is the" },
         if *inside { format!(" `{}`", folder.display()) } else { String::new() }
     )]
     InSource {
+        to: &'static str,
         export: PathBuf,
-        flag: &'static str,
+        of: &'static str,
         folder: PathBuf,
         inside: bool,
         what: &'static str,
     },
     #[error(
-        "--export-hf `{}` is the --checkpoint-dir folder: the export would replace this run's \
+        "{to} `{}` is the --checkpoint-dir folder: the export would replace this run's \
          checkpoints; choose another folder",
-        .0.display()
+        export.display()
     )]
-    IsCheckpointDir(PathBuf),
+    IsCheckpointDir { to: &'static str, export: PathBuf },
     #[error(
-        "--export-hf `{}` holds the {flag} folder `{}`: replacing it would delete that; choose \
+        "{to} `{}` holds the {of} folder `{}`: replacing it would delete that; choose \
          another folder",
         export.display(),
         folder.display()
     )]
     HoldsSource {
+        to: &'static str,
         export: PathBuf,
-        flag: &'static str,
+        of: &'static str,
         folder: PathBuf,
     },
     #[error(
-        "--export-hf `{}` already holds files ({names}); choose a new or empty folder, or add \
+        "{to} `{}` already holds files ({names}); choose a new or empty folder, or add \
          --overwrite to replace it",
         export.display()
     )]
-    NotEmpty { export: PathBuf, names: String },
-    #[error("--export-hf `{}`: `{}` is a file, not a folder", export.display(), file.display())]
-    UnderAFile { export: PathBuf, file: PathBuf },
+    NotEmpty {
+        to: &'static str,
+        export: PathBuf,
+        names: String,
+    },
+    #[error("{to} `{}`: `{}` is a file, not a folder", export.display(), file.display())]
+    UnderAFile {
+        to: &'static str,
+        export: PathBuf,
+        file: PathBuf,
+    },
     #[error(
-        "--export-hf `{}`: cannot write into `{}`: {error}",
+        "{to} `{}`: cannot write into `{}`: {error}",
         export.display(),
         folder.display()
     )]
     NotWritable {
+        to: &'static str,
         export: PathBuf,
         folder: PathBuf,
         error: std::io::Error,
     },
-    #[error("--export-hf `{}`: {error}", path.display())]
+    #[error("{to} `{}`: {error}", path.display())]
     Io {
+        to: &'static str,
         path: PathBuf,
         error: std::io::Error,
     },
-    #[error("--export-hf: cannot copy `{}`: {error}", file.display())]
+    #[error("{to}: cannot copy `{}`: {error}", file.display())]
     Copy {
+        to: &'static str,
         file: PathBuf,
         error: std::io::Error,
     },
@@ -85,8 +104,9 @@ pub enum ExportError {
     Weights(#[from] models::hf::HfError),
 }
 
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ExportError + '_ {
+fn io<'a>(to: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> ExportError + 'a {
     move |error| ExportError::Io {
+        to,
         path: path.to_path_buf(),
         error,
     }
@@ -102,28 +122,41 @@ pub struct Source<'a> {
 
 /// Refuses `export` when it is a file, is the checkpoint folder, holds one of
 /// `sources`, or — unless `overwrite` — is or lies inside one of them, or
-/// already holds files. Nothing is created.
-pub fn check(export: &Path, overwrite: bool, sources: &[Source<'_>]) -> Result<(), ExportError> {
+/// already holds files. Nothing is created. `to` names the export's flag.
+pub fn check(
+    to: &'static str,
+    export: &Path,
+    overwrite: bool,
+    sources: &[Source<'_>],
+) -> Result<(), ExportError> {
     if export.exists() && !export.is_dir() {
-        return Err(ExportError::IsAFile(export.to_path_buf()));
+        return Err(ExportError::IsAFile {
+            to,
+            export: export.to_path_buf(),
+        });
     }
     let target = absolute(export);
     for source in sources {
         let place = absolute(source.path);
         if target == place && source.flag == "--checkpoint-dir" {
-            return Err(ExportError::IsCheckpointDir(export.to_path_buf()));
+            return Err(ExportError::IsCheckpointDir {
+                to,
+                export: export.to_path_buf(),
+            });
         }
         if place.starts_with(&target) && place != target {
             return Err(ExportError::HoldsSource {
+                to,
                 export: export.to_path_buf(),
-                flag: source.flag,
+                of: source.flag,
                 folder: source.path.to_path_buf(),
             });
         }
         if target.starts_with(&place) && !overwrite {
             return Err(ExportError::InSource {
+                to,
                 export: export.to_path_buf(),
-                flag: source.flag,
+                of: source.flag,
                 folder: source.path.to_path_buf(),
                 inside: target != place,
                 what: match source.flag {
@@ -134,10 +167,10 @@ pub fn check(export: &Path, overwrite: bool, sources: &[Source<'_>]) -> Result<(
             });
         }
     }
-    check_writable_parent(export)?;
+    check_writable_parent(to, export)?;
     if !overwrite && export.is_dir() {
         let mut names: Vec<String> = fs::read_dir(export)
-            .map_err(io(export))?
+            .map_err(io(to, export))?
             .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
             .collect();
         if !names.is_empty() {
@@ -148,6 +181,7 @@ pub fn check(export: &Path, overwrite: bool, sources: &[Source<'_>]) -> Result<(
                 list.push_str(&format!(" and {} more", names.len() - shown));
             }
             return Err(ExportError::NotEmpty {
+                to,
                 export: export.to_path_buf(),
                 names: list,
             });
@@ -158,13 +192,14 @@ pub fn check(export: &Path, overwrite: bool, sources: &[Source<'_>]) -> Result<(
 
 /// Checks that the folder the export is written beside (`export`'s parent,
 /// or the nearest existing folder above it) takes files, leaving nothing.
-fn check_writable_parent(export: &Path) -> Result<(), ExportError> {
+fn check_writable_parent(to: &'static str, export: &Path) -> Result<(), ExportError> {
     let mut existing = parent_folder(export);
     while !existing.exists() {
         existing = parent_folder(existing);
     }
     if !existing.is_dir() {
         return Err(ExportError::UnderAFile {
+            to,
             export: export.to_path_buf(),
             file: existing.to_path_buf(),
         });
@@ -173,6 +208,7 @@ fn check_writable_parent(export: &Path) -> Result<(), ExportError> {
     let written = fs::File::create(&probe).and_then(|mut f| f.write_all(b"probe"));
     let _ = fs::remove_file(&probe);
     written.map_err(|error| ExportError::NotWritable {
+        to,
         export: export.to_path_buf(),
         folder: existing.to_path_buf(),
         error,
@@ -229,8 +265,9 @@ fn normalized(path: &Path) -> PathBuf {
 /// Writes the export at `dir`: `fill` writes the folder's files into a
 /// folder beside `dir`, which then takes `dir`'s place (an existing `dir` is
 /// removed only once the new one is complete; [`check`] has decided that it
-/// may be).
+/// may be). `to` names the export's flag.
 pub fn write(
+    to: &'static str,
     dir: &Path,
     fill: impl FnOnce(&Path) -> Result<(), ExportError>,
 ) -> Result<(), ExportError> {
@@ -239,19 +276,19 @@ pub fn write(
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "export".into());
     let parent = parent_folder(dir);
-    fs::create_dir_all(parent).map_err(io(parent))?;
+    fs::create_dir_all(parent).map_err(io(to, parent))?;
     let pid = std::process::id();
     let staging = parent.join(format!(".{name}.export-{pid}"));
     let _ = fs::remove_dir_all(&staging);
-    fs::create_dir(&staging).map_err(io(&staging))?;
-    if let Err(err) = fill(&staging).and_then(|()| sync_folder(&staging)) {
+    fs::create_dir(&staging).map_err(io(to, &staging))?;
+    if let Err(err) = fill(&staging).and_then(|()| sync_folder(to, &staging)) {
         let _ = fs::remove_dir_all(&staging);
         return Err(err);
     }
     let old = parent.join(format!(".{name}.replaced-{pid}"));
     let replacing = dir.exists();
     if replacing {
-        fs::rename(dir, &old).map_err(io(dir))?;
+        fs::rename(dir, &old).map_err(io(to, dir))?;
     }
     if let Err(error) = fs::rename(&staging, dir) {
         if replacing {
@@ -259,27 +296,28 @@ pub fn write(
         }
         let _ = fs::remove_dir_all(&staging);
         return Err(ExportError::Io {
+            to,
             path: dir.to_path_buf(),
             error,
         });
     }
     if replacing {
-        fs::remove_dir_all(&old).map_err(io(&old))?;
+        fs::remove_dir_all(&old).map_err(io(to, &old))?;
     }
     Ok(())
 }
 
 /// Flushes every file of `dir` to disk, then the folder itself.
-fn sync_folder(dir: &Path) -> Result<(), ExportError> {
-    for entry in fs::read_dir(dir).map_err(io(dir))? {
-        let path = entry.map_err(io(dir))?.path();
+fn sync_folder(to: &'static str, dir: &Path) -> Result<(), ExportError> {
+    for entry in fs::read_dir(dir).map_err(io(to, dir))? {
+        let path = entry.map_err(io(to, dir))?.path();
         fs::File::open(&path)
             .and_then(|f| f.sync_all())
-            .map_err(io(&path))?;
+            .map_err(io(to, &path))?;
     }
     fs::File::open(dir)
         .and_then(|f| f.sync_all())
-        .map_err(io(dir))?;
+        .map_err(io(to, dir))?;
     Ok(())
 }
 
@@ -322,14 +360,14 @@ pub fn write_configs(
     }
     let path = dir.join("config.json");
     let text = serde_json::to_string_pretty(&model_config).expect("a config serialises");
-    fs::write(&path, text).map_err(io(&path))?;
+    fs::write(&path, text).map_err(io(HF, &path))?;
     let path = dir.join("generation_config.json");
     match init_from
         .map(|d| d.join("generation_config.json"))
         .filter(|p| p.is_file())
     {
         Some(source) => {
-            fs::copy(&source, &path).map_err(io(&source))?;
+            fs::copy(&source, &path).map_err(io(HF, &source))?;
         }
         None => {
             let known: Map<String, Value> = ids
@@ -340,7 +378,7 @@ pub fn write_configs(
             if !known.is_empty() {
                 let text =
                     serde_json::to_string_pretty(&Value::Object(known)).expect("ids serialise");
-                fs::write(&path, text).map_err(io(&path))?;
+                fs::write(&path, text).map_err(io(HF, &path))?;
             }
         }
     }
@@ -361,17 +399,17 @@ mod tests {
             path: &ck,
         }];
         let dotted = dir.path().join("ck/../ck/./");
-        let err = check(&dotted, false, &sources).unwrap_err().to_string();
+        let err = check(HF, &dotted, false, &sources).unwrap_err().to_string();
         assert!(err.contains("is the --init-from folder"), "{err}");
         let link = dir.path().join("link");
         std::os::unix::fs::symlink(&ck, &link).unwrap();
-        let err = check(&link.join("new"), false, &sources)
+        let err = check(HF, &link.join("new"), false, &sources)
             .unwrap_err()
             .to_string();
         assert!(err.contains("is inside the --init-from folder"), "{err}");
-        assert!(check(&link.join("new"), true, &sources).is_ok());
-        let err = check(dir.path(), true, &sources).unwrap_err().to_string();
+        assert!(check(HF, &link.join("new"), true, &sources).is_ok());
+        let err = check(HF, dir.path(), true, &sources).unwrap_err().to_string();
         assert!(err.contains("holds the --init-from folder"), "{err}");
-        assert!(check(&dir.path().join("elsewhere"), false, &sources).is_ok());
+        assert!(check(HF, &dir.path().join("elsewhere"), false, &sources).is_ok());
     }
 }

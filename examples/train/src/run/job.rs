@@ -480,7 +480,7 @@ impl Job<'_> {
             None => None,
         };
         let ids = export::special_token_ids(source_config.as_ref(), self.tokenizer);
-        export::write(dir, |staging| {
+        export::write(export::HF, dir, |staging| {
             models::hf::save_weights(model, &self.config, staging)?;
             export::write_configs(
                 staging,
@@ -491,6 +491,7 @@ impl Job<'_> {
             for file in self.tokenizer.files() {
                 let name = file.file_name().expect("a file");
                 std::fs::copy(file, staging.join(name)).map_err(|error| ExportError::Copy {
+                    to: export::HF,
                     file: file.clone(),
                     error,
                 })?;

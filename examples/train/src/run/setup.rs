@@ -192,7 +192,7 @@ pub fn preflight(opts: &TrainOptions) -> Result<Checked, TrainError> {
         .into_iter()
         .filter_map(|(flag, path)| path.as_deref().map(|path| export::Source { flag, path }))
         .collect();
-        export::check(dir, opts.overwrite, &sources)?;
+        export::check(export::HF, dir, opts.overwrite, &sources)?;
     }
     Ok(Checked {
         tokenizer,
