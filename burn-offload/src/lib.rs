@@ -64,8 +64,8 @@ pub use transfer::PagerStats;
 #[cfg(feature = "cuda")]
 pub mod cuda_backend {
     pub use crate::cuda::{
-        cublas_matmul, device_count, free_device_bytes, limit_memory_pages, matmul_stats,
-        matmul_strategies, pool_bytes, CudaBackend, CudaError, MatmulStats, CUBLAS, CUBLAS_TF32,
-        FAST,
+        cublas_matmul, dequantize_int8_cuda, dequantize_nf4_cuda, device_count, free_device_bytes,
+        limit_memory_pages, matmul_stats, matmul_strategies, pool_bytes, CudaBackend, CudaError,
+        MatmulStats, CUBLAS, CUBLAS_TF32, FAST,
     };
 }

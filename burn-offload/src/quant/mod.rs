@@ -20,4 +20,4 @@ pub use dtype::BaseDtype;
 pub use error::QuantError;
 pub use int8::{int8_step, quantize_int8, Int8Weight};
 pub use nf4::{nf4_code, nf4_largest_gap, quantize_nf4, Nf4Weight, NF4, NF4_BLOCK, NF4_THRESHOLDS};
-pub use tensor::{Int8Tensors, Nf4Tensors};
+pub use tensor::{pack_words, Int8Tensors, Nf4Tensors};

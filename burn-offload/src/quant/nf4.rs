@@ -17,7 +17,9 @@ use crate::host::optim::quant::{dequantize_block, quantize_block, QUANT_BLOCK, S
 pub const NF4_BLOCK: usize = 64;
 
 /// The NormalFloat4 code, ascending, as bitsandbytes publishes it
-/// (`get_4bit_type("nf4")` and the table of `dDequantizeNF4`).
+/// (`get_4bit_type("nf4")` and the table of `dDequantizeNF4`), with its
+/// published digits (each the exact decimal of an f32).
+#[allow(clippy::excessive_precision)]
 pub const NF4: [f32; 16] = [
     -1.0,
     -0.696_192_800_998_687_7,

@@ -45,6 +45,21 @@ pub struct Int8Tensors<B: Backend> {
     pub shape: [usize; 2],
 }
 
+/// `bytes` four to an i32 word, little-endian (byte `4w + k` in bits
+/// `8k..8k + 8` of word `w`, the last word padded with zero bytes): how the
+/// CUDA kernel takes packed bytes, a quarter of the elements of one Int per
+/// byte and no u8 tensor needed.
+pub fn pack_words(bytes: &[u8]) -> Vec<i32> {
+    bytes
+        .chunks(4)
+        .map(|c| {
+            let mut word = [0u8; 4];
+            word[..c.len()].copy_from_slice(c);
+            i32::from_le_bytes(word)
+        })
+        .collect()
+}
+
 fn ints<B: Backend>(values: Vec<i32>, device: &B::Device) -> Tensor<B, 1, Int> {
     let n = values.len();
     Tensor::from_data(TensorData::new(values, [n]), device)

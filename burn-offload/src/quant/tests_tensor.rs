@@ -92,3 +92,19 @@ fn tensors_of_the_wrong_size_are_refused() {
         Err(QuantError::Tensors { what: "scales", .. })
     ));
 }
+
+#[test]
+fn bytes_pack_four_to_a_little_endian_word() {
+    assert_eq!(
+        pack_words(&[0x01, 0x02, 0x03, 0xF4, 0xAB]),
+        vec![0xF403_0201u32 as i32, 0xAB]
+    );
+    assert!(pack_words(&[]).is_empty());
+    // What the kernels do: `(word >> 8k) & 0xff` is byte k, negative or not.
+    let bytes: Vec<u8> = (0..=255).collect();
+    for (w, word) in pack_words(&bytes).into_iter().enumerate() {
+        for k in 0..4 {
+            assert_eq!((word >> (8 * k)) & 0xff, bytes[4 * w + k] as i32);
+        }
+    }
+}
