@@ -11,7 +11,8 @@
 //!
 //! The crate is layered, each layer using only those before it (checked by
 //! `tests/tests/layers.rs`): `host` (slabs, row math, optimizers, the worker
-//! thread; no device code) → `store` (the host store, bf16 copies,
+//! thread; no device code) → `quant` (the frozen base's int8 and NF4
+//! formats) → `store` (the host store, bf16 copies,
 //! checkpoints) → `transfer` (the pager and the copy machinery's trait) →
 //! `backend` (the `Offload` and `Gemm` decorators, the host optimizers) →
 //! `cuda` (everything that knows burn's CUDA backend) → `precision`,
@@ -31,6 +32,7 @@ mod matmul;
 mod model;
 pub mod ops;
 mod precision;
+pub mod quant;
 mod store;
 mod transfer;
 
@@ -62,8 +64,8 @@ pub use transfer::PagerStats;
 #[cfg(feature = "cuda")]
 pub mod cuda_backend {
     pub use crate::cuda::{
-        cublas_matmul, device_count, free_device_bytes, limit_memory_pages, matmul_stats,
-        matmul_strategies, pool_bytes, CudaBackend, CudaError, MatmulStats, CUBLAS, CUBLAS_TF32,
-        FAST,
+        cublas_matmul, dequantize_int8_cuda, dequantize_nf4_cuda, device_count, free_device_bytes,
+        limit_memory_pages, matmul_stats, matmul_strategies, pool_bytes, CudaBackend, CudaError,
+        MatmulStats, CUBLAS, CUBLAS_TF32, FAST,
     };
 }

@@ -585,3 +585,47 @@ fn single_query_attention_matches_the_softmax_of_tensor_ops() {
         }
     }
 }
+
+/// The quantised base's CUDA kernels (`burn_offload::cuda_backend::
+/// dequantize_nf4_cuda`, `dequantize_int8_cuda`) against the host reference
+/// (`Nf4Weight::dequantize`, `Int8Weight::dequantize`), for weights with a
+/// partial last NF4 block, an odd count, a zero row, more than one absmax
+/// block of 256, and a row length not a multiple of the 4 codes a word
+/// holds. f32 within 1e-6 of the weight's scale (the GPU may fuse the
+/// absmax's multiply-add), bf16 and f16 within one rounding of the value.
+#[cfg(feature = "cuda")]
+#[test]
+fn quantised_base_kernels_match_the_host_dequantisation() {
+    use burn::tensor::FloatDType;
+    use burn_offload::cuda_backend::{dequantize_int8_cuda, dequantize_nf4_cuda};
+    use burn_offload::quant::{quantize_int8, quantize_nf4};
+    type B = burn_offload_tests::TestBackend;
+    let device = Default::default();
+    let check = |got: Tensor<B, 2>, want: &[f32], dtype: FloatDType, what: &str| {
+        let got: Vec<f32> = got.cast(DType::F32).into_data().to_vec().unwrap();
+        assert_eq!(got.len(), want.len(), "{what}");
+        let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-30);
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            let bound = match dtype {
+                FloatDType::F32 => 1e-6 * scale,
+                FloatDType::BF16 => w.abs() / 128.0 + 1e-30,
+                // f16 below 2^-14 is subnormal, spaced 2^-24.
+                _ => w.abs() / 1024.0 + 6e-8,
+            };
+            assert!((g - w).abs() <= bound, "{what} {dtype:?} {i}: {g} vs {w}");
+        }
+    };
+    for shape in [[260usize, 65usize], [3, 7], [1, 64], [129, 256]] {
+        let mut x = seeded_normal(shape[0] * shape[1], 0.02, 31);
+        x[..shape[1]].fill(0.0);
+        let nf4 = quantize_nf4(&x, shape).unwrap();
+        let int8 = quantize_int8(&x, shape).unwrap();
+        for dtype in [FloatDType::F32, FloatDType::BF16, FloatDType::F16] {
+            let got = dequantize_nf4_cuda::<B>(&nf4, &device, dtype).expect("CUDA");
+            assert_eq!(got.dims(), shape);
+            check(got, &nf4.dequantize(), dtype, &format!("nf4 {shape:?}"));
+            let got = dequantize_int8_cuda::<B>(&int8, &device, dtype).expect("CUDA");
+            check(got, &int8.dequantize(), dtype, &format!("int8 {shape:?}"));
+        }
+    }
+}

@@ -15,6 +15,7 @@ use reader::{code_only, module_of, named_modules, paths_after, root_items, rust_
 /// The layers, first to last: a module may use its own layer and earlier ones.
 const LAYERS: &[&[&str]] = &[
     &["host"],
+    &["quant"],
     &["store"],
     &["transfer"],
     &["backend"],

@@ -6,6 +6,7 @@
 
 mod collective;
 mod copier;
+mod dequant;
 mod device;
 mod download;
 mod kernels;
@@ -15,6 +16,7 @@ mod transfer;
 mod types;
 mod upload;
 
+pub use dequant::{dequantize_int8_cuda, dequantize_nf4_cuda};
 pub use device::{device_count, free_device_bytes, limit_memory_pages, pool_bytes, CudaError};
 pub use matmul::{
     cublas_matmul, matmul_stats, matmul_strategies, MatmulStats, CUBLAS, CUBLAS_TF32, FAST,
