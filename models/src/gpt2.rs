@@ -10,7 +10,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::checks::{check_heads, check_positive, ConfigError};
 use crate::kv_cache::{cached_attention, CachedBlock, CachedModel, LayerCache};
-use crate::tokens::{forward_tokens, linear_tokens};
+use crate::lora::{forward_lora, Lora};
+use crate::tokens::linear_tokens;
 use burn_offload::ops::attention::{causal_attention, causal_attention_in};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -105,6 +106,8 @@ impl Gpt2Config {
                 c_attn: linear(d, 3 * d, std),
                 c_proj: linear(d, d, residual_std),
                 n_head: self.n_head,
+                c_attn_lora: None,
+                c_proj_lora: None,
             },
             ln_2: LayerNormConfig::new(d)
                 .with_epsilon(self.layer_norm_eps)
@@ -112,6 +115,8 @@ impl Gpt2Config {
             mlp: Gpt2Mlp {
                 c_fc: linear(d, 4 * d, std),
                 c_proj: linear(4 * d, d, residual_std),
+                c_fc_lora: None,
+                c_proj_lora: None,
             },
         };
         Gpt2 {
@@ -151,12 +156,22 @@ pub struct Gpt2Attention<B: Backend> {
     pub c_attn: Linear<B>,
     pub c_proj: Linear<B>,
     pub n_head: usize,
+    /// LoRA adapters beside the two projections (`crate::lora`): last, so
+    /// that the projections' names and visit order stay those of checkpoints.
+    pub c_attn_lora: Option<Lora<B>>,
+    /// Beside `c_proj`.
+    pub c_proj_lora: Option<Lora<B>>,
 }
 
 #[derive(Module, Debug)]
 pub struct Gpt2Mlp<B: Backend> {
     pub c_fc: Linear<B>,
     pub c_proj: Linear<B>,
+    /// LoRA adapters beside the two projections, last for the same reason
+    /// as [`Gpt2Attention::c_attn_lora`].
+    pub c_fc_lora: Option<Lora<B>>,
+    /// Beside `c_proj`.
+    pub c_proj_lora: Option<Lora<B>>,
 }
 
 impl<B: Backend> Gpt2Attention<B> {
@@ -174,7 +189,7 @@ impl<B: Backend> Gpt2Attention<B> {
     fn project(&self, x: Tensor<B, 3>) -> [Tensor<B, 4>; 3] {
         let [batch, seq, d] = x.dims();
         let head_dim = d / self.n_head;
-        let qkv = forward_tokens(&self.c_attn, x).chunk(3, 2);
+        let qkv = forward_lora(&self.c_attn, &self.c_attn_lora, x).chunk(3, 2);
         let qkv: [Tensor<B, 3>; 3] = qkv.try_into().expect("chunk(3) gives three tensors");
         qkv.map(|t| {
             t.reshape([batch, seq, self.n_head, head_dim])
@@ -185,8 +200,9 @@ impl<B: Backend> Gpt2Attention<B> {
     /// The output projection of the heads' attention `y: [batch, heads, seq, head_dim]`.
     fn output(&self, y: Tensor<B, 4>) -> Tensor<B, 3> {
         let [batch, heads, seq, head_dim] = y.dims();
-        forward_tokens(
+        forward_lora(
             &self.c_proj,
+            &self.c_proj_lora,
             y.swap_dims(1, 2).reshape([batch, seq, heads * head_dim]),
         )
     }
@@ -223,8 +239,13 @@ impl<B: Backend> Gpt2Block<B> {
     /// `x` plus the MLP of its normalised value: the block after attention.
     fn mlp_residual(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         // GPT-2 uses the tanh approximation ("gelu_new").
-        let h = gelu_approximate(forward_tokens(&self.mlp.c_fc, self.ln_2.forward(x.clone())));
-        x + forward_tokens(&self.mlp.c_proj, h)
+        let mlp = &self.mlp;
+        let h = gelu_approximate(forward_lora(
+            &mlp.c_fc,
+            &mlp.c_fc_lora,
+            self.ln_2.forward(x.clone()),
+        ));
+        x + forward_lora(&mlp.c_proj, &mlp.c_proj_lora, h)
     }
 }
 

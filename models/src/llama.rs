@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::checks::{check_heads, check_positive, ConfigError};
 use crate::kv_cache::{cached_attention, CachedBlock, CachedModel, LayerCache};
+use crate::lora::{forward_lora, Lora};
 pub use crate::rope::{
     apply_rope, apply_rope_rows, cached_rope_tables, document_rope_tables, rope_tables, RopeScaling,
 };
@@ -412,6 +413,10 @@ impl LlamaConfig {
                 n_kv_head: self.n_kv_head,
                 inv_freqs: self.inv_freqs(),
                 sliding_window: self.sliding_window,
+                q_lora: None,
+                k_lora: None,
+                v_lora: None,
+                o_lora: None,
             },
             post_attention_layernorm: norm(d),
             mlp: LlamaMlp {
@@ -419,6 +424,9 @@ impl LlamaConfig {
                 up_proj: linear(d, self.d_ff, std, self.mlp_bias),
                 down_proj: linear(self.d_ff, d, residual_std, self.mlp_bias),
                 tile_tokens: None,
+                gate_lora: None,
+                up_lora: None,
+                down_lora: None,
             },
         };
         Llama {
@@ -466,6 +474,15 @@ pub struct LlamaAttention<B: Backend> {
     /// [`LlamaConfig::sliding_window`].
     #[module(skip)]
     pub sliding_window: Option<usize>,
+    /// LoRA adapters beside the four projections (`crate::lora`): last, so
+    /// that the projections' names and visit order stay those of checkpoints.
+    pub q_lora: Option<Lora<B>>,
+    /// Beside `k_proj`.
+    pub k_lora: Option<Lora<B>>,
+    /// Beside `v_proj`.
+    pub v_lora: Option<Lora<B>>,
+    /// Beside `o_proj`.
+    pub o_lora: Option<Lora<B>>,
 }
 
 #[derive(Module, Debug)]
@@ -480,6 +497,13 @@ pub struct LlamaMlp<B: Backend> {
     /// run plain.
     #[module(skip)]
     pub tile_tokens: Option<usize>,
+    /// LoRA adapters beside the three projections (`crate::lora`), last
+    /// for the same reason as [`LlamaAttention::q_lora`].
+    pub gate_lora: Option<Lora<B>>,
+    /// Beside `up_proj`.
+    pub up_lora: Option<Lora<B>>,
+    /// Beside `down_proj`.
+    pub down_lora: Option<Lora<B>>,
 }
 
 impl<B: Backend> LlamaMlp<B> {
@@ -488,8 +512,13 @@ impl<B: Backend> LlamaMlp<B> {
         let unbiased = [&self.gate_proj, &self.up_proj, &self.down_proj]
             .iter()
             .all(|l| l.bias.is_none());
+        // The fused kernel takes the three weights alone; an adapter's
+        // update is a separate term, so adapted MLPs run plain.
+        let adapted = [&self.gate_lora, &self.up_lora, &self.down_lora]
+            .iter()
+            .any(|l| l.is_some());
         match self.tile_tokens {
-            Some(tile) if unbiased => {
+            Some(tile) if unbiased && !adapted => {
                 let [batch, seq, d] = h.dims();
                 let weight = |l: &Linear<B>| l.weight.val();
                 swiglu_mlp(
@@ -504,10 +533,10 @@ impl<B: Backend> LlamaMlp<B> {
             // `silu(gate) ⊙ up` as one operation (one kernel each way on CUDA).
             _ => {
                 let gated = swiglu(
-                    forward_tokens(&self.gate_proj, h.clone()),
-                    forward_tokens(&self.up_proj, h),
+                    forward_lora(&self.gate_proj, &self.gate_lora, h.clone()),
+                    forward_lora(&self.up_proj, &self.up_lora, h),
                 );
-                forward_tokens(&self.down_proj, gated)
+                forward_lora(&self.down_proj, &self.down_lora, gated)
             }
         }
     }
@@ -549,24 +578,29 @@ impl<B: Backend> LlamaAttention<B> {
         };
         [
             heads(
-                forward_tokens(&self.q_proj, x.clone()),
+                forward_lora(&self.q_proj, &self.q_lora, x.clone()),
                 self.n_head,
                 &self.q_norm,
             ),
             heads(
-                forward_tokens(&self.k_proj, x.clone()),
+                forward_lora(&self.k_proj, &self.k_lora, x.clone()),
                 self.n_kv_head,
                 &self.k_norm,
             ),
-            heads(forward_tokens(&self.v_proj, x), self.n_kv_head, &None),
+            heads(
+                forward_lora(&self.v_proj, &self.v_lora, x),
+                self.n_kv_head,
+                &None,
+            ),
         ]
     }
 
     /// The output projection of the heads' attention `y: [batch, heads, seq, head_dim]`.
     fn output(&self, y: Tensor<B, 4>) -> Tensor<B, 3> {
         let [batch, heads, seq, head_dim] = y.dims();
-        forward_tokens(
+        forward_lora(
             &self.o_proj,
+            &self.o_lora,
             y.swap_dims(1, 2).reshape([batch, seq, heads * head_dim]),
         )
     }
