@@ -102,6 +102,9 @@ pub enum ExportError {
     /// The weights could not be written: the writer's own words.
     #[error(transparent)]
     Weights(#[from] models::hf::HfError),
+    /// The adapters could not be written: the writer's own words.
+    #[error(transparent)]
+    Adapters(#[from] models::peft::PeftError),
 }
 
 fn io<'a>(to: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> ExportError + 'a {
@@ -408,7 +411,9 @@ mod tests {
             .to_string();
         assert!(err.contains("is inside the --init-from folder"), "{err}");
         assert!(check(HF, &link.join("new"), true, &sources).is_ok());
-        let err = check(HF, dir.path(), true, &sources).unwrap_err().to_string();
+        let err = check(HF, dir.path(), true, &sources)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("holds the --init-from folder"), "{err}");
         assert!(check(HF, &dir.path().join("elsewhere"), false, &sources).is_ok());
     }

@@ -11,6 +11,9 @@ use crate::instruct::DataFormat;
 use crate::plan::{BlockInputs, HostLayout, KeptGraphs, OptimState};
 use crate::processes::{PlaceError, RankOptions};
 
+mod lora;
+pub use lora::{LoraOptions, LoraOptionsError};
+
 /// Which implementation runs attention on CUDA in bf16 and f16 (`--attention`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum AttentionKernels {
@@ -271,6 +274,9 @@ pub struct TrainOptions {
     /// GPU memory the run may use, in GiB (default: free memory on GPU 0).
     #[arg(long)]
     pub gpu_mem_gib: Option<f64>,
+    /// LoRA: adapters trained on the frozen model.
+    #[command(flatten)]
+    pub lora: LoraOptions,
     /// Whether the run reports its progress on stderr (`train` sets it for
     /// rank 0; off for the library's callers by default).
     #[arg(skip)]
@@ -439,6 +445,9 @@ pub enum OptionsError {
     /// `--rank`, `--world-size` and the local ones that cannot be.
     #[error(transparent)]
     Place(#[from] PlaceError),
+    /// The LoRA flags that cannot be.
+    #[error(transparent)]
+    Lora(#[from] LoraOptionsError),
     #[error(
         "--gpus {gpus} with {world}: a run of several processes trains on one GPU each; start \
          one process per GPU"
@@ -643,6 +652,7 @@ pub fn validate(opts: &TrainOptions) -> Result<(), OptionsError> {
     if opts.fused && opts.accum > 1 {
         return Err(E::FusedAccum(opts.accum));
     }
+    lora::validate(&opts.lora, given, opts.resident, opts.export_hf.is_some())?;
     if opts.overwrite && opts.export_hf.is_none() {
         return Err(E::OverwriteWithoutExport);
     }

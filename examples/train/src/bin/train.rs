@@ -286,6 +286,9 @@ fn main() -> ExitCode {
             if let Some(dir) = &report.exported {
                 println!("export: {} (a Hugging Face folder)", dir.display());
             }
+            if let Some(dir) = &report.adapters {
+                println!("adapters: {} (PEFT's adapter files)", dir.display());
+            }
             if let Some(path) = &opts.metrics {
                 println!("metrics: {}", path.display());
                 // The curves beside the numbers; the run is done whatever

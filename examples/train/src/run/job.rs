@@ -18,8 +18,10 @@ use burn_offload::{
     OptimizerConfig,
 };
 use models::hf::HfError;
+use models::lora::{LoraConfig, LoraModel};
 use models::{cross_entropy, ModelConfig};
 
+use super::lora;
 use super::machine::*;
 use super::resume::*;
 use super::state::*;
@@ -83,6 +85,13 @@ pub enum JobError {
     State(#[from] serde_json::Error),
 }
 
+/// What the resident loop leaves after its last step.
+pub(super) struct Finished {
+    exported: Option<PathBuf>,
+    adapters: Option<PathBuf>,
+    sample: String,
+}
+
 pub(crate) struct Job<'a> {
     pub(crate) opts: &'a TrainOptions,
     pub(crate) tokenizer: &'a Tokenizer,
@@ -122,6 +131,8 @@ pub(crate) struct Job<'a> {
     pub(crate) eval: Option<EvalWindows>,
     /// The lowest eval loss so far (before a resume too).
     pub(crate) best: Option<BestEval>,
+    /// The LoRA adapters the model carries (`--lora-rank`).
+    pub(crate) lora: Option<LoraConfig>,
 }
 
 impl Job<'_> {
@@ -275,9 +286,9 @@ impl Job<'_> {
         let recomputed = recomputed_blocks as f64 / blocks.max(1) as f64;
         // Those that take their attention outputs from the forward skip
         // attention's forward in the recompute.
-        let attention_recomputed = (recomputed_blocks
-            - config.kept_attention.min(recomputed_blocks)) as f64
-            / blocks.max(1) as f64;
+        let attention_recomputed =
+            (recomputed_blocks - config.kept_attention.min(recomputed_blocks)) as f64
+                / blocks.max(1) as f64;
         // Causal attention's products, `seq² × width` FLOPs each a sequence
         // and layer (half the square's multiply-adds): two forward, two more
         // where the block's attention is recomputed, five backward (the
@@ -501,15 +512,26 @@ impl Job<'_> {
         Ok(Some(dir.clone()))
     }
 
-    /// The resident model's export and sample.
-    pub(super) fn finish<B: Backend, M: BlockModel<B>>(
+    /// The resident model's exports (with adapters: `--export-hf` of the
+    /// merged model, `--export-peft` of the adapters) and sample.
+    pub(super) fn finish<B: Backend, M: BlockModel<B> + LoraModel<B> + Clone>(
         &mut self,
         model: &M,
         device: &B::Device,
-    ) -> Result<(Option<PathBuf>, String), JobError> {
-        let exported = self.export(model)?;
+    ) -> Result<Finished, JobError> {
+        let (exported, adapters) = match &self.lora {
+            Some(config) => (
+                self.export(&model.clone().merge_lora())?,
+                lora::export_peft(self.opts, model, config)?,
+            ),
+            None => (self.export(model)?, None),
+        };
         let sample = self.sample(device, |tokens| Ok(last_logits(model, tokens)))?;
-        Ok((exported, sample))
+        Ok(Finished {
+            exported,
+            adapters,
+            sample,
+        })
     }
 
     /// Text generated from the data's prompt with `logits` (last-position
@@ -548,7 +570,7 @@ impl Job<'_> {
     where
         AB: AutodiffBackend,
         M: BlockModel<AB> + AutodiffModule<AB>,
-        M::InnerModule: BlockModel<AB::InnerBackend>,
+        M::InnerModule: BlockModel<AB::InnerBackend> + LoraModel<AB::InnerBackend> + Clone,
         O: Optimizer<M, AB>,
     {
         let opts = self.opts;
@@ -695,11 +717,12 @@ impl Job<'_> {
             }
         }
         progress.finish();
-        let (exported, sample) = self.finish(&model.valid(), device)?;
+        let finished = self.finish(&model.valid(), device)?;
         Ok(Outcome {
             losses,
-            sample,
-            exported,
+            sample: finished.sample,
+            exported: finished.exported,
+            adapters: finished.adapters,
             evaluations,
             best_eval: self.best,
             ..Outcome::default()

@@ -6,6 +6,7 @@
 mod data;
 mod evaluate;
 mod job;
+mod lora;
 mod machine;
 mod resume;
 mod setup;

@@ -14,6 +14,7 @@ use models::{ConfigError, ModelConfig};
 
 use super::data::{DataReadError, RunData};
 use super::job::*;
+use super::lora;
 use super::machine::*;
 use super::resume::*;
 use super::state::*;
@@ -61,6 +62,9 @@ pub enum TrainError {
 /// than its source, so that error-chain printers do not repeat it.)
 #[derive(Debug, thiserror::Error)]
 pub enum SetupError {
+    /// `--lora-targets` naming no projection of the model (or none known).
+    #[error("--lora-targets: {0}")]
+    Lora(models::lora::LoraError),
     #[error(
         "--model `{0}` is a folder; --model takes a preset name or a config .json file (a \
          Hugging Face checkpoint folder goes to --init-from)"
@@ -194,6 +198,10 @@ pub fn preflight(opts: &TrainOptions) -> Result<Checked, TrainError> {
         .collect();
         export::check(export::HF, dir, opts.overwrite, &sources)?;
     }
+    lora::lora_config(opts, &config).map_err(SetupError::Lora)?;
+    if writes_outputs(opts) {
+        lora::check_export(opts)?;
+    }
     Ok(Checked {
         tokenizer,
         config,
@@ -292,6 +300,7 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport, TrainError> {
             interrupted: None,
             checkpoint: None,
             exported: None,
+            adapters: None,
             skipped_total: resume.state.skipped_total,
             evaluations: Vec::new(),
             best_eval: resume.state.best_eval,
@@ -337,6 +346,7 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport, TrainError> {
     });
 
     let resumed_from = resume.as_ref().map(|r| r.path.clone());
+    let adapters = lora::lora_config(opts, &config).map_err(SetupError::Lora)?;
     let job = Job {
         opts,
         tokenizer: &tokenizer,
@@ -357,6 +367,7 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport, TrainError> {
         sample_prompt,
         eval,
         best: None,
+        lora: adapters.clone(),
     };
     // `--host-params`: the same loop over `Offload<B>` with the host AdamW.
     type HostAb = Autodiff<burn_offload::Offload<DefaultBackend>>;
@@ -365,22 +376,42 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport, TrainError> {
         HostOptimizerConfig::adamw(opts.adamw()).with_grad_clipping(opts.grad_clipping());
     let outcome = match (&config, opts.resident, opts.host_params) {
         (ModelConfig::Gpt2(c), true, false) => job.train_resident::<AB, _, _>(
-            initial(opts, &config, &device, true, || c.init::<AB>(&device))?.0,
+            lora::adapt(
+                initial(opts, &config, &device, true, || c.init::<AB>(&device))?.0,
+                adapters.as_ref(),
+                &device,
+            )
+            .map_err(SetupError::Lora)?,
             burn_adamw.init(),
             &device,
         )?,
         (ModelConfig::Llama(c), true, false) => job.train_resident::<AB, _, _>(
-            initial(opts, &config, &device, true, || c.init::<AB>(&device))?.0,
+            lora::adapt(
+                initial(opts, &config, &device, true, || c.init::<AB>(&device))?.0,
+                adapters.as_ref(),
+                &device,
+            )
+            .map_err(SetupError::Lora)?,
             burn_adamw.init(),
             &device,
         )?,
         (ModelConfig::Gpt2(c), true, true) => job.train_resident::<HostAb, _, _>(
-            initial(opts, &config, &device, true, || c.init::<HostAb>(&device))?.0,
+            lora::adapt(
+                initial(opts, &config, &device, true, || c.init::<HostAb>(&device))?.0,
+                adapters.as_ref(),
+                &device,
+            )
+            .map_err(SetupError::Lora)?,
             host_adamw.init(),
             &device,
         )?,
         (ModelConfig::Llama(c), true, true) => job.train_resident::<HostAb, _, _>(
-            initial(opts, &config, &device, true, || c.init::<HostAb>(&device))?.0,
+            lora::adapt(
+                initial(opts, &config, &device, true, || c.init::<HostAb>(&device))?.0,
+                adapters.as_ref(),
+                &device,
+            )
+            .map_err(SetupError::Lora)?,
             host_adamw.init(),
             &device,
         )?,
@@ -437,6 +468,7 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport, TrainError> {
         interrupted: outcome.interrupted,
         checkpoint: outcome.checkpoint,
         exported: outcome.exported,
+        adapters: outcome.adapters,
         skipped_total: outcome.skipped_total,
         evaluations: outcome.evaluations,
         best_eval: outcome.best_eval,

@@ -64,6 +64,8 @@ pub struct TrainReport {
     pub checkpoint: Option<PathBuf>,
     /// The Hugging Face folder written, if any.
     pub exported: Option<PathBuf>,
+    /// The PEFT adapter folder written (`--export-peft`), if any.
+    pub adapters: Option<PathBuf>,
     pub skipped_total: usize,
     /// This call's evaluations, by steps done.
     pub evaluations: Vec<(usize, Evaluation)>,
@@ -91,6 +93,7 @@ pub(crate) struct Outcome {
     pub(crate) interrupted: Option<i32>,
     pub(crate) checkpoint: Option<PathBuf>,
     pub(crate) exported: Option<PathBuf>,
+    pub(crate) adapters: Option<PathBuf>,
     pub(crate) skipped_total: usize,
     pub(crate) evaluations: Vec<(usize, Evaluation)>,
     pub(crate) best_eval: Option<BestEval>,

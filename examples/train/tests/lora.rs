@@ -1,0 +1,231 @@
+//! LoRA from the command line (`--lora-rank` with `--resident`): only the
+//! adapted projections change, `--export-peft` writes adapters that give
+//! the merged `--export-hf` model's logits on the base, and bad LoRA input
+//! is refused before any work.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::prelude::*;
+use burn_offload::BlockModel;
+use common::{error_lines, llama3_checkpoint, metrics, train};
+use models::{Llama, ModelConfig};
+use trainer::DefaultBackend as B;
+
+fn s(path: &Path) -> &str {
+    path.to_str().unwrap()
+}
+
+fn ok(out: &Output) {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn corpus(dir: &Path) -> PathBuf {
+    let path = dir.join("train.txt");
+    std::fs::write(
+        &path,
+        "the quick brown fox jumps over the lazy dog. ".repeat(40),
+    )
+    .unwrap();
+    path
+}
+
+/// The Llama checkpoint of an HF folder, on the CPU.
+fn load(dir: &Path) -> Llama<B> {
+    let device = Default::default();
+    let config = models::hf::load_config(dir).unwrap();
+    let ModelConfig::Llama(c) = &config else {
+        panic!("a Llama folder")
+    };
+    models::hf::load_weights(c.init::<B>(&device), &config, dir).unwrap()
+}
+
+/// Every float parameter's path and values, in visit order.
+fn values<M: Module<B>>(model: &M) -> Vec<(String, Vec<f32>)> {
+    struct Values {
+        path: Vec<String>,
+        out: Vec<(String, Vec<f32>)>,
+    }
+    impl ModuleVisitor<B> for Values {
+        fn enter_module(&mut self, name: &str, _: &str) {
+            self.path.push(name.into());
+        }
+        fn exit_module(&mut self, _: &str, _: &str) {
+            self.path.pop();
+        }
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let data = param.val().into_data().convert::<f32>();
+            self.out
+                .push((self.path.join("."), data.to_vec::<f32>().unwrap()));
+        }
+    }
+    let mut visitor = Values {
+        path: Vec::new(),
+        out: Vec::new(),
+    };
+    model.visit(&mut visitor);
+    visitor.out
+}
+
+fn logits(model: &Llama<B>) -> Tensor<B, 3> {
+    let tokens: Vec<i64> = (0..24).map(|i| (i * 37 % 600) as i64).collect();
+    let tokens =
+        Tensor::<B, 2, Int>::from_data(TensorData::new(tokens, [2, 12]), &Default::default());
+    model.forward(tokens)
+}
+
+#[test]
+fn a_lora_run_changes_only_its_targets_and_its_files_agree() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = llama3_checkpoint(dir.path());
+    let data = corpus(dir.path());
+    let (adapters, merged, jsonl) = (
+        dir.path().join("adapters"),
+        dir.path().join("merged"),
+        dir.path().join("m.jsonl"),
+    );
+    let out = train(
+        &[],
+        &[
+            "--init-from",
+            s(&ck),
+            "--resident",
+            "--data",
+            s(&data),
+            "--steps",
+            "12",
+            "--warmup",
+            "1",
+            "--batch",
+            "2",
+            "--seq-len",
+            "16",
+            "--lr",
+            "1e-2",
+            "--lora-rank",
+            "4",
+            "--lora-alpha",
+            "8",
+            "--lora-targets",
+            "q_proj,v_proj,down_proj",
+            "--export-peft",
+            s(&adapters),
+            "--export-hf",
+            s(&merged),
+            "--merge-lora",
+            "--sample-tokens",
+            "0",
+            "--metrics",
+            s(&jsonl),
+        ],
+    );
+    ok(&out);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("adapters: "), "{stdout}");
+    let losses: Vec<f64> = metrics(&jsonl)
+        .iter()
+        .filter_map(|l| l["loss"].as_f64())
+        .collect();
+    assert_eq!(losses.len(), 12);
+    assert!(losses.iter().all(|l| l.is_finite()));
+    let mean = |l: &[f64]| l.iter().sum::<f64>() / l.len() as f64;
+    assert!(
+        mean(&losses[9..]) < mean(&losses[..3]) - 0.5,
+        "the adapters learn: {losses:?}"
+    );
+
+    let config: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(adapters.join("adapter_config.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(config["r"], 4);
+    assert_eq!(config["lora_alpha"], 8.0);
+    assert_eq!(config["peft_type"], "LORA");
+
+    // The merged model differs from the base exactly in the targets.
+    let (base, merged_model) = (load(&ck), load(&merged));
+    for ((name, before), (merged_name, after)) in values(&base).iter().zip(values(&merged_model)) {
+        assert_eq!(name, &merged_name);
+        // The weights of the targets (their biases stay frozen).
+        let target = ["q_proj", "v_proj", "down_proj"]
+            .iter()
+            .any(|t| name.contains(t))
+            && name.ends_with("weight");
+        let changed = before != &after;
+        assert_eq!(changed, target, "{name}: changed {changed}");
+    }
+
+    // The base with the exported adapters is the merged model.
+    let adapted = models::load_peft(load(&ck), &adapters).unwrap();
+    let (a, b) = (logits(&adapted), logits(&merged_model));
+    let diff: f32 = (a.clone() - b).abs().max().into_scalar();
+    assert!(diff < 1e-4, "adapters against merged: {diff}");
+    let moved: f32 = (a - logits(&base)).abs().max().into_scalar();
+    assert!(moved > 1e-4, "training moved the logits: {moved}");
+}
+
+#[test]
+fn bad_lora_input_is_refused_before_any_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = llama3_checkpoint(dir.path());
+    let data = corpus(dir.path());
+    let base = [
+        "--init-from",
+        s(&ck),
+        "--data",
+        s(&data),
+        "--steps",
+        "1",
+        "--batch",
+        "1",
+        "--seq-len",
+        "8",
+    ];
+    let weights = std::fs::read(ck.join("model.safetensors")).unwrap();
+    let cases: [(&[&str], &str); 5] = [
+        (&["--lora-rank", "4"], "add --resident"),
+        (
+            &["--resident", "--lora-rank", "4", "--lora-targets", "c_attn"],
+            "--lora-targets: LoRA target `c_attn` names no projection of a Llama-family model",
+        ),
+        (
+            &["--resident", "--lora-rank", "4", "--lora-targets", "qproj"],
+            "--lora-targets: unknown LoRA target `qproj`",
+        ),
+        (
+            &["--lora-alpha", "16"],
+            "--lora-alpha applies to LoRA adapters",
+        ),
+        (
+            &["--resident", "--lora-rank", "4", "--export-peft", s(&ck)],
+            "--export-peft",
+        ),
+    ];
+    for (args, said) in cases {
+        let out = train(&base, args);
+        assert!(!out.status.success(), "{args:?}");
+        let errors = error_lines(&out);
+        assert_eq!(errors.len(), 1, "{args:?}: {errors:?}");
+        assert!(errors[0].contains(said), "{args:?}: {}", errors[0]);
+        assert!(
+            !String::from_utf8_lossy(&out.stderr).contains("step 1"),
+            "{args:?} trained"
+        );
+    }
+    assert_eq!(
+        std::fs::read(ck.join("model.safetensors")).unwrap(),
+        weights
+    );
+    assert_eq!(
+        std::fs::read_dir(&ck).unwrap().count(),
+        5,
+        "nothing written into the checkpoint"
+    );
+}
