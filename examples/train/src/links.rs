@@ -140,6 +140,7 @@ mod tests {
             gradient_blocks_in_flight: GRADIENT_BLOCKS_IN_FLIGHT,
             mlp_tile: None,
             param_cache: ParamCache::Auto,
+            trained_params: None,
         }
     }
 

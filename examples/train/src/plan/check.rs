@@ -131,7 +131,8 @@ fn suggestion(job: &Job, machine: &Machine) -> String {
         );
         tries.push((fewer, what));
     }
-    if job.resident {
+    // LoRA trains resident only: streaming is no way out for it yet.
+    if job.resident && job.trained_params.is_none() {
         tries.push((
             Job {
                 resident: false,

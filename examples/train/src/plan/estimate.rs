@@ -167,6 +167,8 @@ impl Plan {
     pub fn new(job: &Job) -> Self {
         let s = shape(&job.config);
         let params = job.config.num_params() as u64;
+        // Those with a gradient and optimizer state.
+        let trained = job.trained_params.unwrap_or(params);
         let tokens = (job.batch * job.seq_len) as u64;
         let (b, t) = (job.batch as u64, job.seq_len as u64);
         // Bytes of one device value (weights, activations, checkpoints).
@@ -209,14 +211,14 @@ impl Plan {
                 } else {
                     "Adam m and v (fp32)"
                 },
-                job.optim_state.bytes(params),
+                job.optim_state.bytes(trained),
             ),
         ];
         let mut device = Vec::new();
         if job.resident && job.host_params {
             device.push(Item::held(
-                "gradients (every parameter's, until the step)",
-                F32 * params,
+                "gradients (every trained parameter's, until the step)",
+                F32 * trained,
             ));
             // The H100 runs of the 0.85B grew by about twice the cache's
             // bytes when it grew: the next step's page-ins arrive while the
@@ -224,6 +226,15 @@ impl Plan {
             device.push(Item::held(
                 "parameter cache (weights paged in, and the next step's)",
                 2 * job.param_cache.bytes(),
+            ));
+        } else if job.resident && trained < params {
+            device.push(Item::held(
+                "parameters (the frozen base)",
+                F32 * (params - trained),
+            ));
+            device.push(Item::held(
+                "trained parameters (adapters), gradients, Adam m and v",
+                4 * F32 * trained,
             ));
         } else if job.resident {
             device.push(Item::held(
@@ -235,7 +246,7 @@ impl Plan {
             if job.accum > 1 {
                 device.push(Item::held(
                     "gradients summed over the micro-batches",
-                    F32 * params,
+                    F32 * trained,
                 ));
             }
             if job.compute != Compute::Fp32 {
@@ -260,7 +271,7 @@ impl Plan {
                 // `host` already holds the weights and both moments.
                 host.push(Item::held(
                     "gradient copies queued for the host optimizer",
-                    (F32 * params).min(burn_offload::HOST_GRADIENTS_QUEUED),
+                    (F32 * trained).min(burn_offload::HOST_GRADIENTS_QUEUED),
                 ));
             } else {
                 // Resident training keeps its state on the device; the host

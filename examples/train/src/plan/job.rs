@@ -58,6 +58,11 @@ pub struct Job {
     pub mlp_tile: Option<usize>,
     /// With `host_params`: the device copies of parameters kept cached.
     pub param_cache: ParamCache,
+    /// With LoRA (`--lora-rank`): the parameters that train (the adapters,
+    /// and the embeddings and head with `--train-embeddings`); the rest is
+    /// frozen, with no gradient and no optimizer state. `None`: every
+    /// parameter trains.
+    pub trained_params: Option<u64>,
 }
 
 impl Job {

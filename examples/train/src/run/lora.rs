@@ -4,7 +4,9 @@
 
 use std::path::{Path, PathBuf};
 
+use burn::module::{ModuleVisitor, Param};
 use burn::tensor::backend::Backend;
+use burn::tensor::Tensor;
 use models::lora::{LoraConfig, LoraError, LoraModel, LoraTarget};
 use models::peft::{save_peft, PeftDtype};
 use models::ModelConfig;
@@ -79,6 +81,71 @@ pub(crate) fn adapt<X: Backend, M: LoraModel<X>>(
     }
 }
 
+/// The parameters that train with `lora` on a model of `config`: each
+/// targeted projection's `rank × (in + out)`, and with `train_embeddings`
+/// the embeddings and head, counted on a model whose weights are never
+/// drawn (burn's lazy parameters), so a model of any size is counted at once.
+pub(crate) fn trained_params(config: &ModelConfig, lora: &LoraConfig) -> u64 {
+    type Counting = burn::backend::Flex;
+    let device = Default::default();
+    match config {
+        ModelConfig::Llama(c) => count(&c.init::<Counting>(&device), lora),
+        ModelConfig::Gpt2(c) => count(&c.init::<Counting>(&device), lora),
+    }
+}
+
+fn count<X: Backend, M: LoraModel<X>>(model: &M, lora: &LoraConfig) -> u64 {
+    let adapters: u64 = model
+        .slots()
+        .iter()
+        .filter(|slot| lora.targets.iter().any(|t| t.matches(&slot.path)))
+        .map(|slot| {
+            let [d_in, d_out] = slot.base.weight.lazy_shape().dims::<2>();
+            (lora.rank * (d_in + d_out)) as u64
+        })
+        .sum();
+    let embeddings = if lora.train_embeddings {
+        let mut visitor = Embeddings {
+            names: M::EMBEDDINGS,
+            depth: 0,
+            inside: false,
+            count: 0,
+        };
+        model.visit(&mut visitor);
+        visitor.count
+    } else {
+        0
+    };
+    adapters + embeddings
+}
+
+/// Counts the parameters under the top-level modules `names`.
+struct Embeddings {
+    names: &'static [&'static str],
+    depth: usize,
+    inside: bool,
+    count: u64,
+}
+
+impl<X: Backend> ModuleVisitor<X> for Embeddings {
+    fn enter_module(&mut self, name: &str, _: &str) {
+        if self.depth == 0 {
+            self.inside = self.names.contains(&name);
+        }
+        self.depth += 1;
+    }
+
+    fn exit_module(&mut self, _: &str, _: &str) {
+        self.depth -= 1;
+    }
+
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<X, D>>) {
+        if self.inside {
+            self.count += param.lazy_shape().num_elements() as u64;
+        }
+    }
+}
+
 /// Refuses an `--export-peft` folder as `--export-hf`'s is refused (never
 /// `--overwrite`: adapters are small, and a new folder costs nothing), and
 /// one that is `--export-hf`'s.
@@ -125,5 +192,90 @@ fn base_model_name(opts: &TrainOptions) -> String {
             .display()
             .to_string(),
         None => Path::new(&opts.model).display().to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::{Autodiff, Flex};
+
+    /// `require_grad` is an autodiff backend's.
+    type Ad = Autodiff<Flex>;
+
+    /// Parameters with `require_grad`, on a model adapted for real.
+    fn trainable<M: LoraModel<Ad>>(model: M, lora: &LoraConfig) -> u64 {
+        struct Trainable(u64);
+        impl ModuleVisitor<Ad> for Trainable {
+            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<Ad, D>>) {
+                if param.is_require_grad() {
+                    self.0 += param.lazy_shape().num_elements() as u64;
+                }
+            }
+        }
+        let model = model.with_lora(lora, &Default::default()).unwrap();
+        let mut visitor = Trainable(0);
+        model.visit(&mut visitor);
+        visitor.0
+    }
+
+    #[test]
+    fn the_count_of_trained_parameters_is_what_an_adapted_model_trains() {
+        use LoraTarget as T;
+        let device = Default::default();
+        for (preset, targets) in [
+            ("llama-tiny", vec![T::QProj, T::VProj, T::DownProj]),
+            ("gpt2-tiny", vec![T::CAttn, T::CProj]),
+        ] {
+            let config = ModelConfig::from_arg(preset).unwrap();
+            for train_embeddings in [false, true] {
+                let mut lora = LoraConfig::new(4, 8.0, targets.clone());
+                lora.train_embeddings = train_embeddings;
+                let real = match &config {
+                    ModelConfig::Llama(c) => trainable(c.init::<Ad>(&device), &lora),
+                    ModelConfig::Gpt2(c) => trainable(c.init::<Ad>(&device), &lora),
+                };
+                let counted = trained_params(&config, &lora);
+                assert_eq!(counted, real, "{preset}, embeddings {train_embeddings}");
+                assert!(counted > 0 && counted < config.num_params() as u64);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod plan_tests {
+    use crate::options::TrainOptions;
+    use crate::plan::Machine;
+    use models::ModelConfig;
+
+    /// A resident Llama-1B fine-tune on a 12 GiB GPU: every weight's
+    /// gradient and Adam state do not fit; the frozen base with rank-16
+    /// adapters does, and its plan counts optimizer state for the adapters
+    /// only.
+    #[test]
+    fn a_lora_plan_holds_state_for_the_adapters_only() {
+        let gib = 1u64 << 30;
+        let machine = Machine {
+            host_bytes: 64 * gib,
+            host_source: "test".into(),
+            device_bytes: Some(12 * gib),
+            device_source: "test".into(),
+        };
+        let config = ModelConfig::from_arg("llama-1b").unwrap();
+        let mut opts = TrainOptions {
+            resident: true,
+            batch: 1,
+            seq_len: 512,
+            ..TrainOptions::default()
+        };
+        let (full, job) = super::super::plan(&opts, config.clone(), &machine);
+        assert_eq!(job.trained_params, None);
+        assert!(full.check(&job, &machine).is_err());
+        opts.lora.lora_rank = 16;
+        let (lora, job) = super::super::plan(&opts, config.clone(), &machine);
+        let trained = job.trained_params.expect("LoRA counts its parameters");
+        assert!(trained * 100 < config.num_params() as u64);
+        lora.check(&job, &machine).unwrap();
     }
 }

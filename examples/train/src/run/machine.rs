@@ -188,6 +188,11 @@ fn cudnn_runs(opts: &TrainOptions) -> bool {
 
 /// The memory plan of this job on `machine` (nothing is allocated).
 pub fn plan(opts: &TrainOptions, config: ModelConfig, machine: &Machine) -> (Plan, PlanJob) {
+    // A bad LoRA option was refused before any plan (`preflight`).
+    let trained_params = super::lora::lora_config(opts, &config)
+        .ok()
+        .flatten()
+        .map(|lora| super::lora::trained_params(&config, &lora));
     let job = PlanJob {
         config,
         batch: opts.batch,
@@ -213,6 +218,7 @@ pub fn plan(opts: &TrainOptions, config: ModelConfig, machine: &Machine) -> (Pla
             Some(gib) => ParamCache::Bytes((gib * GIB) as u64),
             None => ParamCache::Auto,
         },
+        trained_params,
     };
     let job = job.placed(machine);
     (Plan::new(&job), job)
