@@ -1,4 +1,4 @@
-//! LoRA adapters (issue 53): a low-rank update `scale · B·A` beside a
+//! LoRA adapters: a low-rank update `scale · B·A` beside a
 //! frozen projection, as PEFT trains them.
 //!
 //! The models carry one `Option<Lora<B>>` beside each projection that can

@@ -1,4 +1,4 @@
-//! LoRA adapters (issue 53): the adapted forward is the forward of the
+//! LoRA adapters: the adapted forward is the forward of the
 //! merged weights, only adapters learn, merging and PEFT's files round-trip,
 //! and a model without adapters keeps its parameter names and order.
 

@@ -1,5 +1,5 @@
 //! Quantised formats for a frozen base weight held in host memory (LoRA's
-//! base, issue 53): NF4 with double-quantised absmax as bitsandbytes and
+//! base): NF4 with double-quantised absmax as bitsandbytes and
 //! QLoRA define it, and int8 with an absmax per output row as LLM.int8()
 //! quantises weights; quantised and dequantised on the host (the
 //! reference), dequantised on the device as burn tensor ops on any backend
