@@ -30,6 +30,7 @@ pub fn job(config: ModelConfig, fused: bool) -> Job {
         gradient_blocks_in_flight: trainer::plan::GRADIENT_BLOCKS_IN_FLIGHT,
         mlp_tile: None,
         param_cache: trainer::plan::ParamCache::Auto,
+        trained_params: None,
     }
 }
 
