@@ -11,6 +11,7 @@ use burn::prelude::*;
 use burn_offload::checkpoint::{self, CheckpointError};
 use burn_offload::{Compute, Engine, EngineConfig, EngineError, StreamedModel};
 use models::hf::HfError;
+use models::LoraModel;
 use models::ModelConfig;
 use serde_json::Value;
 
@@ -20,6 +21,14 @@ use crate::tokenizer::{Tokenizer, TokenizerError, TOKENIZER_FILE};
 /// Why a folder could not be loaded to generate with.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
+    /// `--adapter`'s folder, or its tensors against the model.
+    #[error("--adapter: {0}")]
+    Adapter(#[from] models::PeftError),
+    #[error(
+        "--adapter: a model streamed from host memory takes no adapters yet; merge them into a \
+         folder with `train --export-hf DIR --merge-lora`, or give the model the GPU it needs"
+    )]
+    StreamedAdapter,
     #[error("`{}` does not exist", .0.display())]
     NotFound(PathBuf),
     #[error(
@@ -88,6 +97,9 @@ pub struct ModelFolder {
     /// The tokens that end a reply: the end-of-sequence tokens the folder's
     /// configs name, and the end-of-turn tokens of the vocabulary.
     pub stop_ids: Vec<u32>,
+    /// PEFT adapters merged into the weights as they load
+    /// ([`ModelFolder::with_adapter`]).
+    pub adapter: Option<PathBuf>,
 }
 
 /// End-of-turn tokens of the chat templates in use, stopped at wherever
@@ -169,6 +181,7 @@ impl ModelFolder {
         stop_ids.sort_unstable();
         stop_ids.dedup();
         Ok(Self {
+            adapter: None,
             weights,
             config,
             tokenizer,
@@ -176,8 +189,18 @@ impl ModelFolder {
         })
     }
 
+    /// The folder's model with the PEFT adapters of `dir` (as `train
+    /// --export-peft` or PEFT write them) merged into its weights when it
+    /// loads; their config is read now, so a bad folder costs no loading.
+    pub fn with_adapter(mut self, dir: &Path) -> Result<Self, LoadError> {
+        models::peft::read_adapter_config(&dir.join(models::peft::ADAPTER_CONFIG))?;
+        self.adapter = Some(dir.to_path_buf());
+        Ok(self)
+    }
+
     /// The whole model on `device` in the compute precision, from the
-    /// lazily initialised `init` (never drawn for a Hugging Face folder).
+    /// lazily initialised `init` (never drawn for a Hugging Face folder),
+    /// with the adapters merged in where given.
     pub fn resident<B, M>(
         &self,
         init: impl FnOnce() -> M,
@@ -186,11 +209,16 @@ impl ModelFolder {
     ) -> Result<M, LoadError>
     where
         B: Backend,
-        M: StreamedModel<B>,
+        M: StreamedModel<B> + LoraModel<B>,
     {
         let model = match &self.weights {
             Weights::Hf(dir) => models::hf::load_weights(init(), &self.config, dir)?,
-            Weights::Checkpoint(_) => self.engine(init, Compute::Fp32, device)?.model(),
+            Weights::Checkpoint(_) => self.loaded_engine(init, Compute::Fp32, device)?.model(),
+        };
+        // Merged in fp32, before the cast: one rounding, as a merged export.
+        let model = match &self.adapter {
+            Some(dir) => models::load_peft(model, dir)?.merge_lora(),
+            None => model,
         };
         Ok(burn_offload::cast_params(model, compute.dtype()))
     }
@@ -199,6 +227,22 @@ impl ModelFolder {
     /// `device` in the compute precision one at a time (a model larger than
     /// the device).
     pub fn engine<B, M>(
+        &self,
+        init: impl FnOnce() -> M,
+        compute: Compute,
+        device: &B::Device,
+    ) -> Result<Engine<B, M>, LoadError>
+    where
+        B: Backend,
+        M: StreamedModel<B>,
+    {
+        if self.adapter.is_some() {
+            return Err(LoadError::StreamedAdapter);
+        }
+        self.loaded_engine(init, compute, device)
+    }
+
+    fn loaded_engine<B, M>(
         &self,
         init: impl FnOnce() -> M,
         compute: Compute,

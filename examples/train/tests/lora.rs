@@ -6,7 +6,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Output;
+use std::process::{Command, Output};
 
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::prelude::*;
@@ -83,7 +83,51 @@ fn logits(model: &Llama<B>) -> Tensor<B, 3> {
 
 #[test]
 fn a_lora_run_changes_only_its_targets_and_its_files_agree() {
-    lora_run(&[]);
+    let (_dir, ck, adapters, merged) = lora_run(&[]);
+    // `chat --adapter` merges the adapters as they load: the merged
+    // export's greedy reply, token for token.
+    let chat = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_chat"))
+            .args(args)
+            .args([
+                "--temperature",
+                "0",
+                "--max-new-tokens",
+                "16",
+                "--prompt",
+                "Hi.",
+            ])
+            .output()
+            .expect("chat runs")
+    };
+    let (from_merged, from_adapter) = (
+        chat(&[s(&merged)]),
+        chat(&[s(&ck), "--adapter", s(&adapters)]),
+    );
+    ok(&from_merged);
+    ok(&from_adapter);
+    assert_eq!(from_adapter.stdout, from_merged.stdout);
+    let from_base = chat(&[s(&ck)]);
+    ok(&from_base);
+    assert_ne!(
+        from_base.stdout, from_merged.stdout,
+        "training changed the reply"
+    );
+    // No adapters there, or a model streamed: one line, no reply.
+    for (args, said) in [
+        (vec![s(&ck), "--adapter", s(&ck)], "--adapter: "),
+        (
+            vec![s(&ck), "--adapter", s(&adapters), "--streamed"],
+            "takes no adapters yet",
+        ),
+    ] {
+        let out = chat(&args);
+        assert!(!out.status.success(), "{args:?}");
+        let errors = error_lines(&out);
+        assert_eq!(errors.len(), 1, "{args:?}: {errors:?}");
+        assert!(errors[0].contains(said), "{args:?}: {}", errors[0]);
+        assert!(out.stdout.is_empty(), "{args:?}");
+    }
 }
 
 /// The same on the type parameter (`Autodiff<Offload<B>>` with the host
@@ -94,8 +138,9 @@ fn a_lora_run_on_the_type_parameter_changes_only_its_targets() {
     lora_run(&["--host-params"]);
 }
 
-/// Trains adapters with `extra` flags and checks the run's outputs.
-fn lora_run(extra: &[&str]) {
+/// Trains adapters with `extra` flags and checks the run's outputs: the
+/// run's folder, the checkpoint, the adapters and the merged export.
+fn lora_run(extra: &[&str]) -> (tempfile::TempDir, PathBuf, PathBuf, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let ck = llama3_checkpoint(dir.path());
     let data = corpus(dir.path());
@@ -182,6 +227,7 @@ fn lora_run(extra: &[&str]) {
     assert!(diff < 1e-4, "adapters against merged: {diff}");
     let moved: f32 = (a - logits(&base)).abs().max().into_scalar();
     assert!(moved > 1e-4, "training moved the logits: {moved}");
+    (dir, ck, adapters, merged)
 }
 
 #[test]

@@ -11,7 +11,7 @@ use std::process::ExitCode;
 
 use burn_offload::{Compute, StreamedModel};
 use clap::Parser;
-use models::{CachedModel, ModelConfig};
+use models::{CachedModel, LoraModel, ModelConfig};
 use trainer::chat::{ChatTemplate, Message};
 use trainer::error_line::print_error;
 use trainer::generate::{
@@ -99,6 +99,11 @@ struct Cli {
     /// kernels: benchmarks read the last).
     #[arg(long, default_value_t = 1)]
     repeat: usize,
+    /// PEFT adapters to apply to the model (a folder with
+    /// adapter_config.json and adapter_model.safetensors, as `train
+    /// --export-peft` and PEFT write them), merged into its weights.
+    #[arg(long)]
+    adapter: Option<PathBuf>,
 }
 
 /// What a conversation needs besides its model.
@@ -129,7 +134,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     }
     #[cfg(feature = "cuda")]
     trainer::preflight::cuda_driver()?;
-    let folder = ModelFolder::open(&cli.model, cli.tokenizer.as_deref())?;
+    let mut folder = ModelFolder::open(&cli.model, cli.tokenizer.as_deref())?;
+    if let Some(dir) = &cli.adapter {
+        folder = folder.with_adapter(dir)?;
+    }
     let tokenizer = &folder.tokenizer;
     let template = match cli.raw {
         true => None,
@@ -184,7 +192,7 @@ impl Session {
     /// otherwise, and talks.
     fn start<M>(&self, init: impl FnOnce() -> M) -> anyhow::Result<()>
     where
-        M: StreamedModel<B> + CachedModel<B>,
+        M: StreamedModel<B> + CachedModel<B> + LoraModel<B>,
     {
         let config = &self.folder.config;
         let context = config.max_seq_len();
@@ -220,6 +228,9 @@ impl Session {
             _ => None,
         };
         match streamed {
+            Some(_) if self.folder.adapter.is_some() => {
+                Err(trainer::load::LoadError::StreamedAdapter.into())
+            }
             Some(why) => {
                 eprintln!(
                     "{what}: {params} parameters, {}, streamed ({why}): its weights stay in host \
