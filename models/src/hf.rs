@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::tensor::{backend::Backend, bf16, f16, Tensor, TensorData};
-use safetensors::tensor::{Dtype, SafeTensors, View};
+use safetensors::tensor::{Dtype, SafeTensors, TensorView, View};
 use serde_json::{json, Value};
 
 use crate::llama::{AttentionBias, Family, RopeScaling};
@@ -379,7 +379,7 @@ impl Checkpoint {
         name: &str,
         shape: &[usize],
         transpose: bool,
-    ) -> Result<safetensors::tensor::TensorView<'_>, HfError> {
+    ) -> Result<TensorView<'_>, HfError> {
         let missing = || HfError::MissingTensor {
             dir: self.dir.clone(),
             name: name.to_string(),
@@ -417,22 +417,7 @@ impl Checkpoint {
     fn read(&self, name: &str, shape: &[usize], transpose: bool) -> Result<TensorData, HfError> {
         let t = self.view(name, shape, transpose)?;
         let stored = t.shape().to_vec();
-        let bytes = t.data();
-        let values: Vec<f32> = match t.dtype() {
-            Dtype::F32 => bytes
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
-            Dtype::BF16 => bytes
-                .chunks_exact(2)
-                .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            Dtype::F16 => bytes
-                .chunks_exact(2)
-                .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            _ => unreachable!("view checked the dtype"),
-        };
+        let values = f32_values(&t).expect("view checked the dtype");
         let values = if transpose {
             let (rows, cols) = (stored[0], stored[1]);
             let mut out = vec![0.0f32; values.len()];
@@ -732,5 +717,26 @@ pub fn save_weights<B: Backend, M: Module<B>>(
     safetensors::serialize_to_file(views, metadata, &path).map_err(|e| HfError::Io {
         path: path.clone(),
         error: std::io::Error::other(e.to_string()),
+    })
+}
+
+/// A safetensors tensor's values widened to f32 (stored little-endian as
+/// f32, bf16 or f16); `None` for any other dtype.
+pub(crate) fn f32_values(t: &TensorView<'_>) -> Option<Vec<f32>> {
+    let bytes = t.data();
+    Some(match t.dtype() {
+        Dtype::F32 => bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        Dtype::BF16 => bytes
+            .chunks_exact(2)
+            .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        Dtype::F16 => bytes
+            .chunks_exact(2)
+            .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        _ => return None,
     })
 }

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 
 use burn::module::Param;
 use burn::nn::DropoutConfig;
-use burn::tensor::{backend::Backend, bf16, f16, Tensor, TensorData};
+use burn::tensor::{backend::Backend, bf16, Tensor, TensorData};
 use safetensors::tensor::{Dtype, SafeTensors, View};
 use serde_json::{json, Value};
 
@@ -413,26 +413,9 @@ fn tensor(
             want,
         });
     }
-    let data = t.data();
-    let values: Vec<f32> = match t.dtype() {
-        Dtype::F32 => data
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
-        Dtype::BF16 => data
-            .chunks_exact(2)
-            .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect(),
-        Dtype::F16 => data
-            .chunks_exact(2)
-            .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect(),
-        other => {
-            return Err(PeftError::Dtype {
-                name: name.into(),
-                dtype: format!("{other:?}"),
-            })
-        }
-    };
+    let values = crate::hf::f32_values(&t).ok_or_else(|| PeftError::Dtype {
+        name: name.into(),
+        dtype: format!("{:?}", t.dtype()),
+    })?;
     Ok(TensorData::new(values, want))
 }
