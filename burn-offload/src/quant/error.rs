@@ -31,3 +31,15 @@ pub enum QuantError {
         shape: [usize; 2],
     },
 }
+
+impl QuantError {
+    /// `Ok` when `len` values make a weight of `shape`, else
+    /// [`QuantError::Length`].
+    pub(crate) fn check_length(len: usize, shape: [usize; 2]) -> Result<(), QuantError> {
+        if len == shape[0] * shape[1] {
+            Ok(())
+        } else {
+            Err(QuantError::Length { len, shape })
+        }
+    }
+}

@@ -43,12 +43,7 @@ impl Int8Weight {
     /// Writes the dequantised weight, row-major, into `out` (`numel`
     /// values): `code as f32 * int8_step(scale)`.
     pub fn dequantize_into(&self, out: &mut [f32]) -> Result<(), QuantError> {
-        if out.len() != self.numel() {
-            return Err(QuantError::Length {
-                len: out.len(),
-                shape: self.shape,
-            });
-        }
+        QuantError::check_length(out.len(), self.shape)?;
         let cols = self.shape[1];
         if cols == 0 {
             return Ok(());
@@ -79,12 +74,7 @@ impl Int8Weight {
 /// clamped to [-127, 127]; a row of zeros has scale 0 and codes 0.
 /// Non-finite inputs give unspecified codes.
 pub fn quantize_int8(values: &[f32], shape: [usize; 2]) -> Result<Int8Weight, QuantError> {
-    if values.len() != shape[0] * shape[1] {
-        return Err(QuantError::Length {
-            len: values.len(),
-            shape,
-        });
-    }
+    QuantError::check_length(values.len(), shape)?;
     let [rows, cols] = shape;
     let mut codes = vec![0i8; values.len()];
     let mut scales = vec![0.0f32; rows];

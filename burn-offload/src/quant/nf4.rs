@@ -131,12 +131,7 @@ impl Nf4Weight {
     /// values): each value is `NF4[code] * absmax` of its block, the
     /// absmax as [`absmax`](Self::absmax) gives it.
     pub fn dequantize_into(&self, out: &mut [f32]) -> Result<(), QuantError> {
-        if out.len() != self.numel() {
-            return Err(QuantError::Length {
-                len: out.len(),
-                shape: self.shape,
-            });
-        }
+        QuantError::check_length(out.len(), self.shape)?;
         let absmax = self.absmax();
         out.par_chunks_mut(NF4_BLOCK)
             .zip(self.packed.par_chunks(NF4_BLOCK / 2))
@@ -181,12 +176,7 @@ fn quantize_nf4_block(values: &[f32], bytes: &mut [u8]) -> f32 {
 /// The offset is the mean of the blocks' absmax values, summed in f64 and
 /// rounded to f32 once. Non-finite inputs give unspecified codes.
 pub fn quantize_nf4(values: &[f32], shape: [usize; 2]) -> Result<Nf4Weight, QuantError> {
-    if values.len() != shape[0] * shape[1] {
-        return Err(QuantError::Length {
-            len: values.len(),
-            shape,
-        });
-    }
+    QuantError::check_length(values.len(), shape)?;
     let blocks = values.len().div_ceil(NF4_BLOCK);
     let mut packed = vec![0u8; values.len().div_ceil(2)];
     let mut absmax = vec![0.0f32; blocks];
