@@ -103,6 +103,24 @@ fn floats<B: Backend>(values: Vec<f32>, device: &B::Device) -> Option<CubeTensor
     float_cube(&t).filter(|c| c.dtype == DType::F32)
 }
 
+/// The output's dtype where the kernels take the job: a float `dtype` and
+/// fewer than 2³² values (their indices are `u32`).
+fn output_dtype(numel: usize, dtype: FloatDType) -> Option<DType> {
+    let dtype = DType::from(dtype);
+    (is_float(dtype) && u32::try_from(numel).is_ok()).then_some(dtype)
+}
+
+/// `scales` on `device` with one more value after them: an empty weight has
+/// no scales, and a tensor of none cannot be made; the kernels never read it.
+fn padded_scales<B: Backend>(
+    scales: &[f32],
+    device: &B::Device,
+) -> Option<CubeTensor<CudaRuntime>> {
+    let mut padded = scales.to_vec();
+    padded.push(0.0);
+    floats::<B>(padded, device)
+}
+
 /// One unit per `units`, in cubes of [`UNITS`].
 fn launch_size(units: usize) -> (CubeCount, CubeDim) {
     let cubes = units.div_ceil(UNITS as usize) as u32;
@@ -117,16 +135,10 @@ pub fn dequantize_nf4_cuda<B: Backend>(
     dtype: FloatDType,
 ) -> Option<Tensor<B, 2>> {
     let numel = w.numel();
-    let dtype = DType::from(dtype);
-    if !is_float(dtype) || u32::try_from(numel).is_err() {
-        return None;
-    }
+    let dtype = output_dtype(numel, dtype)?;
     let packed = ints::<B>(pack_words(&w.packed), device)?;
     let codes = ints::<B>(pack_words(&w.absmax_codes), device)?;
-    // An empty weight has no scales; the kernel never reads this one.
-    let mut scales = w.absmax_scales.clone();
-    scales.push(0.0);
-    let scales = floats::<B>(scales, device)?;
+    let scales = padded_scales::<B>(&w.absmax_scales, device)?;
     let nf4 = floats::<B>(NF4.to_vec(), device)?;
     let map = floats::<B>(SIGNED.values.to_vec(), device)?;
     let out = empty_like(&packed, &w.shape, dtype);
@@ -158,15 +170,10 @@ pub fn dequantize_int8_cuda<B: Backend>(
     dtype: FloatDType,
 ) -> Option<Tensor<B, 2>> {
     let numel = w.numel();
-    let dtype = DType::from(dtype);
-    if !is_float(dtype) || u32::try_from(numel).is_err() {
-        return None;
-    }
+    let dtype = output_dtype(numel, dtype)?;
     let bytes: Vec<u8> = w.codes.iter().map(|&c| c as u8).collect();
     let codes = ints::<B>(pack_words(&bytes), device)?;
-    let mut scales = w.scales.clone();
-    scales.push(0.0);
-    let scales = floats::<B>(scales, device)?;
+    let scales = padded_scales::<B>(&w.scales, device)?;
     let out = empty_like(&codes, &w.shape, dtype);
     if numel > 0 {
         let (count, dim) = launch_size(numel);
