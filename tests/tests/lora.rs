@@ -543,6 +543,14 @@ fn models_without_adapters_keep_their_parameter_names_and_order() {
     assert!(all.contains(&"layers.0.attn.q_lora.lora_a".to_string()));
 }
 
+/// The PEFT files of `model` with fresh `lora` adapters, in a new folder.
+fn adapters_of<M: LoraModel<AD>>(model: M, lora: &LoraConfig) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let adapted = model.with_lora(lora, &Default::default()).unwrap();
+    save_peft(&adapted, lora, "base", dir.path(), PeftDtype::F32).unwrap();
+    dir
+}
+
 #[test]
 fn bad_configs_and_files_are_typed_errors() {
     let device = Default::default();
@@ -588,15 +596,7 @@ fn bad_configs_and_files_are_typed_errors() {
         ..llama_config()
     }
     .init::<AD>(&device);
-    let wide_dir = tempfile::tempdir().unwrap();
-    save_peft(
-        &wide.with_lora(&lora, &device).unwrap(),
-        &lora,
-        "base",
-        wide_dir.path(),
-        PeftDtype::F32,
-    )
-    .unwrap();
+    let wide_dir = adapters_of(wide, &lora);
     let err = load_peft(llama(), wide_dir.path()).unwrap_err();
     assert!(matches!(err, PeftError::Shape { .. }), "{err}");
     assert!(err.to_string().contains("gate_proj.lora_B"), "{err}");
@@ -607,15 +607,7 @@ fn bad_configs_and_files_are_typed_errors() {
         ..llama_config()
     }
     .init::<AD>(&device);
-    let short_dir = tempfile::tempdir().unwrap();
-    save_peft(
-        &short.with_lora(&lora, &device).unwrap(),
-        &lora,
-        "base",
-        short_dir.path(),
-        PeftDtype::F32,
-    )
-    .unwrap();
+    let short_dir = adapters_of(short, &lora);
     let err = load_peft(llama(), short_dir.path()).unwrap_err();
     assert!(matches!(err, PeftError::MissingTensor { .. }), "{err}");
 

@@ -5,7 +5,7 @@ use super::*;
 use crate::host::optim::quant::{QUANT_BLOCK, SIGNED};
 
 /// Deterministic values in (-1, 1) times magnitudes over a few decades.
-fn values(len: usize, seed: u64) -> Vec<f32> {
+pub(super) fn values(len: usize, seed: u64) -> Vec<f32> {
     let mut s = seed;
     (0..len)
         .map(|i| {
