@@ -12,23 +12,15 @@
 #     LONG_FLAGS="--optim-state 8bit --fused --grad-clip 0" bash bench/gpu/long_detached.sh start
 #   bash bench/gpu/long_detached.sh follow
 #
-# The model, corpus and flags are long_parts.sh's. Writes $OUT/summary.txt
+# The model, corpus and binary are bench/gpu/long_setup.sh's, the flags
+# long_parts.sh's. Writes $OUT/summary.txt
 # (the plan, each step's line, peaks once done) and $OUT/results.tgz.
 set -u
 mode=${1:?start or follow}
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/logs .device/x
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/logs
 S=$OUT/summary.txt
 if [ "$mode" = start ]; then
-  [ -x .device/x/train ] || { xz -dc .device/new/train.xz > .device/x/train; chmod +x .device/x/train; }
-  . bench/gpu/cublas_env.sh > /dev/null
-  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $S
-  seq=${LONG_SEQ:?}
-  case ${LONG_MODEL:?} in
-    1b) echo '{"arch":"llama","vocab_size":128256,"d_model":2048,"n_layer":16,"n_head":32,"n_kv_head":8,"d_ff":8192,"rope_theta":500000.0,"tie_embeddings":true,"max_seq_len":'$seq'}' ;;
-    8b) echo '{"arch":"llama","vocab_size":128256,"d_model":4096,"n_layer":32,"n_head":32,"n_kv_head":8,"d_ff":14336,"rope_theta":500000.0,"max_seq_len":'$seq'}' ;;
-    *) echo "LONG_MODEL is 1b or 8b"; exit 2 ;;
-  esac > .device/long-model.json
-  python3 -c "import random; r=random.Random(0); w=[''.join(r.choice('abcdefghijklmnopqrstuvwxyz') for _ in range(r.randint(2,9))) for _ in range(5000)]; print(' '.join(r.choice(w) for _ in range($seq // 6 + 100000)))" > .device/long-corpus.txt
+  . bench/gpu/long_setup.sh
   args="--model .device/long-model.json --steps ${LONG_STEPS:-3} --warmup 1 --lr 1e-4 --seq-len $seq --batch 1 --compute bf16 --data .device/long-corpus.txt --sample-tokens 0 --metrics /tmp/logs/long.jsonl ${LONG_FLAGS:-}"
   .device/x/train $args --plan > /tmp/logs/plan.txt 2>&1; tail -25 /tmp/logs/plan.txt | tee -a $S
   cat > /tmp/logs/run.sh <<RUN
