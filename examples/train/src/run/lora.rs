@@ -153,15 +153,13 @@ pub(crate) fn check_export(opts: &TrainOptions) -> Result<(), ExportError> {
     let Some(dir) = &opts.lora.export_peft else {
         return Ok(());
     };
-    let sources: Vec<export::Source<'_>> = [
-        ("--init-from", &opts.init_from),
-        ("--resume", &opts.resume),
-        ("--checkpoint-dir", &opts.checkpoint_dir),
-        ("--export-hf", &opts.export_hf),
-    ]
-    .into_iter()
-    .filter_map(|(flag, path)| path.as_deref().map(|path| export::Source { flag, path }))
-    .collect();
+    let mut sources = super::setup::run_folders(opts);
+    if let Some(path) = opts.export_hf.as_deref() {
+        sources.push(export::Source {
+            flag: export::HF,
+            path,
+        });
+    }
     export::check(export::PEFT, dir, false, &sources)
 }
 
