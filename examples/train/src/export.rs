@@ -15,6 +15,7 @@ use std::path::{Component, Path, PathBuf};
 
 use serde_json::{Map, Value};
 
+use crate::options::TrainOptions;
 use crate::tokenizer::Tokenizer;
 
 /// The whole model's export flag.
@@ -121,6 +122,19 @@ fn io<'a>(to: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> Ex
 pub struct Source<'a> {
     pub flag: &'static str,
     pub path: &'a Path,
+}
+
+/// The folders a run reads or writes, which no export may replace unasked:
+/// `--init-from`, `--resume`, `--checkpoint-dir` (those given).
+pub fn run_folders(opts: &TrainOptions) -> Vec<Source<'_>> {
+    [
+        ("--init-from", &opts.init_from),
+        ("--resume", &opts.resume),
+        ("--checkpoint-dir", &opts.checkpoint_dir),
+    ]
+    .into_iter()
+    .filter_map(|(flag, path)| path.as_deref().map(|path| Source { flag, path }))
+    .collect()
 }
 
 /// Refuses `export` when it is a file, is the checkpoint folder, holds one of

@@ -153,7 +153,7 @@ pub(crate) fn check_export(opts: &TrainOptions) -> Result<(), ExportError> {
     let Some(dir) = &opts.lora.export_peft else {
         return Ok(());
     };
-    let mut sources = super::setup::run_folders(opts);
+    let mut sources = export::run_folders(opts);
     if let Some(path) = opts.export_hf.as_deref() {
         sources.push(export::Source {
             flag: export::HF,

@@ -188,7 +188,7 @@ pub fn preflight(opts: &TrainOptions) -> Result<Checked, TrainError> {
         return Err(SetupError::DataCacheNotText.into());
     }
     if let Some(dir) = opts.export_hf.as_ref().filter(|_| writes_outputs(opts)) {
-        export::check(export::HF, dir, opts.overwrite, &run_folders(opts))?;
+        export::check(export::HF, dir, opts.overwrite, &export::run_folders(opts))?;
     }
     lora::lora_config(opts, &config).map_err(SetupError::Lora)?;
     if writes_outputs(opts) {
@@ -200,19 +200,6 @@ pub fn preflight(opts: &TrainOptions) -> Result<Checked, TrainError> {
         format,
         eval_format,
     })
-}
-
-/// The folders a run reads or writes, which no export may replace unasked:
-/// `--init-from`, `--resume`, `--checkpoint-dir` (those given).
-pub(crate) fn run_folders(opts: &TrainOptions) -> Vec<export::Source<'_>> {
-    [
-        ("--init-from", &opts.init_from),
-        ("--resume", &opts.resume),
-        ("--checkpoint-dir", &opts.checkpoint_dir),
-    ]
-    .into_iter()
-    .filter_map(|(flag, path)| path.as_deref().map(|path| export::Source { flag, path }))
-    .collect()
 }
 
 /// Runs a training job on the default backend.
