@@ -56,7 +56,10 @@ pub use host::trace;
 pub use matmul::{matmul_names, set_matmul, DEFAULT_MATMUL};
 pub use model::{BlockModel, DecoderBlock};
 pub use precision::{cast_params, cast_to, Compute, PrecisionError};
-pub use store::{checkpoint, HostStore, MomentValues, Moments, Q8Slab, StoreError, StoreLayout};
+pub use store::{
+    checkpoint, Frozen, FrozenAt, FrozenDtype, FrozenParams, FrozenSlot, FrozenValues, HostStore,
+    Member, MomentValues, Moments, Q8Slab, StoreError, StoreLayout,
+};
 pub use transfer::PagerStats;
 
 /// burn's CUDA backend as this crate sees it: the backend type, its device

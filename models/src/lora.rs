@@ -10,6 +10,7 @@
 //! unaffected. Which projections those are, and their Hugging Face names,
 //! each model says by implementing [`LoraModel`] (`crate::adapters`).
 
+use std::collections::HashSet;
 use std::fmt;
 use std::str::FromStr;
 
@@ -386,6 +387,25 @@ pub trait LoraModel<B: Backend>: Module<B> + Sized {
         self
     }
 
+    /// The ids of the parameters [`LoraModel::with_lora`] freezes under
+    /// `config`: every one outside the adapters (the embeddings and head
+    /// excepted with `train_embeddings`). Read from module paths, so it holds
+    /// on any backend: only an autodiff backend keeps `require_grad`.
+    fn frozen_ids(&self, config: &LoraConfig) -> HashSet<ParamId> {
+        let keep: &[&str] = if config.train_embeddings {
+            Self::EMBEDDINGS
+        } else {
+            &[]
+        };
+        let mut visitor = Frozen {
+            keep,
+            path: Vec::new(),
+            out: HashSet::new(),
+        };
+        self.visit(&mut visitor);
+        visitor.out
+    }
+
     /// Every adapter parameter, in module order.
     fn adapter_params(&self) -> Vec<AdapterParam> {
         let mut visitor = Adapters {
@@ -420,6 +440,36 @@ impl<B: Backend> ModuleMapper<B> for Freeze {
     }
 }
 
+/// Whether a module path lies inside an adapter (a `*_lora` module).
+fn in_adapter(path: &[String]) -> bool {
+    path.iter().any(|p| p.ends_with("_lora"))
+}
+
+/// Collects the ids of the parameters outside the adapters and `keep`.
+struct Frozen<'a> {
+    keep: &'a [&'a str],
+    path: Vec<String>,
+    out: HashSet<ParamId>,
+}
+
+impl<B: Backend> ModuleVisitor<B> for Frozen<'_> {
+    fn enter_module(&mut self, name: &str, _container_type: &str) {
+        self.path.push(name.to_string());
+    }
+    fn exit_module(&mut self, _name: &str, _container_type: &str) {
+        self.path.pop();
+    }
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let kept = self
+            .path
+            .first()
+            .is_some_and(|top| self.keep.contains(&top.as_str()));
+        if !kept && !in_adapter(&self.path) {
+            self.out.insert(param.id);
+        }
+    }
+}
+
 /// Collects the parameters inside a `*_lora` module.
 struct Adapters {
     path: Vec<String>,
@@ -434,7 +484,7 @@ impl<B: Backend> ModuleVisitor<B> for Adapters {
         self.path.pop();
     }
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        if self.path.iter().any(|p| p.ends_with("_lora")) {
+        if in_adapter(&self.path) {
             self.out.push(AdapterParam {
                 path: self.path.join("."),
                 id: param.id,

@@ -4,10 +4,11 @@
 use std::any::Any;
 
 use burn::tensor::backend::Backend;
-use burn::tensor::{DType, Tensor};
+use burn::tensor::{DType, FloatDType, Tensor};
 use burn_cubecl::cubecl::cuda::CudaDevice;
 
 use super::collective::{can_reduce, try_all_gather, try_all_reduce, try_reduce};
+use super::dequant::{dequantize_int8_cuda, dequantize_nf4_cuda};
 use super::device::{
     blocking_sync, device_used_bytes, flush_backend, pin, pool_bytes, release_free_memory,
     sync_backend, Pinned,
@@ -20,7 +21,7 @@ use super::upload::{
 use crate::host::processes::ProcessGroup;
 use crate::store::ReadBack;
 use crate::transfer::{
-    DeviceMemory, Download, HostTransfer, Landed, QueuedRead, Transfer, UploadWait,
+    DeviceMemory, Download, HostTransfer, Landed, Quantized, QueuedRead, Transfer, UploadWait,
 };
 
 /// Copies for burn's CUDA backend (and `Gemm`, `Offload`, `Autodiff` over
@@ -76,6 +77,17 @@ impl Transfer for CudaTransfer {
         device: &X::Device,
     ) -> Option<(Tensor<X, D>, CopyInFlight)> {
         try_upload_ordered::<X, D>(bytes, dtype, shape, device)
+    }
+
+    fn dequantize<X: Backend>(
+        w: Quantized<'_>,
+        dtype: FloatDType,
+        device: &X::Device,
+    ) -> Option<Tensor<X, 2>> {
+        match w {
+            Quantized::Int8(w) => dequantize_int8_cuda(w, device, dtype),
+            Quantized::Nf4(w) => dequantize_nf4_cuda(w, device, dtype),
+        }
     }
 
     fn begin_uploads<X: Backend>(device: &X::Device, sizes: &[usize]) -> UploadBatch {

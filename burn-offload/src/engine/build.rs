@@ -14,7 +14,8 @@ use super::{DeviceTransfer, Engine, EngineConfig, EngineError, StepSplit};
 use crate::host::worker::HostWorker;
 use crate::precision::Compute;
 use crate::store::{
-    param_ids, Bf16Weights, Collect, HostStore, StoreError, StoreLayout, ToPlaceholders,
+    param_ids, Bf16Weights, Collect, Frozen, HostStore, Member, StoreError, StoreLayout,
+    ToPlaceholders,
 };
 use crate::transfer::{Pager, Transfer};
 
@@ -55,6 +56,18 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         config: EngineConfig,
         devices: &[B::Device],
     ) -> Result<Self, EngineError> {
+        Self::with_frozen(model, None, config, devices)
+    }
+
+    /// [`Engine::on_devices`] with the parameters `frozen` names held
+    /// frozen in its format: bound without gradients, never updated, and
+    /// with no gradient buffer or optimizer state (a LoRA fine-tune's base).
+    pub fn with_frozen(
+        model: M,
+        frozen: Option<&Frozen>,
+        config: EngineConfig,
+        devices: &[B::Device],
+    ) -> Result<Self, EngineError> {
         // Before the weights move into the store.
         check_devices::<B>(&config, devices)?;
         let layout = StoreLayout {
@@ -66,7 +79,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         // Lazily initialised weights are drawn one tensor at a time, straight
         // into the host store.
         let (template, store) =
-            HostStore::take_from::<B, M, DeviceTransfer>(model, &block_ids, layout)?;
+            HostStore::take_from::<B, M, DeviceTransfer>(model, &block_ids, layout, frozen)?;
         Self::with_store_on(template, store, config, devices)
     }
 
@@ -125,23 +138,29 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
             let mut collect = Collect::default();
             block.visit(&mut collect);
             store.check_group(i + 1, collect.out.iter().map(|p| p.shape.clone()).collect())?;
-            for (k, p) in collect.out.into_iter().enumerate() {
+            for (p, member) in collect.out.into_iter().zip(&store.groups[i + 1].members) {
                 block_ids.insert(p.id);
-                slot_of.insert(p.id, (i + 1, k));
+                slot_of.insert(p.id, (i + 1, *member));
             }
         }
         let mut collect = Collect::default();
         model.visit(&mut collect);
         collect.out.retain(|p| !block_ids.contains(&p.id));
         store.check_group(0, collect.out.iter().map(|p| p.shape.clone()).collect())?;
-        for (k, p) in collect.out.into_iter().enumerate() {
-            slot_of.insert(p.id, (0, k));
+        for (p, member) in collect.out.into_iter().zip(&store.groups[0].members) {
+            slot_of.insert(p.id, (0, *member));
         }
-        // Only a 2-D stem slot can take the host's scatter-add.
+        // Only a trained, 2-D stem slot can take the host's scatter-add (a
+        // frozen table is bound on the device and gets no gradient).
         let embedding_slot = model
             .embedding_table()
             .and_then(|table| slot_of.get(&table.id))
-            .and_then(|&(g, k)| (g == 0 && store.groups[0].slots[k].shape.len() == 2).then_some(k));
+            .and_then(|&(g, member)| match member {
+                Member::Trained(k) if g == 0 && store.groups[0].slots[k].shape.len() == 2 => {
+                    Some(k)
+                }
+                _ => None,
+            });
         let template = model.map(&mut ToPlaceholders);
         let mut lanes: Vec<Lane<B>> = devices
             .iter()
@@ -175,6 +194,11 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         };
         for group in &store.groups[..f32_groups] {
             pager.pin::<B>(bytemuck::cast_slice(group.params.as_slice()), device);
+        }
+        for group in &store.groups {
+            for slab in group.frozen.slab_bytes() {
+                pager.pin::<B>(slab, device);
+            }
         }
         // The model's weights were drawn on the device; only placeholders remain.
         pager.release_free_memory::<B>(device);

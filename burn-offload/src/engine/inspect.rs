@@ -13,7 +13,7 @@ use super::StreamedModel;
 use super::{Engine, EngineConfig};
 use crate::host::trace;
 use crate::store::checkpoint::{self, CheckpointError};
-use crate::store::{Bf16Weights, HostStore, MomentValues};
+use crate::store::{Bf16Weights, HostStore, Member, MomentValues};
 use crate::transfer::PagerStats;
 
 impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
@@ -123,9 +123,17 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         self.updates
     }
 
+    /// The group and slot of a trained parameter.
+    fn trained_slot(&self, id: &ParamId) -> Option<(usize, usize)> {
+        match *self.slot_of.get(id)? {
+            (g, Member::Trained(k)) => Some((g, k)),
+            (_, Member::Frozen(_)) => None,
+        }
+    }
+
     /// The current value of a parameter (by the id it had in the model given to [`Engine::new`]).
     pub fn param(&mut self, id: &ParamId) -> Option<&[f32]> {
-        let (g, k) = *self.slot_of.get(id)?;
+        let (g, k) = self.trained_slot(id)?;
         self.settle(g);
         let slot = &self.store.groups[g].slots[k];
         Some(&self.store.groups[g].params.as_slice()[slot.range()])
@@ -134,7 +142,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
     /// The accumulated gradient of a parameter (`None` in fused mode), as
     /// f32 (widened where the buffer holds bf16).
     pub fn grad(&mut self, id: &ParamId) -> Option<Cow<'_, [f32]>> {
-        let (g, k) = *self.slot_of.get(id)?;
+        let (g, k) = self.trained_slot(id)?;
         self.settle(g);
         let slot = &self.store.groups[g].slots[k];
         let grads = self.store.groups[g].grads.as_ref()?.values();
@@ -143,7 +151,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
 
     /// Adam moments `(m, v)` of a parameter, as f32 (dequantised when 8-bit).
     pub fn moments(&mut self, id: &ParamId) -> Option<MomentValues<'_>> {
-        let (g, k) = *self.slot_of.get(id)?;
+        let (g, k) = self.trained_slot(id)?;
         self.settle(g);
         let group = &self.store.groups[g];
         Some(group.moments.values(group.slots[k].range()))
@@ -182,21 +190,28 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
 /// Binds every parameter from the store (by id) into a full module.
 struct Export<'a, B: Backend> {
     store: &'a HostStore,
-    slot_of: &'a HashMap<ParamId, (usize, usize)>,
+    slot_of: &'a HashMap<ParamId, (usize, Member)>,
     device: &'a B::Device,
 }
 
 impl<B: Backend> ModuleMapper<B> for Export<'_, B> {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
-        let Some(&(g, k)) = self.slot_of.get(&param.id) else {
+        let Some(&(g, member)) = self.slot_of.get(&param.id) else {
             return param;
         };
         let group = &self.store.groups[g];
-        let slot = &group.slots[k];
-        let values = group.params.as_slice()[slot.range()].to_vec();
+        let (values, shape) = match member {
+            Member::Trained(k) => {
+                let slot = &group.slots[k];
+                let values = group.params.as_slice()[slot.range()].to_vec();
+                (values, slot.shape.clone())
+            }
+            // Widened to f32 (dequantised where held quantised).
+            Member::Frozen(k) => (group.frozen.to_f32(k), group.frozen.slots[k].shape.clone()),
+        };
         Param::initialized(
             param.id,
-            Tensor::from_data(TensorData::new(values, slot.shape.clone()), self.device),
+            Tensor::from_data(TensorData::new(values, shape), self.device),
         )
     }
 }

@@ -94,7 +94,7 @@ use crate::host::optim::check_lr;
 use crate::host::processes::ProcessGroup;
 use crate::host::worker::HostWorker;
 use crate::ops::cross_entropy::kept_targets;
-use crate::store::{Bf16Weights, HostStore};
+use crate::store::{Bf16Weights, HostStore, Member};
 use crate::transfer::{on_device, PagerStats};
 use crate::{BlockModel, DecoderBlock, Documents};
 use embedding::TableTouch;
@@ -204,8 +204,8 @@ pub struct Engine<B: Backend, M: BlockModel<B>> {
     template: M,
     /// Parameters inside blocks (skipped when binding the stem).
     block_ids: HashSet<ParamId>,
-    /// Parameter id → (group, slot) for export and inspection.
-    slot_of: HashMap<ParamId, (usize, usize)>,
+    /// Parameter id → (group, trained or frozen slot) for export and inspection.
+    slot_of: HashMap<ParamId, (usize, Member)>,
     /// The stem slot of the token-embedding table, where the model's `embed`
     /// is a plain lookup in it ([`BlockModel::embedding_table`]): its gradient
     /// is then formed on the host.

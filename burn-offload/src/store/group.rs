@@ -1,6 +1,6 @@
 //! One parameter group's state: its slot table and slabs.
 
-use super::Moments;
+use super::{FrozenParams, Moments};
 use crate::host::optim::GradSlice;
 use crate::host::slab::{Bf16Slab, Slab};
 
@@ -25,10 +25,25 @@ impl ParamSlot {
     }
 }
 
+/// One parameter of a group, in the order burn visits the group's module:
+/// trained (its index in [`ParamGroup::slots`]) or frozen (its index in the
+/// [`ParamGroup::frozen`] slots).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Member {
+    /// Trained: has a gradient and optimizer state.
+    Trained(usize),
+    /// Frozen: neither.
+    Frozen(usize),
+}
+
 /// The state of one group (the stem, or one block).
 pub struct ParamGroup {
-    /// The parameters' places, in visit order.
+    /// The trained parameters' places, in visit order.
     pub slots: Vec<ParamSlot>,
+    /// Every parameter in visit order, trained or frozen.
+    pub members: Vec<Member>,
+    /// The frozen parameters (none unless the store was built with some).
+    pub frozen: FrozenParams,
     /// Parameter values.
     pub params: Slab,
     /// The optimizer's moments.
@@ -113,9 +128,22 @@ pub struct GroupSlabs {
 }
 
 impl ParamGroup {
-    /// Number of parameters in the group.
+    /// Number of trained parameters in the group.
     pub fn numel(&self) -> usize {
         self.params.len()
+    }
+
+    /// The `i`-th parameter visited, trained or frozen.
+    pub fn member(&self, i: usize) -> Member {
+        self.members[i]
+    }
+
+    /// The slot of the `i`-th parameter visited where it is trained.
+    pub fn trained_slot(&self, i: usize) -> Option<&ParamSlot> {
+        match self.members[i] {
+            Member::Trained(k) => Some(&self.slots[k]),
+            Member::Frozen(_) => None,
+        }
     }
 
     /// Takes the slabs out, leaving empty ones (the engine never reads a
@@ -148,8 +176,14 @@ impl ParamGroup {
         self.params.bytes()
     }
 
-    /// Parameter shapes in slot order.
+    /// Every parameter's shape (trained or frozen) in visit order.
     pub fn shapes(&self) -> Vec<Vec<usize>> {
-        self.slots.iter().map(|s| s.shape.clone()).collect()
+        self.members
+            .iter()
+            .map(|m| match *m {
+                Member::Trained(k) => self.slots[k].shape.clone(),
+                Member::Frozen(k) => self.frozen.slots[k].shape.clone(),
+            })
+            .collect()
     }
 }

@@ -15,7 +15,7 @@ use burn::module::{Module, ParamId};
 use burn::tensor::backend::Backend;
 
 use super::template::{param_ids, Collect, Fill, ReadBack, Visited};
-use super::{GradBuffer, Moments, ParamGroup, ParamSlot};
+use super::{Frozen, FrozenParams, GradBuffer, Member, Moments, ParamGroup, ParamSlot};
 use crate::host::slab::Slab;
 
 /// Draws every lazily initialised parameter of a module.
@@ -110,7 +110,8 @@ impl HostStore {
         // A clone shares the tensors, once drawn (a lazy parameter's clone
         // would draw its own values); only the clone's parameters are replaced.
         model.visit(&mut Materialize);
-        let (_, store) = Self::take_from::<B, M, ReadData>(model.clone(), &block_ids, layout)?;
+        let (_, store) =
+            Self::take_from::<B, M, ReadData>(model.clone(), &block_ids, layout, None)?;
         Ok(store)
     }
 
@@ -125,10 +126,14 @@ impl HostStore {
     /// a model far larger than GPU memory needs one tensor's worth of device
     /// memory and no second host copy, and the draws happen in the same order
     /// as a full `visit` would make them (the same seed gives the same weights).
+    ///
+    /// The parameters `frozen` names are held in its format, with no
+    /// gradient or optimizer state (a LoRA fine-tune's base).
     pub fn take_from<B: Backend, M: Module<B>, R: ReadBack>(
         model: M,
         block_ids: &[Vec<ParamId>],
         layout: StoreLayout,
+        frozen: Option<&Frozen>,
     ) -> Result<(M, Self), StoreError> {
         let mut group_of = HashMap::new();
         for (i, ids) in block_ids.iter().enumerate() {
@@ -148,10 +153,11 @@ impl HostStore {
         let mut slot_of = HashMap::new();
         let mut groups = Vec::with_capacity(members.len());
         for (g, params) in members.into_iter().enumerate() {
-            for (k, p) in params.iter().enumerate() {
-                slot_of.insert(p.id, (g, k));
+            let group = Self::empty_group(&params, layout, g > 0, frozen);
+            for (p, member) in params.iter().zip(&group.members) {
+                slot_of.insert(p.id, (g, *member));
             }
-            groups.push(Self::empty_group(&params, layout, g > 0));
+            groups.push(group);
         }
         let mut fill = Fill::<R> {
             groups: &mut groups,
@@ -162,12 +168,26 @@ impl HostStore {
         Ok((template, Self { groups, layout }))
     }
 
-    /// A group with slabs for `params` (values not filled in).
-    fn empty_group(params: &[Visited], layout: StoreLayout, block: bool) -> ParamGroup {
+    /// A group with slabs for `params` (values not filled in), those in
+    /// `frozen` laid out in its format.
+    fn empty_group(
+        params: &[Visited],
+        layout: StoreLayout,
+        block: bool,
+        frozen: Option<&Frozen>,
+    ) -> ParamGroup {
         let mut slots = Vec::with_capacity(params.len());
+        let mut members = Vec::with_capacity(params.len());
+        let mut frozen_params = Vec::new();
         let mut offset = 0;
         for p in params {
+            if frozen.is_some_and(|f| f.ids.contains(&p.id)) {
+                members.push(Member::Frozen(frozen_params.len()));
+                frozen_params.push((p.name.clone(), p.shape.clone()));
+                continue;
+            }
             let len = p.shape.iter().product();
+            members.push(Member::Trained(slots.len()));
             slots.push(ParamSlot {
                 name: p.name.clone(),
                 shape: p.shape.clone(),
@@ -176,8 +196,16 @@ impl HostStore {
             });
             offset += len;
         }
+        let frozen = match frozen {
+            Some(f) if !frozen_params.is_empty() => {
+                FrozenParams::layout(&frozen_params, f.dtype, block)
+            }
+            _ => FrozenParams::default(),
+        };
         ParamGroup {
             slots,
+            members,
+            frozen,
             params: Slab::zeros(offset),
             moments: Moments::zeros(offset, layout.eight_bit_moments),
             grads: layout
@@ -204,16 +232,22 @@ impl HostStore {
         self.groups.len() - 1
     }
 
-    /// Number of parameters in every group.
+    /// Number of trained parameters in every group.
     pub fn num_params(&self) -> usize {
         self.groups.iter().map(ParamGroup::numel).sum()
     }
 
+    /// Number of frozen parameters in every group.
+    pub fn num_frozen(&self) -> usize {
+        self.groups.iter().map(|g| g.frozen.numel()).sum()
+    }
+
     /// Host bytes held per parameter by the store: 12 for the weights and
     /// both moments (about 6 with 8-bit moments), and the gradient buffer's (4, 2 in bf16, none fused), on
-    /// average over the groups.
+    /// average over the groups; frozen parameters count with what their
+    /// format holds.
     pub fn bytes_per_param(&self) -> f64 {
-        self.host_bytes() as f64 / self.num_params().max(1) as f64
+        self.host_bytes() as f64 / (self.num_params() + self.num_frozen()).max(1) as f64
     }
 
     /// Host bytes held by all slabs.
@@ -221,7 +255,10 @@ impl HostStore {
         self.groups
             .iter()
             .map(|g| {
-                g.params.bytes() + g.moments.bytes() + g.grads.as_ref().map_or(0, GradBuffer::bytes)
+                g.params.bytes()
+                    + g.moments.bytes()
+                    + g.grads.as_ref().map_or(0, GradBuffer::bytes)
+                    + g.frozen.bytes()
             })
             .sum()
     }

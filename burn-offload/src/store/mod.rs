@@ -4,13 +4,15 @@
 
 mod bf16;
 pub mod checkpoint;
+mod frozen;
 mod group;
 mod host_store;
 mod moments;
 mod template;
 
 pub use bf16::Bf16Weights;
-pub use group::{GradBuffer, GroupSlabs, ParamGroup, ParamSlot};
+pub use frozen::{Frozen, FrozenAt, FrozenDtype, FrozenParams, FrozenSlot, FrozenValues};
+pub use group::{GradBuffer, GroupSlabs, Member, ParamGroup, ParamSlot};
 pub use host_store::{HostStore, StoreError, StoreLayout};
 pub use moments::{MomentValues, Moments, Q8Slab};
 pub use template::ReadBack;

@@ -7,7 +7,7 @@ use std::marker::PhantomData;
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::tensor::{backend::Backend, Tensor};
 
-use super::ParamGroup;
+use super::{Member, ParamGroup};
 
 /// One float parameter as visited: id, module path and shape.
 pub(crate) struct Visited {
@@ -44,19 +44,28 @@ pub(crate) fn param_ids<B: Backend, K: Module<B>>(modules: &[K]) -> Vec<Vec<Para
 /// Takes each parameter's value into its slot and leaves a placeholder.
 pub(super) struct Fill<'a, R> {
     pub groups: &'a mut [ParamGroup],
-    pub slot_of: &'a HashMap<ParamId, (usize, usize)>,
+    pub slot_of: &'a HashMap<ParamId, (usize, Member)>,
     pub read: PhantomData<R>,
 }
 
 impl<B: Backend, R: ReadBack> ModuleMapper<B> for Fill<'_, R> {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
         let (id, tensor, _) = param.consume();
-        let (g, k) = self.slot_of[&id];
+        let (g, member) = self.slot_of[&id];
         let group = &mut self.groups[g];
-        let slot = &group.slots[k];
-        let range = slot.range();
         let (shape, device) = (tensor.dims(), tensor.device());
-        R::read_back(tensor, &mut group.params.as_mut_slice()[range]);
+        match member {
+            Member::Trained(k) => {
+                let range = group.slots[k].range();
+                R::read_back(tensor, &mut group.params.as_mut_slice()[range]);
+            }
+            Member::Frozen(k) => {
+                // Read in f32, then held in the frozen format.
+                let mut values = vec![0.0; shape.iter().product()];
+                R::read_back(tensor, &mut values);
+                group.frozen.fill(k, &values);
+            }
+        }
         Param::initialized(id, placeholder::<B, D>(shape, &device))
     }
 }

@@ -13,10 +13,11 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use burn::tensor::backend::Backend;
-use burn::tensor::{bf16, BasicOps, DType, Tensor, TensorKind};
+use burn::tensor::{bf16, BasicOps, DType, FloatDType, Tensor, TensorKind};
 
 use crate::host::bf16::round_into_par;
 use crate::host::processes::ProcessGroup;
+use crate::quant::{Int8Weight, Nf4Weight};
 use crate::store::ReadBack;
 
 /// A callback run once the uploads started before it have landed.
@@ -83,6 +84,15 @@ pub struct DeviceMemory {
     /// Bytes in use on the whole device by the driver's count (what
     /// `nvidia-smi` shows: the pools, the context, libraries' workspaces).
     pub device_used: u64,
+}
+
+/// A quantised weight held in host memory.
+#[derive(Clone, Copy, Debug)]
+pub enum Quantized<'a> {
+    /// int8 with an absmax per row.
+    Int8(&'a Int8Weight),
+    /// NF4 with double-quantised absmax.
+    Nf4(&'a Nf4Weight),
 }
 
 /// The copy machinery of one kind of device, chosen once by type (the engine
@@ -155,6 +165,17 @@ pub trait Transfer: ReadBack + 'static {
     fn release_free_memory<X: Backend>(device: &X::Device);
     /// The device's memory as its allocator and its driver see it.
     fn device_memory<X: Backend>(device: &X::Device) -> Option<DeviceMemory>;
+    /// `w` dequantised into a `[out, in]` tensor of `dtype` on `device` by
+    /// this machinery's own kernel; `None` where it has none (the pager then
+    /// dequantises with burn tensor ops).
+    fn dequantize<X: Backend>(
+        w: Quantized<'_>,
+        dtype: FloatDType,
+        device: &X::Device,
+    ) -> Option<Tensor<X, 2>> {
+        let _ = (w, dtype, device);
+        None
+    }
     /// Sums, for each of `slots`, its tensors across devices (`slots[k][d]`
     /// on lane `d`'s device; one shape and dtype per slot) onto lane
     /// `root`'s device, without waiting: a collective reduction (NCCL on

@@ -12,7 +12,7 @@ use rayon::prelude::*;
 use super::{on_device, PagerStats, QueuedRead, Transfer};
 use crate::host::bf16::round_into_par;
 use crate::host::rows::write_into;
-use crate::store::ParamGroup;
+use crate::store::{Member, ParamGroup};
 
 /// A bound block's gradients on their way to the host
 /// ([`super::Pager::start_gradients`]).
@@ -177,7 +177,10 @@ pub(super) struct GradsStart<'a, B: AutodiffBackend, T: Transfer> {
 
 impl<B: AutodiffBackend, T: Transfer> ModuleVisitor<B> for GradsStart<'_, B, T> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        let slot = &self.group.slots[self.next];
+        let Some(slot) = self.group.trained_slot(self.next) else {
+            self.next += 1;
+            return;
+        };
         self.next += 1;
         let range = slot.range();
         let grad = param
@@ -198,12 +201,13 @@ pub(super) struct GradsFlat<'a, B: AutodiffBackend> {
 
 impl<B: AutodiffBackend> ModuleVisitor<B> for GradsFlat<'_, B> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        let slot = &self.group.slots[self.next];
-        self.flat.sums[self.next] = param
-            .val()
-            .grad(self.grads)
-            .map(|grad| grad.reshape([slot.len]));
+        let member = self.group.member(self.next);
         self.next += 1;
+        let Member::Trained(k) = member else {
+            return;
+        };
+        let len = self.group.slots[k].len;
+        self.flat.sums[k] = param.val().grad(self.grads).map(|grad| grad.reshape([len]));
     }
 }
 
@@ -221,9 +225,13 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for GradsKeep<'_, B> {
         if self.skip.contains(&param.id) {
             return;
         }
-        let slot = &self.group.slots[self.next];
-        let sum = &mut self.kept.sums[self.next];
+        let member = self.group.member(self.next);
         self.next += 1;
+        let Member::Trained(k) = member else {
+            return;
+        };
+        let slot = &self.group.slots[k];
+        let sum = &mut self.kept.sums[k];
         let Some(grad) = param.val().grad(self.grads) else {
             return;
         };
@@ -249,7 +257,10 @@ impl<B: AutodiffBackend, T: Transfer> ModuleVisitor<B> for GradsOut<'_, B, T> {
         if self.skip.contains(&param.id) {
             return;
         }
-        let slot = &self.group.slots[self.next];
+        let Some(slot) = self.group.trained_slot(self.next) else {
+            self.next += 1;
+            return;
+        };
         self.next += 1;
         let out = &mut self.out[slot.range()];
         let Some(grad) = param.val().grad(self.grads) else {

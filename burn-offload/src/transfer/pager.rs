@@ -12,12 +12,13 @@ use std::marker::PhantomData;
 
 use burn::module::{Module, ModuleMapper, Param, ParamId};
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{bf16, DType, Tensor, TensorData};
+use burn::tensor::{bf16, DType, FloatDType, Tensor, TensorData};
 
 use super::grads::{start_read, GradsFlat, GradsKeep, GradsOut, GradsStart};
-use super::{DeviceGrads, DeviceMemory, PendingGradients, Transfer};
+use super::{DeviceGrads, DeviceMemory, PendingGradients, Quantized, Transfer};
 use crate::host::slab::Slab;
-use crate::store::ParamGroup;
+use crate::quant::{Int8Tensors, Nf4Tensors};
+use crate::store::{FrozenValues, Member, ParamGroup};
 
 /// Byte counters of the pager.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -315,13 +316,29 @@ impl<T: Transfer> Pager<T> {
         }
         let width = if bf16.is_some() { 2 } else { 4 };
         // The bind's buffers are allocated ahead, in one go (see
-        // `Transfer::begin_uploads`).
-        let sizes: Vec<usize> = group.slots.iter().map(|s| s.len * width).collect();
+        // `Transfer::begin_uploads`); quantised weights upload otherwise.
+        let sizes: Vec<usize> = group
+            .members
+            .iter()
+            .filter_map(|m| match *m {
+                Member::Trained(k) => Some(group.slots[k].len * width),
+                Member::Frozen(k) => match group.frozen.values(k) {
+                    FrozenValues::F32(v) => Some(std::mem::size_of_val(v)),
+                    FrozenValues::Bf16(v) => Some(std::mem::size_of_val(v)),
+                    FrozenValues::Int8(_) | FrozenValues::Nf4(_) => None,
+                },
+            })
+            .collect();
         let batch = T::begin_uploads::<B>(device, &sizes);
         let module = template.map(&mut bind);
         drop(batch);
-        debug_assert_eq!(bind.next, group.slots.len(), "template and group disagree");
-        self.page_in(group_index, (group.numel() * width) as u64);
+        debug_assert_eq!(
+            bind.next,
+            group.members.len(),
+            "template and group disagree"
+        );
+        let bytes = group.numel() * width + group.frozen.bytes();
+        self.page_in(group_index, bytes as u64);
         if self.serial {
             self.ready::<B>(device);
         }
@@ -487,8 +504,27 @@ impl<B: Backend, T: Transfer> ModuleMapper<B> for Bind<'_, B, T> {
         if self.skip.contains(&param.id) {
             return param;
         }
-        let slot = &self.group.slots[self.next];
+        let member = self.group.member(self.next);
         self.next += 1;
+        let slot = match member {
+            Member::Trained(k) => &self.group.slots[k],
+            Member::Frozen(k) => {
+                // A frozen parameter never requires a gradient.
+                let dtype = if self.bf16.is_some() {
+                    FloatDType::BF16
+                } else {
+                    FloatDType::F32
+                };
+                let shape = &self.group.frozen.slots[k].shape;
+                let tensor = frozen_tensor::<B, T, D>(
+                    self.group.frozen.values(k),
+                    shape,
+                    dtype,
+                    self.device,
+                );
+                return Param::initialized(param.id, tensor);
+            }
+        };
         let range = slot.range();
         let (bytes, dtype): (&[u8], DType) = match self.bf16 {
             Some(values) => (bytemuck::cast_slice(&values[range]), DType::BF16),
@@ -504,4 +540,41 @@ impl<B: Backend, T: Transfer> ModuleMapper<B> for Bind<'_, B, T> {
         let tensor = Tensor::<B, D>::from_data(data, (self.device, dtype));
         Param::initialized(param.id, tensor.set_require_grad(self.require_grad))
     }
+}
+
+/// A frozen parameter's values as a device tensor of `dtype`: uploaded as
+/// held and cast on the device, or dequantised there (by the machinery's
+/// kernel where it has one) and transposed back to the layer's `[in, out]`.
+fn frozen_tensor<B: Backend, T: Transfer, const D: usize>(
+    values: FrozenValues<'_>,
+    shape: &[usize],
+    dtype: FloatDType,
+    device: &B::Device,
+) -> Tensor<B, D> {
+    let upload = |bytes: &[u8], held: DType| -> Tensor<B, D> {
+        let tensor = T::upload::<B, D>(bytes, held, shape, device).unwrap_or_else(|| {
+            let data = TensorData::from_bytes_vec(bytes.to_vec(), shape.to_vec(), held);
+            Tensor::from_data(data, (device, held))
+        });
+        if tensor.dtype() == DType::from(dtype) {
+            tensor
+        } else {
+            tensor.cast(dtype)
+        }
+    };
+    let quantized = match values {
+        FrozenValues::F32(v) => return upload(bytemuck::cast_slice(v), DType::F32),
+        FrozenValues::Bf16(v) => return upload(bytemuck::cast_slice(v), DType::BF16),
+        FrozenValues::Int8(w) => Quantized::Int8(w),
+        FrozenValues::Nf4(w) => Quantized::Nf4(w),
+    };
+    let matrix = T::dequantize::<B>(quantized, dtype, device).unwrap_or_else(|| {
+        let dequantized = match quantized {
+            Quantized::Int8(w) => Int8Tensors::<B>::upload(w, device).dequantize(dtype),
+            Quantized::Nf4(w) => Nf4Tensors::<B>::upload(w, device).dequantize(dtype),
+        };
+        dequantized.expect("a weight quantised by the store has consistent parts")
+    });
+    assert_eq!(D, 2, "only weight matrices are quantised");
+    Tensor::from_primitive(matrix.transpose().into_primitive())
 }

@@ -1,0 +1,247 @@
+//! A group's frozen parameters (LoRA's base): kept in host memory in the
+//! format asked, with no gradient and no optimizer state, and turned into
+//! device tensors of the compute dtype when their group is bound.
+
+use std::collections::HashSet;
+
+use burn::module::ParamId;
+use burn::tensor::bf16;
+
+use crate::host::bf16::round_into_par;
+use crate::host::slab::{Bf16Slab, Slab};
+use crate::quant::{quantize_int8, quantize_nf4, BaseDtype, Int8Weight, Nf4Weight};
+
+/// How frozen parameters are held in host memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FrozenDtype {
+    /// f32, as the trained parameters (4 bytes a value; the device sees
+    /// exactly the values it was given).
+    F32,
+    /// A base format: bf16 for every frozen parameter, or the blocks'
+    /// weight matrices in int8 or NF4 (norms, biases and the stem's
+    /// embedding and head stay bf16, as QLoRA leaves them).
+    Base(BaseDtype),
+}
+
+impl FrozenDtype {
+    /// How one frozen parameter of `shape` is held, in a block's group
+    /// (`block`) or the stem's.
+    fn format(self, shape: &[usize], block: bool) -> Format {
+        match self {
+            FrozenDtype::F32 => Format::F32,
+            FrozenDtype::Base(BaseDtype::Int8) if block && shape.len() == 2 => Format::Int8,
+            FrozenDtype::Base(BaseDtype::Nf4) if block && shape.len() == 2 => Format::Nf4,
+            FrozenDtype::Base(_) => Format::Bf16,
+        }
+    }
+}
+
+/// The parameters a store keeps frozen, and their host format.
+#[derive(Clone, Debug)]
+pub struct Frozen {
+    /// The frozen parameters' ids (in the model given to the store).
+    pub ids: HashSet<ParamId>,
+    /// How they are held.
+    pub dtype: FrozenDtype,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Format {
+    F32,
+    Bf16,
+    Int8,
+    Nf4,
+}
+
+/// Where one frozen parameter's values are.
+#[derive(Clone, Debug, PartialEq)]
+pub enum FrozenAt {
+    /// A range of the group's f32 slab.
+    F32(std::ops::Range<usize>),
+    /// A range of the group's bf16 slab.
+    Bf16(std::ops::Range<usize>),
+    /// An entry of the group's int8 weights (quantised transposed, see
+    /// [`FrozenParams::fill`]).
+    Int8(usize),
+    /// An entry of the group's NF4 weights (likewise).
+    Nf4(usize),
+}
+
+/// One frozen parameter: its module path, shape and place.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FrozenSlot {
+    /// Module path, e.g. `attn.q_proj.weight`.
+    pub name: String,
+    /// The parameter's shape.
+    pub shape: Vec<usize>,
+    /// Where its values are.
+    pub at: FrozenAt,
+}
+
+/// A group's frozen parameters, in visit order among themselves.
+#[derive(Default)]
+pub struct FrozenParams {
+    /// Their places.
+    pub slots: Vec<FrozenSlot>,
+    /// Values held in f32 (page-aligned, so they can be page-locked).
+    pub f32: Option<Slab>,
+    /// Values held in bf16 (page-aligned).
+    pub bf16: Option<Bf16Slab>,
+    /// Weights held in int8.
+    pub int8: Vec<Int8Weight>,
+    /// Weights held in NF4.
+    pub nf4: Vec<Nf4Weight>,
+}
+
+/// The values of one frozen parameter, as held.
+pub enum FrozenValues<'a> {
+    /// f32 values.
+    F32(&'a [f32]),
+    /// bf16 values.
+    Bf16(&'a [bf16]),
+    /// An int8 weight.
+    Int8(&'a Int8Weight),
+    /// An NF4 weight.
+    Nf4(&'a Nf4Weight),
+}
+
+impl FrozenParams {
+    /// Empty slabs for `params` (`(name, shape)` in visit order) held in
+    /// `dtype`; [`FrozenParams::fill`] then writes each one's values.
+    pub(crate) fn layout(params: &[(String, Vec<usize>)], dtype: FrozenDtype, block: bool) -> Self {
+        let (mut f32_len, mut bf16_len) = (0, 0);
+        let (mut int8, mut nf4) = (0, 0);
+        let mut slots = Vec::with_capacity(params.len());
+        for (name, shape) in params {
+            let len: usize = shape.iter().product();
+            let at = match dtype.format(shape, block) {
+                Format::F32 => {
+                    f32_len += len;
+                    FrozenAt::F32(f32_len - len..f32_len)
+                }
+                Format::Bf16 => {
+                    bf16_len += len;
+                    FrozenAt::Bf16(bf16_len - len..bf16_len)
+                }
+                Format::Int8 => {
+                    int8 += 1;
+                    FrozenAt::Int8(int8 - 1)
+                }
+                Format::Nf4 => {
+                    nf4 += 1;
+                    FrozenAt::Nf4(nf4 - 1)
+                }
+            };
+            slots.push(FrozenSlot {
+                name: name.clone(),
+                shape: shape.clone(),
+                at,
+            });
+        }
+        Self {
+            slots,
+            f32: (f32_len > 0).then(|| Slab::zeros(f32_len)),
+            bf16: (bf16_len > 0).then(|| Bf16Slab::zeros(bf16_len)),
+            int8: Vec::with_capacity(int8),
+            nf4: Vec::with_capacity(nf4),
+        }
+    }
+
+    /// Writes slot `k`'s values, given in f32: copied, rounded to bf16 or
+    /// quantised. A block's weight matrix, a linear layer's `[in, out]`, is
+    /// quantised as its transpose `[out, in]`: the layout Hugging Face holds
+    /// and bitsandbytes quantises (int8's absmax is then per output
+    /// channel); the device transposes it back. Quantised slots must be
+    /// filled in order.
+    pub(crate) fn fill(&mut self, k: usize, values: &[f32]) {
+        let slot = &self.slots[k];
+        match &slot.at {
+            FrozenAt::F32(range) => {
+                let slab = self.f32.as_mut().expect("laid out with an f32 slab");
+                slab.as_mut_slice()[range.clone()].copy_from_slice(values);
+            }
+            FrozenAt::Bf16(range) => {
+                let slab = self.bf16.as_mut().expect("laid out with a bf16 slab");
+                round_into_par(&mut slab.as_mut_slice()[range.clone()], values);
+            }
+            FrozenAt::Int8(i) => {
+                assert_eq!(*i, self.int8.len(), "int8 weights filled out of order");
+                let (t, shape) = transposed(values, &slot.shape);
+                let w = quantize_int8(&t, shape).expect("laid out for its shape");
+                self.int8.push(w);
+            }
+            FrozenAt::Nf4(i) => {
+                assert_eq!(*i, self.nf4.len(), "NF4 weights filled out of order");
+                let (t, shape) = transposed(values, &slot.shape);
+                let w = quantize_nf4(&t, shape).expect("laid out for its shape");
+                self.nf4.push(w);
+            }
+        }
+    }
+
+    /// Slot `k`'s values as held.
+    pub fn values(&self, k: usize) -> FrozenValues<'_> {
+        match &self.slots[k].at {
+            FrozenAt::F32(range) => {
+                FrozenValues::F32(&self.f32.as_ref().expect("f32 slab").as_slice()[range.clone()])
+            }
+            FrozenAt::Bf16(range) => FrozenValues::Bf16(
+                &self.bf16.as_ref().expect("bf16 slab").as_slice()[range.clone()],
+            ),
+            FrozenAt::Int8(i) => FrozenValues::Int8(&self.int8[*i]),
+            FrozenAt::Nf4(i) => FrozenValues::Nf4(&self.nf4[*i]),
+        }
+    }
+
+    /// Slot `k`'s values widened to f32 (dequantised where quantised).
+    pub fn to_f32(&self, k: usize) -> Vec<f32> {
+        match self.values(k) {
+            FrozenValues::F32(v) => v.to_vec(),
+            FrozenValues::Bf16(v) => v.iter().map(|x| x.to_f32()).collect(),
+            FrozenValues::Int8(w) => transposed(&w.dequantize(), &w.shape).0,
+            FrozenValues::Nf4(w) => transposed(&w.dequantize(), &w.shape).0,
+        }
+    }
+
+    /// The page-aligned slabs' bytes, for page-locking.
+    pub fn slab_bytes(&self) -> impl Iterator<Item = &[u8]> {
+        let f32 = self
+            .f32
+            .iter()
+            .map(|s| bytemuck::cast_slice::<f32, u8>(s.as_slice()));
+        let bf16 = self
+            .bf16
+            .iter()
+            .map(|s| bytemuck::cast_slice::<bf16, u8>(s.as_slice()));
+        f32.chain(bf16)
+    }
+
+    /// Host bytes held.
+    pub fn bytes(&self) -> usize {
+        self.f32.as_ref().map_or(0, Slab::bytes)
+            + self.bf16.as_ref().map_or(0, Bf16Slab::bytes)
+            + self.int8.iter().map(Int8Weight::bytes).sum::<usize>()
+            + self.nf4.iter().map(Nf4Weight::bytes).sum::<usize>()
+    }
+
+    /// Number of frozen values.
+    pub fn numel(&self) -> usize {
+        self.slots
+            .iter()
+            .map(|s| s.shape.iter().product::<usize>())
+            .sum()
+    }
+}
+
+/// The transpose of a row-major `[rows, cols]` matrix, and its shape
+/// `[cols, rows]`.
+fn transposed(values: &[f32], shape: &[usize]) -> (Vec<f32>, [usize; 2]) {
+    let (rows, cols) = (shape[0], shape[1]);
+    let mut out = vec![0.0; values.len()];
+    for (r, row) in values.chunks_exact(cols.max(1)).enumerate() {
+        for (c, &x) in row.iter().enumerate() {
+            out[c * rows + r] = x;
+        }
+    }
+    (out, [cols, rows])
+}
