@@ -197,11 +197,12 @@ fn frozen_values<M: Module<B>>(model: &M, ids: &HashSet<ParamId>) -> HashMap<Par
     read.out
 }
 
-fn llama(seed: u64) -> (models::Llama<B>, usize) {
+fn llama(seed: u64, tie_embeddings: bool) -> (models::Llama<B>, usize) {
     let device = Default::default();
     B::seed(&device, seed);
     let config = LlamaConfig {
         n_layer: 3,
+        tie_embeddings,
         ..LlamaConfig::tiny()
     };
     let model = config
@@ -213,9 +214,9 @@ fn llama(seed: u64) -> (models::Llama<B>, usize) {
 }
 
 #[test]
-fn llama_lora_with_an_f32_base_trains_like_plain_burn_in_both_modes() {
-    for fused in [false, true] {
-        let (model, vocab) = llama(1);
+fn llama_lora_with_an_f32_base_trains_like_plain_burn_in_both_modes_tied_or_not() {
+    for (fused, tied) in [(false, false), (true, false), (false, true)] {
+        let (model, vocab) = llama(1, tied);
         check(model, &llama_lora(), vocab, FrozenDtype::F32, fused);
     }
 }
@@ -247,7 +248,7 @@ fn gpt2_lora_trains_like_plain_burn() {
 #[test]
 fn llama_lora_on_a_bf16_int8_or_nf4_base_trains_like_plain_burn_on_its_values() {
     for base in BaseDtype::ALL {
-        let (model, vocab) = llama(2);
+        let (model, vocab) = llama(2, false);
         check(model, &llama_lora(), vocab, FrozenDtype::Base(base), false);
     }
 }

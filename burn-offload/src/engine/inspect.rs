@@ -160,10 +160,23 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
     /// A complete, ordinary module with the store's current values (for
     /// evaluation, sampling or saving), on the first device.
     pub fn model(&mut self) -> M {
+        self.export(true)
+    }
+
+    /// [`Engine::model`] with only the trained parameters (a LoRA run's
+    /// adapters) given their values; the frozen ones stay zero-cost
+    /// placeholders, so nothing base-sized is built (what writing the
+    /// adapters alone needs).
+    pub fn trained_model(&mut self) -> M {
+        self.export(false)
+    }
+
+    fn export(&mut self, frozen: bool) -> M {
         self.settle_all();
         let mut export = Export {
             store: &self.store,
             slot_of: &self.slot_of,
+            frozen,
             device: &self.lanes[0].device,
         };
         self.template.clone().map(&mut export)
@@ -187,10 +200,12 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
     }
 }
 
-/// Binds every parameter from the store (by id) into a full module.
+/// Binds every parameter from the store (by id) into a full module (the
+/// frozen ones only with `frozen`).
 struct Export<'a, B: Backend> {
     store: &'a HostStore,
     slot_of: &'a HashMap<ParamId, (usize, Member)>,
+    frozen: bool,
     device: &'a B::Device,
 }
 
@@ -207,7 +222,10 @@ impl<B: Backend> ModuleMapper<B> for Export<'_, B> {
                 (values, slot.shape.clone())
             }
             // Widened to f32 (dequantised where held quantised).
-            Member::Frozen(k) => (group.frozen.to_f32(k), group.frozen.slots[k].shape.clone()),
+            Member::Frozen(k) if self.frozen => {
+                (group.frozen.to_f32(k), group.frozen.slots[k].shape.clone())
+            }
+            Member::Frozen(_) => return param,
         };
         Param::initialized(
             param.id,

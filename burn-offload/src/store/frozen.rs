@@ -24,6 +24,26 @@ pub enum FrozenDtype {
 }
 
 impl FrozenDtype {
+    /// Host bytes of one frozen parameter of `shape`, in a block's group
+    /// (`block`) or the stem's (what the planner budgets with).
+    pub fn host_bytes(self, shape: &[usize], block: bool) -> usize {
+        let numel: usize = shape.iter().product();
+        match self.format(shape, block) {
+            Format::F32 => 4 * numel,
+            Format::Bf16 => 2 * numel,
+            Format::Int8 => BaseDtype::Int8.host_bytes(matrix(shape)),
+            Format::Nf4 => BaseDtype::Nf4.host_bytes(matrix(shape)),
+        }
+    }
+
+    /// The dtype's name: `f32`, or the base format's.
+    pub fn name(self) -> &'static str {
+        match self {
+            FrozenDtype::F32 => "f32",
+            FrozenDtype::Base(base) => base.name(),
+        }
+    }
+
     /// How one frozen parameter of `shape` is held, in a block's group
     /// (`block`) or the stem's.
     fn format(self, shape: &[usize], block: bool) -> Format {
@@ -231,6 +251,11 @@ impl FrozenParams {
             .map(|s| s.shape.iter().product::<usize>())
             .sum()
     }
+}
+
+/// A quantised matrix's shape as held: `[out, in]` of a layer's `[in, out]`.
+fn matrix(shape: &[usize]) -> [usize; 2] {
+    [shape[1], shape[0]]
 }
 
 /// The transpose of a row-major `[rows, cols]` matrix, and its shape

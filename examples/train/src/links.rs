@@ -141,6 +141,7 @@ mod tests {
             mlp_tile: None,
             param_cache: ParamCache::Auto,
             trained_params: None,
+            frozen_host_bytes: None,
         }
     }
 

@@ -1,7 +1,8 @@
-//! LoRA from the command line (`--lora-rank` with `--resident`): only the
-//! adapted projections change, `--export-peft` writes adapters that give
-//! the merged `--export-hf` model's logits on the base, and bad LoRA input
-//! is refused before any work.
+//! LoRA from the command line (`--lora-rank`, resident or on the offload
+//! engine with its base frozen in host memory): only the adapted
+//! projections change, `--export-peft` writes adapters that give the merged
+//! `--export-hf` model's logits on the base, and bad LoRA input is refused
+//! before any work.
 
 mod common;
 
@@ -83,7 +84,7 @@ fn logits(model: &Llama<B>) -> Tensor<B, 3> {
 
 #[test]
 fn a_lora_run_changes_only_its_targets_and_its_files_agree() {
-    let (_dir, ck, adapters, merged) = lora_run(&[]);
+    let (_dir, ck, adapters, merged) = lora_run(&["--resident"]);
     // `chat --adapter` merges the adapters as they load: the merged
     // export's greedy reply, token for token.
     let chat = |args: &[&str]| {
@@ -135,7 +136,98 @@ fn a_lora_run_changes_only_its_targets_and_its_files_agree() {
 /// updates it.
 #[test]
 fn a_lora_run_on_the_type_parameter_changes_only_its_targets() {
-    lora_run(&["--host-params"]);
+    lora_run(&["--resident", "--host-params"]);
+}
+
+/// The offload engine with the base frozen in host memory in f32.
+#[test]
+fn a_lora_run_on_the_offload_engine_changes_only_its_targets() {
+    lora_run(&["--base-dtype", "f32"]);
+}
+
+/// QLoRA: the engine holds the base in bf16 (fused), NF4 or int8; the
+/// adapters learn on it and load onto the original model.
+#[test]
+fn a_lora_run_on_a_bf16_or_quantised_base_learns() {
+    for dtype in ["bf16", "nf4", "int8"] {
+        let dir = tempfile::tempdir().unwrap();
+        let ck = llama3_checkpoint(dir.path());
+        let data = corpus(dir.path());
+        let (adapters, jsonl) = (dir.path().join("adapters"), dir.path().join("m.jsonl"));
+        let mut args = run_args(&ck, &data, &adapters, &jsonl);
+        args.extend(["--base-dtype", dtype].map(String::from));
+        if dtype == "bf16" {
+            args.push("--fused".into());
+        }
+        let out = train(&args.iter().map(String::as_str).collect::<Vec<_>>(), &[]);
+        ok(&out);
+        learned(&jsonl);
+        let adapted = models::load_peft(load(&ck), &adapters).unwrap();
+        let moved: f32 = (logits(&adapted) - logits(&load(&ck)))
+            .abs()
+            .max()
+            .into_scalar();
+        assert!(moved > 1e-4, "{dtype}: training moved the logits: {moved}");
+        if dtype == "bf16" {
+            continue;
+        }
+        // A merge would write the dequantised base: refused.
+        args.extend(["--export-hf", "x", "--merge-lora"].map(String::from));
+        let out = train(&args.iter().map(String::as_str).collect::<Vec<_>>(), &[]);
+        assert!(!out.status.success());
+        let errors = error_lines(&out);
+        assert!(errors[0].contains("--merge-lora"), "{errors:?}");
+    }
+}
+
+/// The flags of a 12-step LoRA run from `ck` on `data` writing its
+/// adapters and metrics.
+fn run_args(ck: &Path, data: &Path, adapters: &Path, jsonl: &Path) -> Vec<String> {
+    [
+        "--init-from",
+        s(ck),
+        "--data",
+        s(data),
+        "--steps",
+        "12",
+        "--warmup",
+        "1",
+        "--batch",
+        "2",
+        "--seq-len",
+        "16",
+        "--lr",
+        "1e-2",
+        "--lora-rank",
+        "4",
+        "--lora-alpha",
+        "8",
+        "--lora-targets",
+        "q_proj,v_proj,down_proj",
+        "--export-peft",
+        s(adapters),
+        "--sample-tokens",
+        "0",
+        "--metrics",
+        s(jsonl),
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// The run's 12 losses are finite and fall.
+fn learned(jsonl: &Path) {
+    let losses: Vec<f64> = metrics(jsonl)
+        .iter()
+        .filter_map(|l| l["loss"].as_f64())
+        .collect();
+    assert_eq!(losses.len(), 12);
+    assert!(losses.iter().all(|l| l.is_finite()));
+    let mean = |l: &[f64]| l.iter().sum::<f64>() / l.len() as f64;
+    assert!(
+        mean(&losses[9..]) < mean(&losses[..3]) - 0.5,
+        "the adapters learn: {losses:?}"
+    );
 }
 
 /// Trains adapters with `extra` flags and checks the run's outputs: the
@@ -149,55 +241,14 @@ fn lora_run(extra: &[&str]) -> (tempfile::TempDir, PathBuf, PathBuf, PathBuf) {
         dir.path().join("merged"),
         dir.path().join("m.jsonl"),
     );
-    let out = train(
-        extra,
-        &[
-            "--init-from",
-            s(&ck),
-            "--resident",
-            "--data",
-            s(&data),
-            "--steps",
-            "12",
-            "--warmup",
-            "1",
-            "--batch",
-            "2",
-            "--seq-len",
-            "16",
-            "--lr",
-            "1e-2",
-            "--lora-rank",
-            "4",
-            "--lora-alpha",
-            "8",
-            "--lora-targets",
-            "q_proj,v_proj,down_proj",
-            "--export-peft",
-            s(&adapters),
-            "--export-hf",
-            s(&merged),
-            "--merge-lora",
-            "--sample-tokens",
-            "0",
-            "--metrics",
-            s(&jsonl),
-        ],
-    );
+    let mut args = run_args(&ck, &data, &adapters, &jsonl);
+    args.extend(["--export-hf", s(&merged), "--merge-lora"].map(String::from));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = train(extra, &args);
     ok(&out);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("adapters: "), "{stdout}");
-    let losses: Vec<f64> = metrics(&jsonl)
-        .iter()
-        .filter_map(|l| l["loss"].as_f64())
-        .collect();
-    assert_eq!(losses.len(), 12);
-    assert!(losses.iter().all(|l| l.is_finite()));
-    let mean = |l: &[f64]| l.iter().sum::<f64>() / l.len() as f64;
-    assert!(
-        mean(&losses[9..]) < mean(&losses[..3]) - 0.5,
-        "the adapters learn: {losses:?}"
-    );
+    learned(&jsonl);
 
     let config: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(adapters.join("adapter_config.json")).unwrap(),
@@ -249,7 +300,10 @@ fn bad_lora_input_is_refused_before_any_work() {
     ];
     let weights = std::fs::read(ck.join("model.safetensors")).unwrap();
     let cases: [(&[&str], &str); 5] = [
-        (&["--lora-rank", "4"], "add --resident"),
+        (
+            &["--lora-rank", "4", "--lora-dropout", "0.1"],
+            "--lora-dropout needs --resident",
+        ),
         (
             &["--resident", "--lora-rank", "4", "--lora-targets", "c_attn"],
             "--lora-targets: LoRA target `c_attn` names no projection of a Llama-family model",

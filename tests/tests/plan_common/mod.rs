@@ -31,6 +31,7 @@ pub fn job(config: ModelConfig, fused: bool) -> Job {
         mlp_tile: None,
         param_cache: trainer::plan::ParamCache::Auto,
         trained_params: None,
+        frozen_host_bytes: None,
     }
 }
 

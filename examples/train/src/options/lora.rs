@@ -3,6 +3,9 @@
 
 use std::path::PathBuf;
 
+use burn_offload::quant::{BaseDtype, QuantError};
+use burn_offload::FrozenDtype;
+
 /// `--lora-*`: train low-rank adapters on the frozen model instead of every
 /// weight, as PEFT's `LoraConfig` does (its names and defaults).
 #[derive(Debug, Clone, clap::Args)]
@@ -39,6 +42,22 @@ pub struct LoraOptions {
     /// and write the whole model.
     #[arg(long)]
     pub merge_lora: bool,
+    /// How the offload engine holds the frozen base in host memory: f32,
+    /// bf16 (2 bytes a parameter), int8 (about 1: an absmax per output
+    /// channel) or nf4 (about 0.52: QLoRA's 4-bit NormalFloat with
+    /// double-quantised block scales), the blocks' weight matrices
+    /// dequantised on the GPU as each block arrives (norms, embeddings and
+    /// head stay bf16). Default: the compute precision (f32, or bf16).
+    #[arg(long, value_parser = parse_base_dtype)]
+    pub base_dtype: Option<FrozenDtype>,
+}
+
+/// `f32`, or a base format's name.
+fn parse_base_dtype(s: &str) -> Result<FrozenDtype, QuantError> {
+    if s.trim().eq_ignore_ascii_case("f32") {
+        return Ok(FrozenDtype::F32);
+    }
+    s.parse::<BaseDtype>().map(FrozenDtype::Base)
 }
 
 impl LoraOptions {
@@ -58,10 +77,15 @@ pub enum LoraOptionsError {
     #[error("--lora-dropout must be in [0, 1), got {0}")]
     Dropout(f64),
     #[error(
-        "--lora-rank trains with --resident for now: the offload engine does not yet stream a \
-         frozen base; add --resident"
+        "--lora-dropout needs --resident: the offload engine recomputes each block in the \
+         backward, and a dropout mask drawn again would not be the forward's"
     )]
-    NeedsResident,
+    DropoutStreamed,
+    #[error(
+        "--base-dtype sets how the offload engine holds the frozen base; --resident keeps the \
+         model on the GPU as it is (drop one)"
+    )]
+    BaseDtypeResident,
     #[error(
         "--export-hf of a LoRA run writes the merged model; add --merge-lora (or write the \
          adapters alone with --export-peft)"
@@ -69,6 +93,12 @@ pub enum LoraOptionsError {
     ExportWithoutMerge,
     #[error("--merge-lora folds the adapters into --export-hf's model; add --export-hf")]
     MergeWithoutExport,
+    #[error(
+        "--merge-lora with --base-dtype {0} would write the dequantised base; write the adapters \
+         with --export-peft and merge them into the original model (`chat --adapter` loads them \
+         onto it)"
+    )]
+    MergeQuantised(&'static str),
 }
 
 /// The rules of the LoRA options: what needs `--lora-rank`, the values,
@@ -90,6 +120,7 @@ pub fn validate(
             ("--train-embeddings", lora.train_embeddings),
             ("--export-peft", lora.export_peft.is_some()),
             ("--merge-lora", lora.merge_lora),
+            ("--base-dtype", lora.base_dtype.is_some()),
         ];
         if let Some((flag, _)) = set.iter().find(|(_, set)| *set) {
             return Err(E::NeedsRank(flag));
@@ -102,8 +133,16 @@ pub fn validate(
     if !(lora.lora_dropout.is_finite() && (0.0..1.0).contains(&lora.lora_dropout)) {
         return Err(E::Dropout(lora.lora_dropout));
     }
-    if !resident {
-        return Err(E::NeedsResident);
+    if !resident && lora.lora_dropout > 0.0 {
+        return Err(E::DropoutStreamed);
+    }
+    if resident && lora.base_dtype.is_some() {
+        return Err(E::BaseDtypeResident);
+    }
+    if let Some(FrozenDtype::Base(base @ (BaseDtype::Int8 | BaseDtype::Nf4))) = lora.base_dtype {
+        if lora.merge_lora {
+            return Err(E::MergeQuantised(base.name()));
+        }
     }
     match (export_hf, lora.merge_lora) {
         (true, false) => Err(E::ExportWithoutMerge),
@@ -147,6 +186,7 @@ mod tests {
             (&["--train-embeddings"], "--train-embeddings"),
             (&["--export-peft", "out"], "--export-peft"),
             (&["--merge-lora"], "--merge-lora"),
+            (&["--base-dtype", "nf4"], "--base-dtype"),
         ] {
             let error = check(args).unwrap_err().to_string();
             assert!(error.starts_with(flag), "{args:?}: {error}");
@@ -183,9 +223,18 @@ mod tests {
             check(&with(&["--merge-lora"])),
             Err(LoraOptionsError::MergeWithoutExport)
         ));
+        check(&["--lora-rank", "8", "--base-dtype", "nf4"]).unwrap();
         assert!(matches!(
-            check(&["--lora-rank", "8"]),
-            Err(LoraOptionsError::NeedsResident)
+            check(&["--lora-rank", "8", "--lora-dropout", "0.1"]),
+            Err(LoraOptionsError::DropoutStreamed)
         ));
+        assert!(matches!(
+            check(&with(&["--base-dtype", "int8"])),
+            Err(LoraOptionsError::BaseDtypeResident)
+        ));
+        assert!(
+            <Cli as clap::Parser>::try_parse_from(["train", "--base-dtype", "fp8"]).is_err(),
+            "an unknown base dtype parses"
+        );
     }
 }

@@ -131,8 +131,8 @@ fn suggestion(job: &Job, machine: &Machine) -> String {
         );
         tries.push((fewer, what));
     }
-    // LoRA trains resident only: streaming is no way out for it yet.
-    if job.resident && job.trained_params.is_none() {
+    // A LoRA job streams with its base's format counted (`frozen_host_bytes`).
+    if job.resident && (job.trained_params.is_none() || job.frozen_host_bytes.is_some()) {
         tries.push((
             Job {
                 resident: false,

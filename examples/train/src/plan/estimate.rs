@@ -203,8 +203,15 @@ impl Plan {
         let loss_chunk = F32 * 5 * chunk * s.vocab;
         let runtime_device = if job.gpu { (1.0 * GIB) as u64 } else { 0 };
 
+        // The engine holds a frozen base apart, in its own format.
+        let frozen_base = job.frozen_host_bytes.filter(|_| !job.resident);
+        let master = if frozen_base.is_some() {
+            trained
+        } else {
+            params
+        };
         let mut host = vec![
-            Item::held("parameters (fp32 master weights)", F32 * params),
+            Item::held("parameters (fp32 master weights)", F32 * master),
             Item::held(
                 if job.optim_state == OptimState::EightBit {
                     "Adam m and v (8-bit, a scale per 256)"
@@ -214,6 +221,9 @@ impl Plan {
                 job.optim_state.bytes(trained),
             ),
         ];
+        if let Some(bytes) = frozen_base {
+            host.push(Item::held("frozen base (--base-dtype)", bytes));
+        }
         let mut device = Vec::new();
         if job.resident && job.host_params {
             device.push(Item::held(
@@ -280,6 +290,11 @@ impl Plan {
             }
         } else {
             if job.fused {
+            } else if frozen_base.is_some() {
+                host.push(Item::held(
+                    "gradient buffer (fp32, adapters)",
+                    F32 * trained,
+                ));
             } else if job.compact_gradients() {
                 let blocks = s.layers * s.block_params;
                 host.push(Item::held(
@@ -292,7 +307,7 @@ impl Plan {
             if job.compute != Compute::Fp32 && !job.compact() {
                 host.push(Item::held(
                     "weights in the compute precision (uploaded)",
-                    width * params,
+                    width * master,
                 ));
             }
             host.push(Item::held(

@@ -63,6 +63,9 @@ pub struct Job {
     /// frozen, with no gradient and no optimizer state. `None`: every
     /// parameter trains.
     pub trained_params: Option<u64>,
+    /// With LoRA on the offload engine: the host bytes of the frozen base
+    /// as `--base-dtype` holds it (no gradient, no optimizer state).
+    pub frozen_host_bytes: Option<u64>,
 }
 
 impl Job {

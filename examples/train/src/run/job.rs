@@ -171,7 +171,7 @@ impl Job<'_> {
     ) -> Result<Outcome, JobError>
     where
         B: Backend,
-        M: BlockModel<B> + HasAutodiffModule<Autodiff<B>>,
+        M: BlockModel<B> + LoraModel<B> + HasAutodiffModule<Autodiff<B>>,
         M::TrainModule: BlockModel<Autodiff<B>>,
         M::Block: HasAutodiffModule<Autodiff<B>>,
         <M::Block as HasAutodiffModule<Autodiff<B>>>::TrainModule: DecoderBlock<Autodiff<B>>,
@@ -196,7 +196,8 @@ impl Job<'_> {
             gradient_blocks_in_flight: self.gradient_blocks_in_flight,
         };
         let device = &devices[0];
-        let mut engine = Engine::on_devices(model, config, devices)?;
+        let frozen = lora::frozen(&model, self.lora.as_ref(), opts);
+        let mut engine = Engine::with_frozen(model, frozen.as_ref(), config, devices)?;
         drop(rng);
         trace::mark("host store ready");
         if opts.progress {
@@ -449,7 +450,14 @@ impl Job<'_> {
         }
         if self.opts.export_hf.is_some() {
             // The export needs the whole model as burn modules on the device.
-            outcome.exported = self.export(&engine.model())?;
+            let model = engine.model();
+            outcome.exported = match self.lora {
+                Some(_) => self.export(&model.merge_lora())?,
+                None => self.export(&model)?,
+            };
+        }
+        if let Some(config) = &self.lora {
+            outcome.adapters = lora::export_peft(opts, &engine.trained_model(), config)?;
         }
         if !outcome.losses.is_empty() {
             // Sampling streams the blocks like training does: a model larger

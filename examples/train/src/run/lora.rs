@@ -2,11 +2,13 @@
 //! options and the model's family, the model adapted and frozen, and the
 //! adapters written as PEFT writes them.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
-use burn::module::{ModuleVisitor, Param};
+use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
+use burn_offload::{BlockModel, Compute, Frozen, FrozenDtype};
 use models::lora::{LoraConfig, LoraError, LoraModel, LoraTarget};
 use models::peft::{save_peft, PeftDtype};
 use models::ModelConfig;
@@ -78,6 +80,93 @@ pub(crate) fn adapt<X: Backend, M: LoraModel<X>>(
     match lora {
         Some(config) => model.with_lora(config, device),
         None => Ok(model),
+    }
+}
+
+/// How the offload engine holds the frozen base: `--base-dtype`, else the
+/// compute precision (f32, or bf16 for a 16-bit compute).
+pub(crate) fn base_dtype(opts: &TrainOptions) -> FrozenDtype {
+    opts.lora.base_dtype.unwrap_or(match opts.compute {
+        Compute::Fp32 => FrozenDtype::F32,
+        _ => FrozenDtype::Base(burn_offload::quant::BaseDtype::Bf16),
+    })
+}
+
+/// The parameters the offload engine holds frozen in `model` (adapted with
+/// `lora`), and how; `None` without adapters.
+pub(crate) fn frozen<X: Backend, M: LoraModel<X>>(
+    model: &M,
+    lora: Option<&LoraConfig>,
+    opts: &TrainOptions,
+) -> Option<Frozen> {
+    lora.map(|config| Frozen {
+        ids: model.frozen_ids(config),
+        dtype: base_dtype(opts),
+    })
+}
+
+/// Host bytes of the frozen base of a model of `config` adapted with
+/// `lora` and held in `dtype`, counted on a model whose weights are never
+/// drawn.
+pub(crate) fn frozen_host_bytes(
+    config: &ModelConfig,
+    lora: &LoraConfig,
+    dtype: FrozenDtype,
+) -> u64 {
+    type Counting = burn::backend::Flex;
+    let device = Default::default();
+    match config {
+        ModelConfig::Llama(c) => base_bytes(c.init::<Counting>(&device), lora, dtype),
+        ModelConfig::Gpt2(c) => base_bytes(c.init::<Counting>(&device), lora, dtype),
+    }
+}
+
+fn base_bytes<X: Backend, M: LoraModel<X> + BlockModel<X>>(
+    model: M,
+    lora: &LoraConfig,
+    dtype: FrozenDtype,
+) -> u64 {
+    // Adapters are never frozen: the model without them has the same
+    // frozen parameters, and none of its weights is drawn.
+    let frozen = model.frozen_ids(lora);
+    let mut in_blocks = BlockParams(HashSet::new());
+    for block in model.blocks() {
+        block.visit(&mut in_blocks);
+    }
+    let mut count = FrozenBytes {
+        frozen: &frozen,
+        in_blocks: &in_blocks.0,
+        dtype,
+        bytes: 0,
+    };
+    model.visit(&mut count);
+    count.bytes
+}
+
+/// Collects parameter ids.
+struct BlockParams(HashSet<ParamId>);
+
+impl<X: Backend> ModuleVisitor<X> for BlockParams {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<X, D>>) {
+        self.0.insert(param.id);
+    }
+}
+
+/// Sums the host bytes of the frozen parameters as `dtype` holds them.
+struct FrozenBytes<'a> {
+    frozen: &'a HashSet<ParamId>,
+    in_blocks: &'a HashSet<ParamId>,
+    dtype: FrozenDtype,
+    bytes: u64,
+}
+
+impl<X: Backend> ModuleVisitor<X> for FrozenBytes<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<X, D>>) {
+        if self.frozen.contains(&param.id) {
+            let shape = param.lazy_shape().dims::<D>();
+            let block = self.in_blocks.contains(&param.id);
+            self.bytes += self.dtype.host_bytes(&shape, block) as u64;
+        }
     }
 }
 

@@ -189,10 +189,14 @@ fn cudnn_runs(opts: &TrainOptions) -> bool {
 /// The memory plan of this job on `machine` (nothing is allocated).
 pub fn plan(opts: &TrainOptions, config: ModelConfig, machine: &Machine) -> (Plan, PlanJob) {
     // A bad LoRA option was refused before any plan (`preflight`).
-    let trained_params = super::lora::lora_config(opts, &config)
-        .ok()
-        .flatten()
-        .map(|lora| super::lora::trained_params(&config, &lora));
+    let lora = super::lora::lora_config(opts, &config).ok().flatten();
+    let trained_params = lora
+        .as_ref()
+        .map(|lora| super::lora::trained_params(&config, lora));
+    // Counted for a resident job too: the plan may suggest streaming it.
+    let frozen_host_bytes = lora
+        .as_ref()
+        .map(|lora| super::lora::frozen_host_bytes(&config, lora, super::lora::base_dtype(opts)));
     let job = PlanJob {
         config,
         batch: opts.batch,
@@ -219,6 +223,7 @@ pub fn plan(opts: &TrainOptions, config: ModelConfig, machine: &Machine) -> (Pla
             None => ParamCache::Auto,
         },
         trained_params,
+        frozen_host_bytes,
     };
     let job = job.placed(machine);
     (Plan::new(&job), job)

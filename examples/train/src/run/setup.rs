@@ -407,15 +407,21 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport, TrainError> {
             host_adamw.init(),
             &device,
         )?,
-        (ModelConfig::Gpt2(c), false, _) => job.train_engine::<B, _>(
-            initial(opts, &config, &device, false, || c.init::<B>(&device))?,
-            &devices,
-        )?,
-        (ModelConfig::Llama(c), false, _) => job.train_engine::<B, _>(
-            initial(opts, &config, &device, false, || c.init::<B>(&device))
-                .map(|(model, rng)| (model.with_mlp_tiles(placed.mlp_tile), rng))?,
-            &devices,
-        )?,
+        (ModelConfig::Gpt2(c), false, _) => {
+            let (model, rng) = initial(opts, &config, &device, false, || c.init::<B>(&device))?;
+            let model = lora::adapt(model, adapters.as_ref(), &device).map_err(SetupError::Lora)?;
+            job.train_engine::<B, _>((model, rng), &devices)?
+        }
+        (ModelConfig::Llama(c), false, _) => {
+            let (model, rng) = initial(opts, &config, &device, false, || c.init::<B>(&device))?;
+            let model = lora::adapt(
+                model.with_mlp_tiles(placed.mlp_tile),
+                adapters.as_ref(),
+                &device,
+            )
+            .map_err(SetupError::Lora)?;
+            job.train_engine::<B, _>((model, rng), &devices)?
+        }
     };
     if opts.progress && opts.host_params {
         let (paged, prefetch, updates) = (
