@@ -352,6 +352,13 @@ impl Checkpoint {
         self.index.contains_key(name)
     }
 
+    /// Each weight file's path and bytes (memory-mapped).
+    pub fn files(&self) -> impl Iterator<Item = (&Path, &[u8])> {
+        self.files
+            .iter()
+            .map(|(path, map)| (path.as_path(), &map[..]))
+    }
+
     /// The stored name of our parameter `ours` ([`hf_name`]), and whether it
     /// is stored transposed, where the file names it otherwise: an untied
     /// head read from a checkpoint that ties it, GPT-2 files without the

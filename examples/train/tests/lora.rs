@@ -342,3 +342,74 @@ fn bad_lora_input_is_refused_before_any_work() {
         "nothing written into the checkpoint"
     );
 }
+
+/// An engine LoRA run's checkpoints hold the adapters and their state, not
+/// the base: a run stopped after 6 steps and resumed ends where the
+/// uninterrupted one does, and a resume with other adapters is refused.
+#[test]
+fn an_engine_lora_run_resumes_from_an_adapter_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = llama3_checkpoint(dir.path());
+    let data = corpus(dir.path());
+    let run = |name: &str, more: &[&str]| {
+        let (adapters, jsonl) = (
+            dir.path().join(name),
+            dir.path().join(format!("{name}.jsonl")),
+        );
+        let mut args = run_args(&ck, &data, &adapters, &jsonl);
+        args.extend(["--base-dtype", "nf4"].map(String::from));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        (train(&args, more), jsonl)
+    };
+    let (straight, straight_jsonl) = run("straight", &[]);
+    ok(&straight);
+    let checkpoints = dir.path().join("checkpoints");
+    let (first, _) = run(
+        "first",
+        &["--stop-after", "6", "--checkpoint-dir", s(&checkpoints)],
+    );
+    ok(&first);
+    // No base-sized file: the fixture's weights are ~1 MB, the adapters' state far less.
+    let bytes: u64 = walk(&checkpoints)
+        .iter()
+        .map(|p| p.metadata().unwrap().len())
+        .sum();
+    let base = std::fs::metadata(ck.join("model.safetensors"))
+        .unwrap()
+        .len();
+    assert!(bytes < base / 4, "checkpoint of {bytes} bytes, base {base}");
+    let (resumed, resumed_jsonl) = run("resumed", &["--resume", s(&checkpoints)]);
+    ok(&resumed);
+    let losses = |p: &Path| -> Vec<f64> {
+        metrics(p)
+            .iter()
+            .filter_map(|l| l["loss"].as_f64())
+            .collect()
+    };
+    let (want, got) = (losses(&straight_jsonl), losses(&resumed_jsonl));
+    assert_eq!(got.len(), 6);
+    for (a, b) in want[6..].iter().zip(&got) {
+        assert!((a - b).abs() <= 1e-5 * a.abs(), "{want:?} vs {got:?}");
+    }
+    let (other, _) = run(
+        "other",
+        &["--resume", s(&checkpoints), "--lora-alpha", "16"],
+    );
+    assert!(!other.status.success());
+    let errors = error_lines(&other);
+    assert!(errors[0].contains("holds LoRA adapters of"), "{errors:?}");
+}
+
+/// Every file under `dir`.
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            files.extend(walk(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
+}

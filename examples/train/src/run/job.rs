@@ -133,6 +133,8 @@ pub(crate) struct Job<'a> {
     pub(crate) best: Option<BestEval>,
     /// The LoRA adapters the model carries (`--lora-rank`).
     pub(crate) lora: Option<LoraConfig>,
+    /// What its checkpoints record of the adapters and their base.
+    pub(crate) adapter_run: Option<AdapterRun>,
 }
 
 impl Job<'_> {
@@ -160,6 +162,7 @@ impl Job<'_> {
             corpus_tokens: self.corpus.0,
             corpus_crc32: self.corpus.1,
             best_eval: self.best,
+            adapters: self.adapter_run.clone(),
         }
     }
 

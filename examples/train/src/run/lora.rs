@@ -9,10 +9,12 @@ use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
 use burn_offload::{BlockModel, Compute, Frozen, FrozenDtype};
+use models::hf::HfError;
 use models::lora::{LoraConfig, LoraError, LoraModel, LoraTarget};
 use models::peft::{save_peft, PeftDtype};
 use models::ModelConfig;
 
+use super::state::AdapterRun;
 use crate::export::{self, ExportError};
 use crate::options::TrainOptions;
 
@@ -81,6 +83,49 @@ pub(crate) fn adapt<X: Backend, M: LoraModel<X>>(
         Some(config) => model.with_lora(config, device),
         None => Ok(model),
     }
+}
+
+/// What a LoRA run's checkpoints record of its adapters and base, for a
+/// resume to check (`None` without adapters).
+pub(crate) fn adapter_run(
+    opts: &TrainOptions,
+    lora: Option<&LoraConfig>,
+) -> Result<Option<AdapterRun>, HfError> {
+    let Some(lora) = lora else {
+        return Ok(None);
+    };
+    let base_crc32 = match &opts.init_from {
+        Some(dir) => weights_crc32(dir)?,
+        None => crc32fast::hash(&opts.seed.to_le_bytes()),
+    };
+    Ok(Some(AdapterRun {
+        lora: lora.clone(),
+        base_dtype: if opts.resident {
+            "resident".to_string()
+        } else {
+            base_dtype(opts).name().to_string()
+        },
+        base: opts.init_from.clone(),
+        base_crc32,
+    }))
+}
+
+/// CRC32 of a checkpoint's weight files: each one's name, size and
+/// safetensors header (every tensor's name, dtype, shape and byte range).
+/// Reading the headers alone keeps it instant for a base of any size; a
+/// different checkpoint has another header.
+fn weights_crc32(dir: &Path) -> Result<u32, HfError> {
+    let checkpoint = models::hf::Checkpoint::open(dir)?;
+    let mut crc = crc32fast::Hasher::new();
+    for (path, bytes) in checkpoint.files() {
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+        crc.update(name.unwrap_or_default().as_bytes());
+        crc.update(&(bytes.len() as u64).to_le_bytes());
+        // Opened as safetensors: an 8-byte header length, then the header.
+        let len = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")) as usize;
+        crc.update(&bytes[..8 + len]);
+    }
+    Ok(crc.finalize())
 }
 
 /// How the offload engine holds the frozen base: `--base-dtype`, else the

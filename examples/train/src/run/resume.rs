@@ -51,6 +51,15 @@ pub enum ResumeError {
         theirs: RunShape,
         ours: RunShape,
     },
+    #[error(
+        "checkpoint `{}` holds LoRA adapters of {theirs}, but this run trains {ours}",
+        path.display()
+    )]
+    Adapters {
+        path: PathBuf,
+        theirs: String,
+        ours: String,
+    },
     #[error("checkpoint `{}` is at step {step}, beyond --steps {steps}", path.display())]
     BeyondSteps {
         path: PathBuf,
@@ -90,6 +99,7 @@ impl Resume {
         config: &ModelConfig,
         tokenizer: &Tokenizer,
         corpus: (usize, u32),
+        adapters: Option<&AdapterRun>,
     ) -> Result<Self, ResumeError> {
         let path = burn_offload::checkpoint::resolve(path)?;
         let manifest = burn_offload::checkpoint::read_manifest(&path)?;
@@ -118,6 +128,22 @@ impl Resume {
             return Err(ResumeError::Data {
                 path: here(),
                 tokens: state.corpus_tokens,
+            });
+        }
+        let same = match (&state.adapters, adapters) {
+            (Some(theirs), Some(ours)) => theirs.continues(ours),
+            (None, None) => true,
+            _ => false,
+        };
+        if !same {
+            let describe = |a: Option<&AdapterRun>| match a {
+                Some(a) => serde_json::to_string(a).unwrap_or_default(),
+                None => "no adapters (full training)".to_string(),
+            };
+            return Err(ResumeError::Adapters {
+                path: here(),
+                theirs: describe(state.adapters.as_ref()),
+                ours: describe(adapters),
             });
         }
         let shape = |s: &TrainerState| (s.batch, s.seq_len, s.accum, s.gpus, s.processes);

@@ -248,8 +248,17 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport, TrainError> {
         sample_prompt,
         eval,
     } = super::data::read(opts, format, eval_format, &tokenizer).map_err(SetupError::from)?;
+    let adapters = lora::lora_config(opts, &config).map_err(SetupError::Lora)?;
+    let adapter_run = lora::adapter_run(opts, adapters.as_ref())?;
     let resume = match &opts.resume {
-        Some(path) => Some(Resume::read(path, opts, &config, &tokenizer, corpus)?),
+        Some(path) => Some(Resume::read(
+            path,
+            opts,
+            &config,
+            &tokenizer,
+            corpus,
+            adapter_run.as_ref(),
+        )?),
         None => None,
     };
 
@@ -338,7 +347,6 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport, TrainError> {
     });
 
     let resumed_from = resume.as_ref().map(|r| r.path.clone());
-    let adapters = lora::lora_config(opts, &config).map_err(SetupError::Lora)?;
     let job = Job {
         opts,
         tokenizer: &tokenizer,
@@ -360,6 +368,7 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport, TrainError> {
         eval,
         best: None,
         lora: adapters.clone(),
+        adapter_run,
     };
     // `--host-params`: the same loop over `Offload<B>` with the host AdamW.
     type HostAb = Autodiff<burn_offload::Offload<DefaultBackend>>;

@@ -32,6 +32,33 @@ pub struct TrainerState {
     /// resume (checkpoints before evaluation have none).
     #[serde(default)]
     pub best_eval: Option<BestEval>,
+    /// A LoRA run's adapters and the frozen base they train on: the
+    /// checkpoint holds only the adapters' state, so a resume must find the
+    /// same base (checkpoints of full training have none).
+    #[serde(default)]
+    pub adapters: Option<AdapterRun>,
+}
+
+/// What a LoRA run's checkpoint needs from the run that resumes it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AdapterRun {
+    pub lora: models::LoraConfig,
+    /// How the base was held: `resident`, or the engine's `--base-dtype`.
+    pub base_dtype: String,
+    /// `--init-from`, as given then (informative: a moved folder resumes).
+    pub base: Option<PathBuf>,
+    /// CRC32 of the base's weight files' names, sizes and safetensors
+    /// headers (every tensor's name, dtype, shape and place), or of the
+    /// seed its random weights were drawn from.
+    pub base_crc32: u32,
+}
+
+impl AdapterRun {
+    /// Whether a run with `other` continues this one's adapters.
+    pub fn continues(&self, other: &AdapterRun) -> bool {
+        (&self.lora, &self.base_dtype, self.base_crc32)
+            == (&other.lora, &other.base_dtype, other.base_crc32)
+    }
 }
 
 /// The run's lowest eval loss and when it was measured.
