@@ -23,6 +23,12 @@ use burn_cubecl::cubecl::cuda::CudaRuntime;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::{CubeCount, CubeDim};
 
+use std::any::Any;
+
+use burn_cubecl::cubecl::cuda::CudaDevice;
+
+use super::types::is_cuda;
+use super::upload::{upload_cube_ordered, CopyInFlight};
 use crate::cuda::{as_float, empty_like, float_cube, int_cube, is_float};
 use crate::host::optim::quant::SIGNED;
 use crate::quant::{pack_words, Int8Weight, Nf4Weight, NF4};
@@ -127,6 +133,27 @@ fn launch_size(units: usize) -> (CubeCount, CubeDim) {
     (CubeCount::Static(cubes, 1, 1), CubeDim::new_1d(UNITS))
 }
 
+/// `bytes` as i32 words on `device`: straight from `bytes` on the upload
+/// stream with the compute stream ordered behind the copy (`bytes` must not
+/// change until the returned copy is dropped) where `streamed` and the
+/// bytes make whole words, else packed and uploaded at once.
+fn words<B: Backend>(
+    bytes: &[u8],
+    device: &B::Device,
+    streamed: bool,
+    copies: &mut Vec<CopyInFlight>,
+) -> Option<CubeTensor<CudaRuntime>> {
+    let cuda = (device as &dyn Any).downcast_ref::<CudaDevice>();
+    match cuda {
+        Some(cuda) if streamed && !bytes.is_empty() && bytes.len() % 4 == 0 && is_cuda::<B>() => {
+            let (cube, copy) = upload_cube_ordered(bytes, DType::I32, &[bytes.len() / 4], cuda);
+            copies.push(copy);
+            Some(cube)
+        }
+        _ => ints::<B>(pack_words(bytes), device),
+    }
+}
+
 /// `w` dequantised on `device` into a `[out, in]` tensor of `dtype` by one
 /// kernel; `None` off CUDA or for a weight of 2³² values or more.
 pub fn dequantize_nf4_cuda<B: Backend>(
@@ -134,10 +161,24 @@ pub fn dequantize_nf4_cuda<B: Backend>(
     device: &B::Device,
     dtype: FloatDType,
 ) -> Option<Tensor<B, 2>> {
+    nf4(w, device, dtype, false).map(|(tensor, _)| tensor)
+}
+
+/// [`dequantize_nf4_cuda`], with the packed bytes and absmax codes copied
+/// straight from `w` on the upload stream where `streamed` (the engine's
+/// binds: `w` is the store's and never changes); the copies must be kept
+/// until they land.
+pub(crate) fn nf4<B: Backend>(
+    w: &Nf4Weight,
+    device: &B::Device,
+    dtype: FloatDType,
+    streamed: bool,
+) -> Option<(Tensor<B, 2>, Vec<CopyInFlight>)> {
     let numel = w.numel();
     let dtype = output_dtype(numel, dtype)?;
-    let packed = ints::<B>(pack_words(&w.packed), device)?;
-    let codes = ints::<B>(pack_words(&w.absmax_codes), device)?;
+    let mut copies = Vec::new();
+    let packed = words::<B>(&w.packed, device, streamed, &mut copies)?;
+    let codes = words::<B>(&w.absmax_codes, device, streamed, &mut copies)?;
     let scales = padded_scales::<B>(&w.absmax_scales, device)?;
     let nf4 = floats::<B>(NF4.to_vec(), device)?;
     let map = floats::<B>(SIGNED.values.to_vec(), device)?;
@@ -159,7 +200,7 @@ pub fn dequantize_nf4_cuda<B: Backend>(
             dtype.into(),
         );
     }
-    Some(as_float(out))
+    Some((as_float(out), copies))
 }
 
 /// `w` dequantised on `device` into a `[out, in]` tensor of `dtype` by one
@@ -169,10 +210,25 @@ pub fn dequantize_int8_cuda<B: Backend>(
     device: &B::Device,
     dtype: FloatDType,
 ) -> Option<Tensor<B, 2>> {
+    int8(w, device, dtype, false).map(|(tensor, _)| tensor)
+}
+
+/// [`dequantize_int8_cuda`], streamed as [`nf4`] is.
+pub(crate) fn int8<B: Backend>(
+    w: &Int8Weight,
+    device: &B::Device,
+    dtype: FloatDType,
+    streamed: bool,
+) -> Option<(Tensor<B, 2>, Vec<CopyInFlight>)> {
     let numel = w.numel();
     let dtype = output_dtype(numel, dtype)?;
-    let bytes: Vec<u8> = w.codes.iter().map(|&c| c as u8).collect();
-    let codes = ints::<B>(pack_words(&bytes), device)?;
+    let mut copies = Vec::new();
+    let codes = words::<B>(
+        bytemuck::cast_slice(&w.codes),
+        device,
+        streamed,
+        &mut copies,
+    )?;
     let scales = padded_scales::<B>(&w.scales, device)?;
     let out = empty_like(&codes, &w.shape, dtype);
     if numel > 0 {
@@ -189,5 +245,5 @@ pub fn dequantize_int8_cuda<B: Backend>(
             dtype.into(),
         );
     }
-    Some(as_float(out))
+    Some((as_float(out), copies))
 }

@@ -8,7 +8,7 @@ use burn::tensor::{DType, FloatDType, Tensor};
 use burn_cubecl::cubecl::cuda::CudaDevice;
 
 use super::collective::{can_reduce, try_all_gather, try_all_reduce, try_reduce};
-use super::dequant::{dequantize_int8_cuda, dequantize_nf4_cuda};
+use super::dequant;
 use super::device::{
     blocking_sync, device_used_bytes, flush_backend, pin, pool_bytes, release_free_memory,
     sync_backend, Pinned,
@@ -83,10 +83,10 @@ impl Transfer for CudaTransfer {
         w: Quantized<'_>,
         dtype: FloatDType,
         device: &X::Device,
-    ) -> Option<Tensor<X, 2>> {
+    ) -> Option<(Tensor<X, 2>, Vec<CopyInFlight>)> {
         match w {
-            Quantized::Int8(w) => dequantize_int8_cuda(w, device, dtype),
-            Quantized::Nf4(w) => dequantize_nf4_cuda(w, device, dtype),
+            Quantized::Int8(w) => dequant::int8(w, device, dtype, true),
+            Quantized::Nf4(w) => dequant::nf4(w, device, dtype, true),
         }
     }
 

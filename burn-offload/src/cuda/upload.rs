@@ -290,6 +290,21 @@ pub(crate) fn try_upload_ordered<X: Backend, const D: usize>(
     if !is_cuda::<X>() {
         return None;
     }
+    let (cube, in_flight) = upload_cube_ordered(bytes, dtype, shape, device);
+    let tensor = cuda_as(Tensor::<CudaBackend, D>::from_primitive(
+        TensorPrimitive::Float(cube),
+    ))?;
+    Some((tensor, in_flight))
+}
+
+/// [`upload_cube`] with the calling thread's compute stream ordered behind
+/// the copy (see [`try_upload_ordered`]), for elements of any `dtype`.
+pub(super) fn upload_cube_ordered(
+    bytes: &[u8],
+    dtype: DType,
+    shape: &[usize],
+    device: &CudaDevice,
+) -> (CubeTensor<CudaRuntime>, CopyInFlight) {
     let cube = upload_cube(bytes, dtype, shape, device);
     // Kernels submitted before the copy reach the stream ahead of the wait,
     // so they do not wait for it.
@@ -318,8 +333,5 @@ pub(crate) fn try_upload_ordered<X: Backend, const D: usize>(
             context: copier.context.clone(),
         }
     });
-    let tensor = cuda_as(Tensor::<CudaBackend, D>::from_primitive(
-        TensorPrimitive::Float(cube),
-    ))?;
-    Some((tensor, in_flight))
+    (cube, in_flight)
 }

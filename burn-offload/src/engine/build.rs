@@ -196,8 +196,9 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
             pager.pin::<B>(bytemuck::cast_slice(group.params.as_slice()), device);
         }
         for group in &store.groups {
-            for slab in group.frozen.slab_bytes() {
-                pager.pin::<B>(slab, device);
+            let frozen = &group.frozen;
+            for bytes in frozen.slab_bytes().chain(frozen.quantized_bytes()) {
+                pager.pin::<B>(bytes, device);
             }
         }
         // The model's weights were drawn on the device; only placeholders remain.

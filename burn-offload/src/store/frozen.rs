@@ -236,6 +236,21 @@ impl FrozenParams {
         f32.chain(bf16)
     }
 
+    /// The quantised weights' codes, for page-locking (best effort: they
+    /// are not page-aligned, and a page shared with another allocation is
+    /// locked once).
+    pub fn quantized_bytes(&self) -> impl Iterator<Item = &[u8]> {
+        let int8 = self
+            .int8
+            .iter()
+            .map(|w| bytemuck::cast_slice::<i8, u8>(&w.codes));
+        let nf4 = self
+            .nf4
+            .iter()
+            .flat_map(|w| [&w.packed[..], &w.absmax_codes[..]]);
+        int8.chain(nf4)
+    }
+
     /// Host bytes held.
     pub fn bytes(&self) -> usize {
         self.f32.as_ref().map_or(0, Slab::bytes)

@@ -166,13 +166,14 @@ pub trait Transfer: ReadBack + 'static {
     /// The device's memory as its allocator and its driver see it.
     fn device_memory<X: Backend>(device: &X::Device) -> Option<DeviceMemory>;
     /// `w` dequantised into a `[out, in]` tensor of `dtype` on `device` by
-    /// this machinery's own kernel; `None` where it has none (the pager then
-    /// dequantises with burn tensor ops).
+    /// this machinery's own kernel, with the copies of `w`'s bytes still in
+    /// flight (`w` must stay unchanged until they are dropped); `None` where
+    /// it has none (the pager then dequantises with burn tensor ops).
     fn dequantize<X: Backend>(
         w: Quantized<'_>,
         dtype: FloatDType,
         device: &X::Device,
-    ) -> Option<Tensor<X, 2>> {
+    ) -> Option<(Tensor<X, 2>, Vec<Self::InFlight>)> {
         let _ = (w, dtype, device);
         None
     }

@@ -85,6 +85,9 @@ pub struct Pager<T: Transfer> {
     serial: bool,
     /// Host sources of uploads still in flight (freed by `ready`).
     in_flight: Vec<Vec<u8>>,
+    /// Copies of frozen quantised weights still in flight (their bytes are
+    /// the store's; dropped by `ready`).
+    copies: Vec<T::InFlight>,
     /// Page-locked host slabs; unlocked when the pager drops.
     pinned: Vec<T::Pin>,
     /// The source of [`Pager::upload_filled`]'s uploads.
@@ -122,6 +125,7 @@ impl<T: Transfer> Pager<T> {
             stats: PagerStats::default(),
             serial,
             in_flight: Vec::new(),
+            copies: Vec::new(),
             pinned: Vec::new(),
             filled: UploadBuffer {
                 pinned: None,
@@ -233,6 +237,7 @@ impl<T: Transfer> Pager<T> {
         self.stats.upload_timed_bytes += wait.bytes;
         self.stats.upload_copy_ns += wait.copy_time.as_nanos() as u64;
         self.in_flight.clear();
+        self.copies.clear();
     }
 
     /// Runs `landed` once every upload started so far has landed: on CUDA
@@ -300,15 +305,6 @@ impl<T: Transfer> Pager<T> {
         require_grad: bool,
         device: &B::Device,
     ) -> M {
-        let mut bind = Bind::<B, T> {
-            transfer: PhantomData,
-            group,
-            bf16,
-            next: 0,
-            skip,
-            device,
-            require_grad,
-        };
         if self.serial {
             // No copy runs behind compute: in the forward, the next block's
             // copy would otherwise overlap the block still running.
@@ -330,6 +326,16 @@ impl<T: Transfer> Pager<T> {
             })
             .collect();
         let batch = T::begin_uploads::<B>(device, &sizes);
+        let mut bind = Bind::<B, T> {
+            transfer: PhantomData,
+            copies: &mut self.copies,
+            group,
+            bf16,
+            next: 0,
+            skip,
+            device,
+            require_grad,
+        };
         let module = template.map(&mut bind);
         drop(batch);
         debug_assert_eq!(
@@ -491,6 +497,7 @@ impl<T: Transfer> Pager<T> {
 /// Replaces each parameter of a group with its upload.
 struct Bind<'a, B: Backend, T: Transfer> {
     transfer: PhantomData<T>,
+    copies: &'a mut Vec<T::InFlight>,
     group: &'a ParamGroup,
     bf16: Option<&'a [bf16]>,
     next: usize,
@@ -521,6 +528,7 @@ impl<B: Backend, T: Transfer> ModuleMapper<B> for Bind<'_, B, T> {
                     shape,
                     dtype,
                     self.device,
+                    self.copies,
                 );
                 return Param::initialized(param.id, tensor);
             }
@@ -550,6 +558,7 @@ fn frozen_tensor<B: Backend, T: Transfer, const D: usize>(
     shape: &[usize],
     dtype: FloatDType,
     device: &B::Device,
+    copies: &mut Vec<T::InFlight>,
 ) -> Tensor<B, D> {
     let upload = |bytes: &[u8], held: DType| -> Tensor<B, D> {
         let tensor = T::upload::<B, D>(bytes, held, shape, device).unwrap_or_else(|| {
@@ -568,7 +577,11 @@ fn frozen_tensor<B: Backend, T: Transfer, const D: usize>(
         FrozenValues::Int8(w) => Quantized::Int8(w),
         FrozenValues::Nf4(w) => Quantized::Nf4(w),
     };
-    let matrix = T::dequantize::<B>(quantized, dtype, device).unwrap_or_else(|| {
+    let streamed = T::dequantize::<B>(quantized, dtype, device).map(|(matrix, in_flight)| {
+        copies.extend(in_flight);
+        matrix
+    });
+    let matrix = streamed.unwrap_or_else(|| {
         let dequantized = match quantized {
             Quantized::Int8(w) => Int8Tensors::<B>::upload(w, device).dequantize(dtype),
             Quantized::Nf4(w) => Nf4Tensors::<B>::upload(w, device).dequantize(dtype),
