@@ -42,7 +42,9 @@ def main():
     p.add_argument("--eval", required=True, help="held-out text")
     p.add_argument("--tokenizer", default=None, help="tokenizer.json (default: the base folder's)")
     p.add_argument("--seq-len", type=int, required=True)
-    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--batch", type=int, default=8, help="windows whose logits are compared")
+    p.add_argument("--eval-batch", type=int, default=64,
+                   help="windows per evaluation forward (the sum is the same for any)")
     p.add_argument("--peft-extra", action="append", default=[],
                    help="NAME=FOLDER: another adapter folder on the same base, its eval loss reported")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -60,11 +62,11 @@ def main():
     result = {"eval_tokens": int(windows[1].numel()), "logits_tokens": int(fixed.numel())}
 
     base = load_base(a.base, device)
-    result["base_eval_loss"] = eval_loss(base, windows, a.batch, device)
+    result["base_eval_loss"] = eval_loss(base, windows, a.eval_batch, device)
     base_logits = logits_of(base, fixed)
 
     adapted = PeftModel.from_pretrained(base, a.peft, is_trainable=False).to(device)
-    result["adapter_eval_loss"] = eval_loss(adapted, windows, a.batch, device)
+    result["adapter_eval_loss"] = eval_loss(adapted, windows, a.eval_batch, device)
     adapter_logits = logits_of(adapted, fixed)
     result["adapter_vs_base_logits_max_abs_diff"] = (adapter_logits - base_logits).abs().max().item()
     del adapted, base
@@ -76,7 +78,7 @@ def main():
         result["logits_max_abs_diff"] = diff.max().item()
         result["logits_mean_abs_diff"] = diff.mean().item()
         result["logits_max_abs"] = adapter_logits.abs().max().item()
-        result["merged_eval_loss"] = eval_loss(merged, windows, a.batch, device)
+        result["merged_eval_loss"] = eval_loss(merged, windows, a.eval_batch, device)
         del merged
 
     for spec in a.peft_extra:
@@ -85,7 +87,7 @@ def main():
             raise SystemExit(f"--peft-extra takes NAME=FOLDER, got {spec!r}")
         base = load_base(a.base, device)
         model = PeftModel.from_pretrained(base, folder, is_trainable=False).to(device)
-        result[f"{name}_eval_loss"] = eval_loss(model, windows, a.batch, device)
+        result[f"{name}_eval_loss"] = eval_loss(model, windows, a.eval_batch, device)
         del model, base
 
     result["seconds"] = round(time.time() - started, 3)

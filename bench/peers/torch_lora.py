@@ -173,6 +173,8 @@ def main():
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--seq-len", type=int, default=64)
     p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--eval-batch", type=int, default=64,
+                   help="windows per evaluation forward (the sum is the same for any)")
     p.add_argument("--tf32", action=argparse.BooleanOptionalAction, default=False,
                    help="TF32 matmuls (default off: full f32, as --matmul cublas)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -200,7 +202,7 @@ def main():
 
     model = load_base(a.base, device)
     model.config.use_cache = False
-    base_eval = eval_loss(model, windows, a.batch, device)
+    base_eval = eval_loss(model, windows, a.eval_batch, device)
     print(f"base eval loss {base_eval:.6f} over {windows[1].numel()} tokens", flush=True)
 
     config = LoraConfig(
@@ -254,7 +256,7 @@ def main():
         torch.cuda.synchronize()
     train_seconds = time.time() - t0
 
-    final_eval = eval_loss(model, windows, a.batch, device)
+    final_eval = eval_loss(model, windows, a.eval_batch, device)
     print(f"final eval loss {final_eval:.6f}", flush=True)
     if a.save_peft:
         model.save_pretrained(a.save_peft)
