@@ -14,7 +14,7 @@
 # Shapes: 7b (Llama-2-7B), w8-<layers> (Llama-3-8B width, GPT-2's vocabulary,
 # <layers> blocks), and Llama-3's vocabulary and the long contexts' shapes
 # (issue 37): 085b (the 0.85B calibration shape), l1b (Llama-3.2-1B), l3b
-# (Llama-3.2-3B), l8b (Llama-3.1-8B). BIG_STEPS steps (6), BIG_LIMIT seconds a row (400).
+# (Llama-3.2-3B), l8b (Llama-3.1-8B), l70b (Llama-3.1-70B). BIG_STEPS steps (6), BIG_LIMIT seconds a row (400).
 # HOST_GIB passes --host-mem-gib (the lent hosts grow RAM on demand).
 # Writes $OUT/big.txt (a line a row: exit, tok/s and model/hardware TFLOPS
 # medians of steps 3+, losses, host peak RSS, GPU peak from nvidia-smi, the
@@ -29,6 +29,7 @@ echo '{"arch":"llama","vocab_size":32000,"d_model":2048,"n_layer":16,"n_head":32
 echo '{"arch":"llama","vocab_size":128256,"d_model":2048,"n_layer":16,"n_head":32,"n_kv_head":8,"d_ff":8192,"max_seq_len":'$SEQ'}' > $W/l1b.json
 echo '{"arch":"llama","vocab_size":128256,"d_model":3072,"n_layer":28,"n_head":24,"n_kv_head":8,"d_ff":8192,"max_seq_len":'$SEQ'}' > $W/l3b.json
 echo '{"arch":"llama","vocab_size":128256,"d_model":4096,"n_layer":32,"n_head":32,"n_kv_head":8,"d_ff":14336,"max_seq_len":'$SEQ'}' > $W/l8b.json
+echo '{"arch":"llama","vocab_size":128256,"d_model":8192,"n_layer":80,"n_head":64,"n_kv_head":8,"d_ff":28672,"max_seq_len":'$SEQ'}' > $W/l70b.json
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee -a $OUT/big.txt
 free -g | head -2 | tee -a $OUT/big.txt
 for row in ${BIG_ROWS:-7b:64:compact 7b:64:fused}; do

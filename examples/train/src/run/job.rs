@@ -206,8 +206,12 @@ impl Job<'_> {
         if opts.progress {
             let copies = engine.compute_copy_bytes();
             let store = engine.store();
+            let frozen = match store.num_frozen() {
+                0 => String::new(),
+                n => format!(" and {} frozen", human_count(n)),
+            };
             eprintln!(
-                "host store ready: {} parameters, {:.2} GiB ({:.1} B/param) in {:.1} s; host peak so far {:.2} GiB",
+                "host store ready: {} trained parameters{frozen}, {:.2} GiB ({:.1} B/param) in {:.1} s; host peak so far {:.2} GiB",
                 human_count(store.num_params()),
                 store.host_bytes() as f64 / GIB,
                 store.bytes_per_param(),
@@ -275,15 +279,20 @@ impl Job<'_> {
         let mut progress = self.progress(outcome.start_step);
         let lanes = devices.len() * world_size(opts);
         let tokens_per_step = (opts.batch * opts.seq_len * opts.accum * lanes) as f64;
-        let params = engine.store().num_params() as u64;
-        let block_params = params - engine.store().groups[0].numel() as u64;
+        // Forward and the input gradients run through every weight, the
+        // weight gradients only for the trained ones (a LoRA base is frozen).
+        let store = engine.store();
+        let trained = store.num_params() as u64;
+        let params = trained + store.num_frozen() as u64;
+        let stem = &store.groups[0];
+        let block_params = params - (stem.numel() + stem.frozen.numel()) as u64;
         let config = engine.config();
         let passes = if config.fused && (config.grad_clip.is_some() || config.skip_non_finite) {
             2.0
         } else {
             1.0
         };
-        let model_flops = 6.0 * params as f64 * tokens_per_step;
+        let model_flops = (4.0 * params as f64 + 2.0 * trained as f64) * tokens_per_step;
         // The recompute covers the blocks whose graph the forward did not keep.
         let blocks = self.config.n_layer();
         let recomputed_blocks = blocks - config.kept_graphs.min(blocks);
