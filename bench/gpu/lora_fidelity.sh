@@ -7,8 +7,8 @@
 #   TRAIN=.device/lora/train OUT=$OUT bash bench/gpu/lora_fidelity.sh
 #
 # Steps (each prints its exit status and wall time into summary.txt):
-#  1. corpus: README.md docs/*.md bench/README.md joined -> train.txt (the
-#     first 90% of the lines) and eval.txt (the last 10%, held out); the base's
+#  1. corpus: README.md docs/*.md bench/README.md joined -> train.txt and
+#     eval.txt (held out: every 10th block of 12 lines, ~10%); the base's
 #     pre-training text is other project text, bench/results/**/README.md
 #     (BASE_TEXT=train pre-trains on train.txt instead).
 #  2. base: bench/hf/lora_base.py -> /tmp/lora-base (random Llama 256 x 4
@@ -86,17 +86,21 @@ w, base_text = sys.argv[1], sys.argv[2]
 files = ["README.md"] + sorted(glob.glob("docs/*.md")) + ["bench/README.md"]
 text = "".join(open(f, encoding="utf-8").read().rstrip("\n") + "\n\n" for f in files)
 lines = text.splitlines(keepends=True)
-cut = len(lines) - len(lines) // 10
-open(f"{w}/train.txt", "w", encoding="utf-8").write("".join(lines[:cut]))
-open(f"{w}/eval.txt", "w", encoding="utf-8").write("".join(lines[cut:]))
+# Held out: every 10th block of 12 lines (so train and eval share the files'
+# mix; the last 10% alone would be the end of bench/README.md, unlike the rest).
+blocks = [lines[i:i + 12] for i in range(0, len(lines), 12)]
+train = [l for b, block in enumerate(blocks) if b % 10 != 9 for l in block]
+held = [l for b, block in enumerate(blocks) if b % 10 == 9 for l in block]
+open(f"{w}/train.txt", "w", encoding="utf-8").write("".join(train))
+open(f"{w}/eval.txt", "w", encoding="utf-8").write("".join(held))
 if base_text == "train":
-    pre = "".join(lines[:cut])
+    pre = "".join(train)
 else:
     others = sorted(p for p in glob.glob("bench/results/**/README.md", recursive=True))
     pre = "".join(open(f, encoding="utf-8").read().rstrip("\n") + "\n\n" for f in others)
 open(f"{w}/pretrain.txt", "w", encoding="utf-8").write(pre)
-print(f"corpus: {files} -> train.txt {sum(map(len, lines[:cut]))} chars ({cut} lines), "
-      f"eval.txt {sum(map(len, lines[cut:]))} chars ({len(lines) - cut} lines); "
+print(f"corpus: {files} -> train.txt {sum(map(len, train))} chars ({len(train)} lines), "
+      f"eval.txt {sum(map(len, held))} chars ({len(held)} lines, every 10th block of 12); "
       f"pretrain.txt {len(pre)} chars ({base_text})")
 EOF
 
