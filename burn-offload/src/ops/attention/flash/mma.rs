@@ -17,7 +17,8 @@ use cubecl::cmma::MmaDefinition;
 use cubecl::ir::{FastMath, MatrixIdent};
 use cubecl::prelude::*;
 
-use super::kernels::{load_rows, load_stats, visible_columns, LOWEST, PAD, TILE};
+use super::kernels::{load_stats, visible_columns, LOWEST, PAD, TILE};
+use super::tiles::{load_octets, Octet};
 
 /// Two consecutive values of a row: one 32-bit register of bf16 or f16, or
 /// two of f32 (an accumulator's).
@@ -224,9 +225,9 @@ fn quad_sum(x: f32) -> f32 {
 /// output in registers.
 #[cube(launch_unchecked, fast_math = FastMath::ReducedPrecision | FastMath::NotNaN | FastMath::NotInf)]
 pub(super) fn forward_mma_kernel<F: Float>(
-    q: &Tensor<F>,
-    k: &Tensor<F>,
-    v: &Tensor<F>,
+    q: &Tensor<Octet<F>>,
+    k: &Tensor<Octet<F>>,
+    v: &Tensor<Octet<F>>,
     out: &mut Tensor<F>,
     lse: &mut Tensor<f32>,
     scale: f32,
@@ -244,18 +245,18 @@ pub(super) fn forward_mma_kernel<F: Float>(
     let ld = comptime!(dim + PAD);
     let window = window as usize;
 
-    let mut qs = SharedMemory::<F>::new(comptime!(TILE * (dim + PAD)));
-    let mut ks_ = SharedMemory::<F>::new(comptime!(TILE * (dim + PAD)));
-    let mut vs = SharedMemory::<F>::new(comptime!(TILE * (dim + PAD)));
+    let mut qs = SharedMemory::<F>::new_aligned(comptime!(TILE * (dim + PAD)), 16usize);
+    let mut ks_ = SharedMemory::<F>::new_aligned(comptime!(TILE * (dim + PAD)), 16usize);
+    let mut vs = SharedMemory::<F>::new_aligned(comptime!(TILE * (dim + PAD)), 16usize);
     let k_base = batch * k.stride(0) + kv_head * k.stride(1);
     let v_base = batch * v.stride(0) + kv_head * v.stride(1);
-    let (k_row, k_col, v_row, v_col) = (k.stride(2), k.stride(3), v.stride(2), v.stride(3));
-    load_rows::<F, F>(
+    let (k_row, v_row) = (k.stride(2), v.stride(2));
+    load_octets::<F>(
         q,
         &mut qs,
+        0usize,
         batch * q.stride(0) + head * q.stride(1),
         q.stride(2),
-        q.stride(3),
         seq,
         first,
         dim,
@@ -288,8 +289,8 @@ pub(super) fn forward_mma_kernel<F: Float>(
     while j < key_tiles {
         let first_key = j * TILE;
         sync_cube();
-        load_rows::<F, F>(k, &mut ks_, k_base, k_row, k_col, seq, first_key, dim);
-        load_rows::<F, F>(v, &mut vs, v_base, v_row, v_col, seq, first_key, dim);
+        load_octets::<F>(k, &mut ks_, 0usize, k_base, k_row, seq, first_key, dim);
+        load_octets::<F>(v, &mut vs, 0usize, v_base, v_row, seq, first_key, dim);
         sync_cube();
         let mut s = times_transposed::<F>(&q_frag, &ks_, dim, ld);
         // Whether some row of the cube must not see some key of the tile:
@@ -402,10 +403,10 @@ pub(super) fn forward_mma_kernel<F: Float>(
 /// plane then adds its 16 queries' `ds·k` to the f32 sums `dq` atomically.
 #[cube(launch_unchecked, fast_math = FastMath::ReducedPrecision | FastMath::NotNaN | FastMath::NotInf)]
 pub(super) fn backward_mma_kernel<F: Float>(
-    q: &Tensor<F>,
-    k: &Tensor<F>,
-    v: &Tensor<F>,
-    grad: &Tensor<F>,
+    q: &Tensor<Octet<F>>,
+    k: &Tensor<Octet<F>>,
+    v: &Tensor<Octet<F>>,
+    grad: &Tensor<Octet<F>>,
     lse: &Tensor<f32>,
     dot: &Tensor<f32>,
     dq: &mut Tensor<Atomic<f32>>,
@@ -426,14 +427,14 @@ pub(super) fn backward_mma_kernel<F: Float>(
     let lp = comptime!(TILE + PAD);
     let window = window as usize;
 
-    let mut qs = SharedMemory::<F>::new(comptime!(TILE * (dim + PAD)));
-    let mut gs = SharedMemory::<F>::new(comptime!(TILE * (dim + PAD)));
-    let mut ks_ = SharedMemory::<F>::new(comptime!(TILE * (dim + PAD)));
-    let mut dst = SharedMemory::<F>::new(comptime!(TILE * (TILE + PAD)));
+    let mut qs = SharedMemory::<F>::new_aligned(comptime!(TILE * (dim + PAD)), 16usize);
+    let mut gs = SharedMemory::<F>::new_aligned(comptime!(TILE * (dim + PAD)), 16usize);
+    let mut ks_ = SharedMemory::<F>::new_aligned(comptime!(TILE * (dim + PAD)), 16usize);
+    let mut dst = SharedMemory::<F>::new_aligned(comptime!(TILE * (TILE + PAD)), 16usize);
     let mut lses = SharedMemory::<f32>::new(TILE);
     let mut dots = SharedMemory::<f32>::new(TILE);
     // Strides read once (see `load_rows`).
-    let (q_row, q_col, g_row, g_col) = (q.stride(2), q.stride(3), grad.stride(2), grad.stride(3));
+    let (q_row, g_row) = (q.stride(2), grad.stride(2));
     let (lse_row, dot_row) = (lse.stride(2), dot.stride(2));
     let (dq_row, dq_col) = (dq.stride(2), dq.stride(3));
     let (q_batch, q_head) = (batch * q.stride(0), q.stride(1));
@@ -441,24 +442,24 @@ pub(super) fn backward_mma_kernel<F: Float>(
     let (lse_batch, lse_head) = (batch * lse.stride(0), lse.stride(1));
     let (dot_batch, dot_head) = (batch * dot.stride(0), dot.stride(1));
     let (dq_batch, dq_head) = (batch * dq.stride(0), dq.stride(1));
-    load_rows::<F, F>(
+    load_octets::<F>(
         k,
         &mut ks_,
+        0usize,
         batch * k.stride(0) + kv_head * k.stride(1),
         k.stride(2),
-        k.stride(3),
         seq,
         first_key,
         dim,
     );
     // The values are only read as fragments, before the loop: they pass
     // through the output gradient's tile.
-    load_rows::<F, F>(
+    load_octets::<F>(
         v,
         &mut gs,
+        0usize,
         batch * v.stride(0) + kv_head * v.stride(1),
         v.stride(2),
-        v.stride(3),
         seq,
         first_key,
         dim,
@@ -485,22 +486,22 @@ pub(super) fn backward_mma_kernel<F: Float>(
         while i < query_tiles {
             let first = i * TILE;
             sync_cube();
-            load_rows::<F, F>(
+            load_octets::<F>(
                 q,
                 &mut qs,
+                0usize,
                 q_batch + head * q_head,
                 q_row,
-                q_col,
                 seq,
                 first,
                 dim,
             );
-            load_rows::<F, F>(
+            load_octets::<F>(
                 grad,
                 &mut gs,
+                0usize,
                 g_batch + head * g_head,
                 g_row,
-                g_col,
                 seq,
                 first,
                 dim,
