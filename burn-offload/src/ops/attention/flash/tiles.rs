@@ -56,15 +56,15 @@ pub(super) fn fetch<F: Float>(
 }
 
 /// The octets [`fetch`] read for the rows from position `first` on into
-/// `tile` from element `offset` on (rows `dim + PAD` apart, as the
-/// `ldmatrix` reads take them), zeros for the rows past the sequence's end
-/// (`seq`). `offset` is a multiple of 8 (16 bytes: each octet is one
-/// 16-byte store).
+/// `tile`'s rows from row `from` on (rows `dim + PAD` values apart, as the
+/// `ldmatrix` reads take them, so each row starts on a 16-byte boundary and
+/// each octet is one 16-byte store), zeros for the rows past the
+/// sequence's end (`seq`).
 #[cube]
 pub(super) fn stash<F: Float>(
     regs: &Array<Octet<F>>,
     tile: &mut SharedMemory<F>,
-    offset: usize,
+    from: usize,
     seq: usize,
     first: usize,
     #[comptime] dim: usize,
@@ -75,7 +75,7 @@ pub(super) fn stash<F: Float>(
     let unit = UNIT_POS as usize;
     let (row, col) = (unit / across, unit % across);
     let mut octets = tile
-        .slice_mut(offset, tile.len())
+        .slice_mut(from * comptime!(dim + PAD), tile.len())
         .into_vectorized()
         .with_vector_size::<Const<8>>();
     #[unroll]
@@ -92,7 +92,7 @@ pub(super) fn stash<F: Float>(
 pub(super) fn load_octets<F: Float>(
     t: &Tensor<Octet<F>>,
     tile: &mut SharedMemory<F>,
-    offset: usize,
+    from: usize,
     base: usize,
     row_stride: usize,
     seq: usize,
@@ -100,5 +100,39 @@ pub(super) fn load_octets<F: Float>(
     #[comptime] dim: usize,
 ) {
     let regs = fetch::<F>(t, base, row_stride, seq, first, dim);
-    stash::<F>(&regs, tile, offset, seq, first, dim);
+    stash::<F>(&regs, tile, from, seq, first, dim);
+}
+
+/// The unit's value of the `TILE` values of an f32 `[b, h, s, 1]` tensor
+/// from position `first` on, of the head at offset `base` (rows
+/// `row_stride` apart), as `load_stats` reads them: positions past the
+/// sequence's end (`seq`) read its last, and the units past the first
+/// `TILE` read a row again, both of which [`stash_stat`] drops.
+#[cube]
+pub(super) fn fetch_stat(
+    t: &Tensor<f32>,
+    base: usize,
+    row_stride: usize,
+    seq: usize,
+    first: usize,
+) -> f32 {
+    let pos = first + UNIT_POS as usize % TILE;
+    t[base + select(pos < seq, pos, seq - 1) * row_stride]
+}
+
+/// The value [`fetch_stat`] read for the rows from position `first` on
+/// into `out[from..from + TILE]`; `past` past the sequence's end (`seq`).
+#[cube]
+pub(super) fn stash_stat(
+    x: f32,
+    out: &mut SharedMemory<f32>,
+    from: usize,
+    seq: usize,
+    first: usize,
+    past: f32,
+) {
+    let i = UNIT_POS as usize;
+    if i < TILE {
+        out[from + i] = select(first + i < seq, x, past);
+    }
 }
