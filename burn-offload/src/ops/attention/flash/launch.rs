@@ -3,6 +3,7 @@
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Shape, Tensor};
 use burn_cubecl::cubecl::cuda::CudaRuntime;
+use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::zeros_client;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::ir::{ElemType, FloatKind, StorageType};
@@ -11,6 +12,7 @@ use cubecl::{CubeCount, CubeDim};
 use super::super::route::{half_precision, MMA_BACKWARD_MAX_WIDTH};
 use super::kernels::{backward_kernel, forward_kernel, PLANES, TILE, UNITS};
 use super::mma::{backward_mma_kernel, forward_mma_kernel};
+use super::tiles::OCTET;
 use crate::cuda::{as_float, empty_like, float_cube};
 use crate::precision::cast_to;
 
@@ -45,6 +47,27 @@ fn window_arg(window: Option<usize>, seq: usize) -> Option<u32> {
 fn on_mma(dtype: DType, head_dim: usize) -> (bool, bool) {
     let half = half_precision(dtype);
     (half, half && head_dim <= MMA_BACKWARD_MAX_WIDTH)
+}
+
+/// Whether the `mma` kernels can read `t` (`[b, h, s, d]`) in 16-byte
+/// vectors (`tiles`): each row's values contiguous, and every other stride
+/// (of an axis longer than 1, whose index varies) a multiple of 8 values.
+/// Its start is on a 16-byte boundary as cubecl's own vectorised kernels
+/// assume: a slice keeps an offset into its buffer only at the memory
+/// alignment (512 bytes on CUDA), and is copied otherwise.
+fn reads_as_octets(t: &CubeTensor<CudaRuntime>) -> bool {
+    let (shape, strides) = (t.meta.shape(), t.meta.strides());
+    strides[3] == 1 && (0..3).all(|i| shape[i] == 1 || strides[i].is_multiple_of(OCTET))
+}
+
+/// `t` as the `mma` kernels read it: itself, or a contiguous copy (whose
+/// strides are multiples of the head's width, itself of 16).
+fn as_octets(t: CubeTensor<CudaRuntime>) -> CubeTensor<CudaRuntime> {
+    if reads_as_octets(&t) {
+        t
+    } else {
+        into_contiguous(t)
+    }
 }
 
 fn launch_geometry(tiles: usize, heads: usize, batch: usize) -> (CubeCount, CubeDim) {
@@ -99,9 +122,9 @@ pub(crate) fn forward<B: Backend>(
                     &q.client,
                     cubes,
                     cube_dim,
-                    q.clone().into_tensor_arg(),
-                    k.into_tensor_arg(),
-                    v.into_tensor_arg(),
+                    as_octets(q.clone()).into_tensor_arg(),
+                    as_octets(k).into_tensor_arg(),
+                    as_octets(v).into_tensor_arg(),
                     out.clone().into_tensor_arg(),
                     lse.clone().into_tensor_arg(),
                     scale,
@@ -172,10 +195,10 @@ pub(crate) fn backward<B: Backend>(
                     &client,
                     cubes,
                     cube_dim,
-                    q.into_tensor_arg(),
-                    k.into_tensor_arg(),
-                    v.into_tensor_arg(),
-                    grad.into_tensor_arg(),
+                    as_octets(q).into_tensor_arg(),
+                    as_octets(k).into_tensor_arg(),
+                    as_octets(v).into_tensor_arg(),
+                    as_octets(grad).into_tensor_arg(),
                     lse.into_tensor_arg(),
                     dot.into_tensor_arg(),
                     dq.clone().into_tensor_arg(),

@@ -17,7 +17,8 @@ use cubecl::cmma::MmaDefinition;
 use cubecl::ir::{FastMath, MatrixIdent};
 use cubecl::prelude::*;
 
-use super::kernels::{load_rows, load_stats, visible_columns, LOWEST, PAD, TILE};
+use super::kernels::{visible_columns, LOWEST, PAD, TILE};
+use super::tiles::{fetch, fetch_stat, load_octets, stash, stash_stat, Octet};
 
 /// Two consecutive values of a row: one 32-bit register of bf16 or f16, or
 /// two of f32 (an accumulator's).
@@ -112,12 +113,13 @@ fn left_operands<F: Float>(
 }
 
 /// `a · tileᵀ` for the plane's left operands `a` (16 rows of `dim`
-/// columns) and the `TILE` rows of `tile` (the right operand's columns):
-/// 16 × `TILE` scores as `TILE / 8` accumulators.
+/// columns) and the `TILE` rows of `tile` from row `from` on (the right
+/// operand's columns): 16 × `TILE` scores as `TILE / 8` accumulators.
 #[cube]
 fn times_transposed<F: Float>(
     a: &Array<Pair<F>>,
     tile: &SharedMemory<F>,
+    from: usize,
     #[comptime] dim: usize,
     #[comptime] ld: usize,
 ) -> Array<Pair<f32>> {
@@ -131,7 +133,7 @@ fn times_transposed<F: Float>(
             // and 8–15 of the step: the right operands of two 8-row blocks.
             let b = ldmatrix::<F>(
                 tile,
-                comptime!(nb * 16) + lane % 8 + (lane / 16) * 8,
+                from + comptime!(nb * 16) + lane % 8 + (lane / 16) * 8,
                 comptime!(kk * 16) + ((lane / 8) % 2) * 8,
                 ld,
                 false,
@@ -151,11 +153,12 @@ fn times_transposed<F: Float>(
 }
 
 /// `acc += a · tile` for left operands `a` (16 rows of `TILE` columns) and
-/// the `TILE` rows of `dim` columns of `tile`.
+/// the `TILE` rows of `dim` columns of `tile` from row `from` on.
 #[cube]
 fn accumulate<F: Float>(
     a: &Array<Pair<F>>,
     tile: &SharedMemory<F>,
+    from: usize,
     acc: &mut Array<Pair<f32>>,
     #[comptime] dim: usize,
     #[comptime] ld: usize,
@@ -168,7 +171,7 @@ fn accumulate<F: Float>(
             // Transposed: rows 0–15 of the step at columns 0–7, then 8–15.
             let b = ldmatrix::<F>(
                 tile,
-                comptime!(kk * 16) + lane % 16,
+                from + comptime!(kk * 16) + lane % 16,
                 comptime!(nd * 16) + (lane / 16) * 8,
                 ld,
                 true,
@@ -224,9 +227,9 @@ fn quad_sum(x: f32) -> f32 {
 /// output in registers.
 #[cube(launch_unchecked, fast_math = FastMath::ReducedPrecision | FastMath::NotNaN | FastMath::NotInf)]
 pub(super) fn forward_mma_kernel<F: Float>(
-    q: &Tensor<F>,
-    k: &Tensor<F>,
-    v: &Tensor<F>,
+    q: &Tensor<Octet<F>>,
+    k: &Tensor<Octet<F>>,
+    v: &Tensor<Octet<F>>,
     out: &mut Tensor<F>,
     lse: &mut Tensor<f32>,
     scale: f32,
@@ -244,20 +247,48 @@ pub(super) fn forward_mma_kernel<F: Float>(
     let ld = comptime!(dim + PAD);
     let window = window as usize;
 
-    let mut qs = SharedMemory::<F>::new(comptime!(TILE * (dim + PAD)));
-    let mut ks_ = SharedMemory::<F>::new(comptime!(TILE * (dim + PAD)));
-    let mut vs = SharedMemory::<F>::new(comptime!(TILE * (dim + PAD)));
+    let mut qs = SharedMemory::<F>::new_aligned(comptime!(TILE * (dim + PAD)), 16usize);
+    // Two tiles each: the products read one while the next key tile's
+    // values go into the other (see the loop).
+    let mut ks_ = SharedMemory::<F>::new_aligned(comptime!(2 * TILE * (dim + PAD)), 16usize);
+    let mut vs = SharedMemory::<F>::new_aligned(comptime!(2 * TILE * (dim + PAD)), 16usize);
     let k_base = batch * k.stride(0) + kv_head * k.stride(1);
     let v_base = batch * v.stride(0) + kv_head * v.stride(1);
-    let (k_row, k_col, v_row, v_col) = (k.stride(2), k.stride(3), v.stride(2), v.stride(3));
-    load_rows::<F, F>(
+    let (k_row, v_row) = (k.stride(2), v.stride(2));
+    load_octets::<F>(
         q,
         &mut qs,
+        0usize,
         batch * q.stride(0) + head * q.stride(1),
         q.stride(2),
-        q.stride(3),
         seq,
         first,
+        dim,
+    );
+    let mut last = first + TILE;
+    if last > seq {
+        last = seq;
+    }
+    let key_tiles = (last + TILE - 1) / TILE;
+    let first_tile = visible_columns(first + 1, window) / TILE;
+    load_octets::<F>(
+        k,
+        &mut ks_,
+        0usize,
+        k_base,
+        k_row,
+        seq,
+        first_tile * TILE,
+        dim,
+    );
+    load_octets::<F>(
+        v,
+        &mut vs,
+        0usize,
+        v_base,
+        v_row,
+        seq,
+        first_tile * TILE,
         dim,
     );
     sync_cube();
@@ -278,20 +309,24 @@ pub(super) fn forward_mma_kernel<F: Float>(
     // The lane's share of each row's sum (the quad's are added at the end).
     let (mut sum_0, mut sum_1) = (f32::new(0.0), f32::new(0.0));
     let mut o = zeros(comptime!(2 * dim / 8));
-    let mut last = first + TILE;
-    if last > seq {
-        last = seq;
-    }
-    let key_tiles = (last + TILE - 1) / TILE;
-    let first_tile = visible_columns(first + 1, window) / TILE;
+    // Tile `j` is in rows `now..now + TILE` of `ks_` and `vs`; tile `j + 1`
+    // goes into the other `TILE` rows, so the products on tile `j` run
+    // while its loads are under way: the keys' issue before the scores'
+    // product and are stored once the probabilities are rounded, the
+    // values' issue then (registers for them and the scores at once would
+    // crowd heads of 128) and are stored after the output's product. One
+    // sync a tile: the rows stored in iteration `j` are read in `j + 1`,
+    // past it, and were last read in `j − 1`, before the previous one.
+    let mut now = 0usize;
     let mut j = first_tile;
     while j < key_tiles {
         let first_key = j * TILE;
-        sync_cube();
-        load_rows::<F, F>(k, &mut ks_, k_base, k_row, k_col, seq, first_key, dim);
-        load_rows::<F, F>(v, &mut vs, v_base, v_row, v_col, seq, first_key, dim);
-        sync_cube();
-        let mut s = times_transposed::<F>(&q_frag, &ks_, dim, ld);
+        let next = TILE - now;
+        // The last tile loads itself again (in bounds, stored where
+        // nothing reads it): no branch.
+        let next_key = select(j + 1 < key_tiles, first_key + TILE, first_key);
+        let k_next = fetch::<F>(k, k_base, k_row, seq, next_key, dim);
+        let mut s = times_transposed::<F>(&q_frag, &ks_, now, dim, ld);
         // Whether some row of the cube must not see some key of the tile:
         // the diagonal, the window's start, or the sequence's end.
         let masks = first_key + TILE > first + 1
@@ -359,7 +394,12 @@ pub(super) fn forward_mma_kernel<F: Float>(
             o[comptime!(2 * nd + 1)] = o[comptime!(2 * nd + 1)] * Pair::<f32>::new(alpha_1);
         }
         let p = as_left::<F>(&s);
-        accumulate::<F>(&p, &vs, &mut o, dim, ld);
+        stash::<F>(&k_next, &mut ks_, next, seq, next_key, dim);
+        let v_next = fetch::<F>(v, v_base, v_row, seq, next_key, dim);
+        accumulate::<F>(&p, &vs, now, &mut o, dim, ld);
+        stash::<F>(&v_next, &mut vs, next, seq, next_key, dim);
+        sync_cube();
+        now = next;
         j += 1;
     }
 
@@ -402,10 +442,10 @@ pub(super) fn forward_mma_kernel<F: Float>(
 /// plane then adds its 16 queries' `ds·k` to the f32 sums `dq` atomically.
 #[cube(launch_unchecked, fast_math = FastMath::ReducedPrecision | FastMath::NotNaN | FastMath::NotInf)]
 pub(super) fn backward_mma_kernel<F: Float>(
-    q: &Tensor<F>,
-    k: &Tensor<F>,
-    v: &Tensor<F>,
-    grad: &Tensor<F>,
+    q: &Tensor<Octet<F>>,
+    k: &Tensor<Octet<F>>,
+    v: &Tensor<Octet<F>>,
+    grad: &Tensor<Octet<F>>,
     lse: &Tensor<f32>,
     dot: &Tensor<f32>,
     dq: &mut Tensor<Atomic<f32>>,
@@ -426,14 +466,17 @@ pub(super) fn backward_mma_kernel<F: Float>(
     let lp = comptime!(TILE + PAD);
     let window = window as usize;
 
-    let mut qs = SharedMemory::<F>::new(comptime!(TILE * (dim + PAD)));
-    let mut gs = SharedMemory::<F>::new(comptime!(TILE * (dim + PAD)));
-    let mut ks_ = SharedMemory::<F>::new(comptime!(TILE * (dim + PAD)));
-    let mut dst = SharedMemory::<F>::new(comptime!(TILE * (TILE + PAD)));
-    let mut lses = SharedMemory::<f32>::new(TILE);
-    let mut dots = SharedMemory::<f32>::new(TILE);
+    // Two tiles of the queries, output gradients and their statistics:
+    // the products read one while the next query tile goes into the other
+    // (see the loop).
+    let mut qs = SharedMemory::<F>::new_aligned(comptime!(2 * TILE * (dim + PAD)), 16usize);
+    let mut gs = SharedMemory::<F>::new_aligned(comptime!(2 * TILE * (dim + PAD)), 16usize);
+    let mut ks_ = SharedMemory::<F>::new_aligned(comptime!(TILE * (dim + PAD)), 16usize);
+    let mut dst = SharedMemory::<F>::new_aligned(comptime!(TILE * (TILE + PAD)), 16usize);
+    let mut lses = SharedMemory::<f32>::new(comptime!(2 * TILE));
+    let mut dots = SharedMemory::<f32>::new(comptime!(2 * TILE));
     // Strides read once (see `load_rows`).
-    let (q_row, q_col, g_row, g_col) = (q.stride(2), q.stride(3), grad.stride(2), grad.stride(3));
+    let (q_row, g_row) = (q.stride(2), grad.stride(2));
     let (lse_row, dot_row) = (lse.stride(2), dot.stride(2));
     let (dq_row, dq_col) = (dq.stride(2), dq.stride(3));
     let (q_batch, q_head) = (batch * q.stride(0), q.stride(1));
@@ -441,31 +484,60 @@ pub(super) fn backward_mma_kernel<F: Float>(
     let (lse_batch, lse_head) = (batch * lse.stride(0), lse.stride(1));
     let (dot_batch, dot_head) = (batch * dot.stride(0), dot.stride(1));
     let (dq_batch, dq_head) = (batch * dq.stride(0), dq.stride(1));
-    load_rows::<F, F>(
+    load_octets::<F>(
         k,
         &mut ks_,
+        0usize,
         batch * k.stride(0) + kv_head * k.stride(1),
         k.stride(2),
-        k.stride(3),
         seq,
         first_key,
         dim,
     );
     // The values are only read as fragments, before the loop: they pass
-    // through the output gradient's tile.
-    load_rows::<F, F>(
+    // through the output gradients' second tile, which the first iteration
+    // stores to only past its sync on `dsᵀ`, when every plane has its
+    // fragments.
+    load_octets::<F>(
         v,
         &mut gs,
+        TILE,
         batch * v.stride(0) + kv_head * v.stride(1),
         v.stride(2),
-        v.stride(3),
         seq,
         first_key,
         dim,
     );
+    // The first query tile (of the group's first head): the cube's own.
+    let head_0 = kv_head * groups;
+    load_octets::<F>(
+        q,
+        &mut qs,
+        0usize,
+        q_batch + head_0 * q_head,
+        q_row,
+        seq,
+        first_key,
+        dim,
+    );
+    load_octets::<F>(
+        grad,
+        &mut gs,
+        0usize,
+        g_batch + head_0 * g_head,
+        g_row,
+        seq,
+        first_key,
+        dim,
+    );
+    // Past the end: p = exp(s − 1e30) = 0.
+    let lse_0 = fetch_stat(lse, lse_batch + head_0 * lse_head, lse_row, seq, first_key);
+    let dot_0 = fetch_stat(dot, dot_batch + head_0 * dot_head, dot_row, seq, first_key);
+    stash_stat(lse_0, &mut lses, 0usize, seq, first_key, f32::new(1.0e30));
+    stash_stat(dot_0, &mut dots, 0usize, seq, first_key, f32::new(0.0));
     sync_cube();
     let k_frag = left_operands::<F>(&ks_, plane * 16, dim, ld);
-    let v_frag = left_operands::<F>(&gs, plane * 16, dim, ld);
+    let v_frag = left_operands::<F>(&gs, TILE + plane * 16, dim, ld);
 
     // The lane's keys, `key` and `key + 8`.
     let key = first_key + plane * 16 + lane / 4;
@@ -478,56 +550,32 @@ pub(super) fn backward_mma_kernel<F: Float>(
     if reach < query_tiles {
         query_tiles = reach;
     }
+    // The query tile of iteration `j` is in rows `now..now + TILE` of `qs`
+    // and `gs` (and of `lses`, `dots`); that of `j + 1` goes into the
+    // other `TILE` rows. Its loads issue once `pᵀ` and `dsᵀ` are rounded
+    // (into the registers `sᵀ` and `dpᵀ` held: the cube's sums already
+    // take most of them), run during the three products after, and are
+    // stored after those. Two
+    // syncs a tile: on `dsᵀ`, and at the end, between the rows stored in
+    // iteration `j` and their reads in `j + 1` (they were last read in
+    // `j − 1`, before the previous end).
+    let mut now = 0usize;
     let mut g = 0usize;
     while g < groups {
-        let head = kv_head * groups + g;
+        let head = head_0 + g;
         let mut i = CUBE_POS_X as usize;
         while i < query_tiles {
             let first = i * TILE;
-            sync_cube();
-            load_rows::<F, F>(
-                q,
-                &mut qs,
-                q_batch + head * q_head,
-                q_row,
-                q_col,
-                seq,
-                first,
-                dim,
-            );
-            load_rows::<F, F>(
-                grad,
-                &mut gs,
-                g_batch + head * g_head,
-                g_row,
-                g_col,
-                seq,
-                first,
-                dim,
-            );
-            // Past the end: p = exp(s − 1e30) = 0.
-            load_stats(
-                lse,
-                &mut lses,
-                lse_batch + head * lse_head,
-                lse_row,
-                seq,
-                first,
-                f32::new(1.0e30),
-            );
-            load_stats(
-                dot,
-                &mut dots,
-                dot_batch + head * dot_head,
-                dot_row,
-                seq,
-                first,
-                f32::new(0.0),
-            );
-            sync_cube();
+            let next = TILE - now;
+            // The next tile: this head's next, else the next head's first
+            // (the cube's own), else this one again (in bounds, stored
+            // where nothing reads it): no branch.
+            let head_done = i + 1 >= query_tiles;
+            let next_first = select(head_done, first_key, first + TILE);
+            let next_head = select(head_done && g + 1 < groups, head + 1, head);
             // sᵀ and dpᵀ (keys × queries), then pᵀ and dsᵀ in place.
-            let mut s = times_transposed::<F>(&k_frag, &qs, dim, ld);
-            let mut dp = times_transposed::<F>(&v_frag, &gs, dim, ld);
+            let mut s = times_transposed::<F>(&k_frag, &qs, now, dim, ld);
+            let mut dp = times_transposed::<F>(&v_frag, &gs, now, dim, ld);
             // Whether some query of the tile must not see some key of the
             // cube: the diagonal or the window's end (queries past the
             // sequence's end have p = 0 through their log-sum-exp).
@@ -542,13 +590,13 @@ pub(super) fn backward_mma_kernel<F: Float>(
                     #[unroll]
                     for e in 0..2usize {
                         let col = comptime!(8 * n + e) + 2 * t;
-                        let mut x = (p[e] * scale - lses[col]).exp();
+                        let mut x = (p[e] * scale - lses[now + col]).exp();
                         if masks {
                             let query = first + col;
                             x = select(query >= mine && query < mine + window, x, f32::new(0.0));
                         }
                         p[e] = x;
-                        d[e] = x * (d[e] - dots[col]);
+                        d[e] = x * (d[e] - dots[now + col]);
                     }
                     s[comptime!(2 * n + h)] = p;
                     dp[comptime!(2 * n + h)] = d;
@@ -556,20 +604,34 @@ pub(super) fn backward_mma_kernel<F: Float>(
             }
             let p = as_left::<F>(&s);
             let ds = as_left::<F>(&dp);
-            accumulate::<F>(&p, &gs, &mut dv_acc, dim, ld);
-            accumulate::<F>(&ds, &qs, &mut dk_acc, dim, ld);
-            // dsᵀ into shared memory, rows the cube's keys.
+            // dsᵀ into shared memory, rows the cube's keys: block `n`'s
+            // pairs as `as_left` placed them (the same roundings of `dpᵀ`).
             #[unroll]
             for n in 0..comptime!(TILE / 8) {
                 #[unroll]
                 for h in 0..2usize {
-                    let d = Pair::<F>::cast_from(dp[comptime!(2 * n + h)]);
+                    let d = ds[comptime!(4 * (n / 2) + 2 * (n % 2) + h)];
                     let at =
                         (plane * 16 + lane / 4 + comptime!(8 * h)) * lp + comptime!(8 * n) + 2 * t;
                     dst[at] = d[0];
                     dst[at + 1] = d[1];
                 }
             }
+            let q_next = fetch::<F>(q, q_batch + next_head * q_head, q_row, seq, next_first, dim);
+            let g_next = fetch::<F>(
+                grad,
+                g_batch + next_head * g_head,
+                g_row,
+                seq,
+                next_first,
+                dim,
+            );
+            let lse_base = lse_batch + next_head * lse_head;
+            let lse_next = fetch_stat(lse, lse_base, lse_row, seq, next_first);
+            let dot_base = dot_batch + next_head * dot_head;
+            let dot_next = fetch_stat(dot, dot_base, dot_row, seq, next_first);
+            accumulate::<F>(&p, &gs, now, &mut dv_acc, dim, ld);
+            accumulate::<F>(&ds, &qs, now, &mut dk_acc, dim, ld);
             sync_cube();
             // The plane's 16 queries' ds·k over the cube's keys: ds as left
             // operands, transposed out of dsᵀ.
@@ -589,7 +651,7 @@ pub(super) fn backward_mma_kernel<F: Float>(
                 }
             }
             let mut dq_part = zeros(comptime!(2 * dim / 8));
-            accumulate::<F>(&ds_rows, &ks_, &mut dq_part, dim, ld);
+            accumulate::<F>(&ds_rows, &ks_, 0usize, &mut dq_part, dim, ld);
             let query = first + plane * 16 + lane / 4;
             let base = dq_batch + head * dq_head;
             #[unroll]
@@ -607,6 +669,12 @@ pub(super) fn backward_mma_kernel<F: Float>(
                     }
                 }
             }
+            stash::<F>(&q_next, &mut qs, next, seq, next_first, dim);
+            stash::<F>(&g_next, &mut gs, next, seq, next_first, dim);
+            stash_stat(lse_next, &mut lses, next, seq, next_first, f32::new(1.0e30));
+            stash_stat(dot_next, &mut dots, next, seq, next_first, f32::new(0.0));
+            sync_cube();
+            now = next;
             i += 1;
         }
         g += 1;

@@ -25,10 +25,12 @@
 //! passes on `mma.sync` with the scores, probabilities and their gradients
 //! in registers, FlashAttention-2's own layout (the backward for heads of at
 //! most 64 values); the WMMA kernels above run f32 (as tf32) and the 16-bit
-//! backward of wider heads.
+//! backward of wider heads. Those read their tiles in 16-byte vectors
+//! (`tiles`).
 
 mod kernels;
 mod launch;
 mod mma;
+mod tiles;
 
 pub(crate) use launch::{backward, forward, takes};
