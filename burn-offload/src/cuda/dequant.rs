@@ -31,7 +31,7 @@ use super::types::is_cuda;
 use super::upload::{upload_cube_ordered, CopyInFlight};
 use crate::cuda::{as_float, empty_like, float_cube, int_cube, is_float};
 use crate::host::optim::quant::SIGNED;
-use crate::quant::{pack_words, Int8Weight, Nf4Weight, NF4};
+use crate::quant::{pack_words, Int8Weight, Nf4Weight, QuantizedRef, NF4};
 
 /// Units per cube.
 const UNITS: u32 = 256;
@@ -161,15 +161,34 @@ pub fn dequantize_nf4_cuda<B: Backend>(
     device: &B::Device,
     dtype: FloatDType,
 ) -> Option<Tensor<B, 2>> {
-    nf4(w, device, dtype, false).map(|(tensor, _)| tensor)
+    nf4(w, &w.packed, &w.absmax_codes, device, dtype, false).map(|(tensor, _)| tensor)
 }
 
-/// [`dequantize_nf4_cuda`], with the packed bytes and absmax codes copied
-/// straight from `w` on the upload stream where `streamed` (the engine's
-/// binds: `w` is the store's and never changes); the copies must be kept
-/// until they land.
-pub(crate) fn nf4<B: Backend>(
+/// A frozen base's weight, whose codes lie in the store's page-locked
+/// slab, dequantised with its codes copied straight from there on the
+/// upload stream; the copies must be kept until they land.
+pub(crate) fn streamed<B: Backend>(
+    w: QuantizedRef<'_>,
+    device: &B::Device,
+    dtype: FloatDType,
+) -> Option<(Tensor<B, 2>, Vec<CopyInFlight>)> {
+    match w {
+        QuantizedRef::Int8 { weight, codes } => int8(weight, codes, device, dtype, true),
+        QuantizedRef::Nf4 {
+            weight,
+            packed,
+            absmax_codes,
+        } => nf4(weight, packed, absmax_codes, device, dtype, true),
+    }
+}
+
+/// [`dequantize_nf4_cuda`] of `w`'s scales with the codes `packed` and
+/// `absmax_codes`, copied straight from there on the upload stream where
+/// `streamed` (they must not change until the copies land).
+fn nf4<B: Backend>(
     w: &Nf4Weight,
+    packed: &[u8],
+    absmax_codes: &[u8],
     device: &B::Device,
     dtype: FloatDType,
     streamed: bool,
@@ -177,14 +196,15 @@ pub(crate) fn nf4<B: Backend>(
     let numel = w.numel();
     let dtype = output_dtype(numel, dtype)?;
     let mut copies = Vec::new();
-    let packed = words::<B>(&w.packed, device, streamed, &mut copies)?;
-    let codes = words::<B>(&w.absmax_codes, device, streamed, &mut copies)?;
+    let packed_len = packed.len();
+    let packed = words::<B>(packed, device, streamed, &mut copies)?;
+    let codes = words::<B>(absmax_codes, device, streamed, &mut copies)?;
     let scales = padded_scales::<B>(&w.absmax_scales, device)?;
     let nf4 = floats::<B>(NF4.to_vec(), device)?;
     let map = floats::<B>(SIGNED.values.to_vec(), device)?;
     let out = empty_like(&packed, &w.shape, dtype);
     if numel > 0 {
-        let (count, dim) = launch_size(w.packed.len());
+        let (count, dim) = launch_size(packed_len);
         nf4_kernel::launch::<CudaRuntime>(
             &packed.client,
             count,
@@ -210,12 +230,15 @@ pub fn dequantize_int8_cuda<B: Backend>(
     device: &B::Device,
     dtype: FloatDType,
 ) -> Option<Tensor<B, 2>> {
-    int8(w, device, dtype, false).map(|(tensor, _)| tensor)
+    let codes = bytemuck::cast_slice(&w.codes);
+    int8(w, codes, device, dtype, false).map(|(tensor, _)| tensor)
 }
 
-/// [`dequantize_int8_cuda`], streamed as [`nf4`] is.
-pub(crate) fn int8<B: Backend>(
+/// [`dequantize_int8_cuda`] of `w`'s scales with the codes `codes`,
+/// streamed as [`nf4`]'s are.
+fn int8<B: Backend>(
     w: &Int8Weight,
+    codes: &[u8],
     device: &B::Device,
     dtype: FloatDType,
     streamed: bool,
@@ -223,12 +246,7 @@ pub(crate) fn int8<B: Backend>(
     let numel = w.numel();
     let dtype = output_dtype(numel, dtype)?;
     let mut copies = Vec::new();
-    let codes = words::<B>(
-        bytemuck::cast_slice(&w.codes),
-        device,
-        streamed,
-        &mut copies,
-    )?;
+    let codes = words::<B>(codes, device, streamed, &mut copies)?;
     let scales = padded_scales::<B>(&w.scales, device)?;
     let out = empty_like(&codes, &w.shape, dtype);
     if numel > 0 {

@@ -19,9 +19,10 @@ use super::upload::{
     after_uploads, try_upload, try_upload_ordered, wait_uploads, CopyInFlight, UploadBatch,
 };
 use crate::host::processes::ProcessGroup;
+use crate::quant::QuantizedRef;
 use crate::store::ReadBack;
 use crate::transfer::{
-    DeviceMemory, Download, HostTransfer, Landed, Quantized, QueuedRead, Transfer, UploadWait,
+    DeviceMemory, Download, HostTransfer, Landed, QueuedRead, Transfer, UploadWait,
 };
 
 /// Copies for burn's CUDA backend (and `Gemm`, `Offload`, `Autodiff` over
@@ -80,14 +81,11 @@ impl Transfer for CudaTransfer {
     }
 
     fn dequantize<X: Backend>(
-        w: Quantized<'_>,
+        w: QuantizedRef<'_>,
         dtype: FloatDType,
         device: &X::Device,
     ) -> Option<(Tensor<X, 2>, Vec<CopyInFlight>)> {
-        match w {
-            Quantized::Int8(w) => dequant::int8(w, device, dtype, true),
-            Quantized::Nf4(w) => dequant::nf4(w, device, dtype, true),
-        }
+        dequant::streamed(w, device, dtype)
     }
 
     fn begin_uploads<X: Backend>(device: &X::Device, sizes: &[usize]) -> UploadBatch {

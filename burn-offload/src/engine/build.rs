@@ -196,8 +196,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
             pager.pin::<B>(bytemuck::cast_slice(group.params.as_slice()), device);
         }
         for group in &store.groups {
-            let frozen = &group.frozen;
-            for bytes in frozen.slab_bytes().chain(frozen.quantized_bytes()) {
+            for bytes in group.frozen.slab_bytes() {
                 pager.pin::<B>(bytes, device);
             }
         }

@@ -8,6 +8,7 @@
 
 mod dtype;
 mod error;
+mod held;
 mod int8;
 mod nf4;
 mod tensor;
@@ -18,6 +19,7 @@ mod tests_tensor;
 
 pub use dtype::BaseDtype;
 pub use error::QuantError;
+pub use held::QuantizedRef;
 pub use int8::{int8_step, quantize_int8, Int8Weight};
 pub use nf4::{nf4_code, nf4_largest_gap, quantize_nf4, Nf4Weight, NF4, NF4_BLOCK, NF4_THRESHOLDS};
 pub use tensor::{pack_words, Int8Tensors, Nf4Tensors};

@@ -10,7 +10,9 @@ use rayon::prelude::*;
 
 use crate::host::bf16::round_into_par;
 use crate::host::slab::{Bf16Slab, Slab};
-use crate::quant::{quantize_int8, quantize_nf4, BaseDtype, Int8Weight, Nf4Weight};
+use crate::quant::{
+    quantize_int8, quantize_nf4, BaseDtype, Int8Weight, Nf4Weight, QuantizedRef, NF4_BLOCK,
+};
 
 /// How frozen parameters are held in host memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -108,10 +110,26 @@ pub struct FrozenParams {
     pub f32: Option<Slab>,
     /// Values held in bf16 (page-aligned).
     pub bf16: Option<Bf16Slab>,
-    /// Weights held in int8.
+    /// The quantised weights' code bytes, page-aligned (each weight's
+    /// pieces start 16 bytes apart at least), so they can be page-locked.
+    pub codes: Option<Slab>,
+    /// Weights held in int8 (their codes in [`FrozenParams::codes`]).
     pub int8: Vec<Int8Weight>,
-    /// Weights held in NF4.
+    /// Weights held in NF4 (their packed nibbles and absmax codes in
+    /// [`FrozenParams::codes`]).
     pub nf4: Vec<Nf4Weight>,
+    /// Byte ranges in `codes`: an int8 weight's codes, or an NF4 weight's
+    /// packed nibbles then absmax codes, in [`FrozenAt`] order per format.
+    int8_codes: Vec<std::ops::Range<usize>>,
+    nf4_codes: Vec<[std::ops::Range<usize>; 2]>,
+}
+
+/// The next range of `len` bytes from `*at`, which then moves past it to
+/// the next multiple of 16.
+fn take(at: &mut usize, len: usize) -> std::ops::Range<usize> {
+    let range = *at..*at + len;
+    *at = range.end.next_multiple_of(16);
+    range
 }
 
 /// The values of one frozen parameter, as held.
@@ -120,10 +138,8 @@ pub enum FrozenValues<'a> {
     F32(&'a [f32]),
     /// bf16 values.
     Bf16(&'a [bf16]),
-    /// An int8 weight.
-    Int8(&'a Int8Weight),
-    /// An NF4 weight.
-    Nf4(&'a Nf4Weight),
+    /// A quantised weight (int8 or NF4).
+    Quantized(QuantizedRef<'a>),
 }
 
 impl FrozenParams {
@@ -132,6 +148,7 @@ impl FrozenParams {
     pub(crate) fn layout(params: &[(String, Vec<usize>)], dtype: FrozenDtype, block: bool) -> Self {
         let (mut f32_len, mut bf16_len) = (0, 0);
         let (mut int8, mut nf4) = (0, 0);
+        let (mut int8_codes, mut nf4_codes, mut code_bytes) = (Vec::new(), Vec::new(), 0);
         let mut slots = Vec::with_capacity(params.len());
         for (name, shape) in params {
             let len: usize = shape.iter().product();
@@ -146,10 +163,13 @@ impl FrozenParams {
                 }
                 Format::Int8 => {
                     int8 += 1;
+                    int8_codes.push(take(&mut code_bytes, len));
                     FrozenAt::Int8(int8 - 1)
                 }
                 Format::Nf4 => {
                     nf4 += 1;
+                    let packed = take(&mut code_bytes, len.div_ceil(2));
+                    nf4_codes.push([packed, take(&mut code_bytes, len.div_ceil(NF4_BLOCK))]);
                     FrozenAt::Nf4(nf4 - 1)
                 }
             };
@@ -163,8 +183,11 @@ impl FrozenParams {
             slots,
             f32: (f32_len > 0).then(|| Slab::zeros(f32_len)),
             bf16: (bf16_len > 0).then(|| Bf16Slab::zeros(bf16_len)),
+            codes: (code_bytes > 0).then(|| Slab::zeros(code_bytes.div_ceil(4))),
             int8: Vec::with_capacity(int8),
             nf4: Vec::with_capacity(nf4),
+            int8_codes,
+            nf4_codes,
         }
     }
 
@@ -188,13 +211,21 @@ impl FrozenParams {
             FrozenAt::Int8(i) => {
                 assert_eq!(*i, self.int8.len(), "int8 weights filled out of order");
                 let (t, shape) = transposed(values, &slot.shape);
-                let w = quantize_int8(&t, shape).expect("laid out for its shape");
+                let mut w = quantize_int8(&t, shape).expect("laid out for its shape");
+                let codes = std::mem::take(&mut w.codes);
+                self.code_bytes_mut(&self.int8_codes[*i].clone())
+                    .copy_from_slice(bytemuck::cast_slice(&codes));
                 self.int8.push(w);
             }
             FrozenAt::Nf4(i) => {
                 assert_eq!(*i, self.nf4.len(), "NF4 weights filled out of order");
                 let (t, shape) = transposed(values, &slot.shape);
-                let w = quantize_nf4(&t, shape).expect("laid out for its shape");
+                let mut w = quantize_nf4(&t, shape).expect("laid out for its shape");
+                let [packed, codes] = self.nf4_codes[*i].clone();
+                self.code_bytes_mut(&packed)
+                    .copy_from_slice(&std::mem::take(&mut w.packed));
+                self.code_bytes_mut(&codes)
+                    .copy_from_slice(&std::mem::take(&mut w.absmax_codes));
                 self.nf4.push(w);
             }
         }
@@ -209,8 +240,18 @@ impl FrozenParams {
             FrozenAt::Bf16(range) => FrozenValues::Bf16(
                 &self.bf16.as_ref().expect("bf16 slab").as_slice()[range.clone()],
             ),
-            FrozenAt::Int8(i) => FrozenValues::Int8(&self.int8[*i]),
-            FrozenAt::Nf4(i) => FrozenValues::Nf4(&self.nf4[*i]),
+            FrozenAt::Int8(i) => FrozenValues::Quantized(QuantizedRef::Int8 {
+                weight: &self.int8[*i],
+                codes: self.code_bytes(&self.int8_codes[*i]),
+            }),
+            FrozenAt::Nf4(i) => {
+                let [packed, codes] = &self.nf4_codes[*i];
+                FrozenValues::Quantized(QuantizedRef::Nf4 {
+                    weight: &self.nf4[*i],
+                    packed: self.code_bytes(packed),
+                    absmax_codes: self.code_bytes(codes),
+                })
+            }
         }
     }
 
@@ -219,12 +260,11 @@ impl FrozenParams {
         match self.values(k) {
             FrozenValues::F32(v) => v.to_vec(),
             FrozenValues::Bf16(v) => v.iter().map(|x| x.to_f32()).collect(),
-            FrozenValues::Int8(w) => transposed(&w.dequantize(), &w.shape).0,
-            FrozenValues::Nf4(w) => transposed(&w.dequantize(), &w.shape).0,
+            FrozenValues::Quantized(w) => transposed(&w.dequantize(), &w.shape()).0,
         }
     }
 
-    /// The page-aligned slabs' bytes, for page-locking.
+    /// The page-aligned slabs' bytes (values and codes), for page-locking.
     pub fn slab_bytes(&self) -> impl Iterator<Item = &[u8]> {
         let f32 = self
             .f32
@@ -234,28 +274,31 @@ impl FrozenParams {
             .bf16
             .iter()
             .map(|s| bytemuck::cast_slice::<bf16, u8>(s.as_slice()));
-        f32.chain(bf16)
+        let codes = self
+            .codes
+            .iter()
+            .map(|s| bytemuck::cast_slice::<f32, u8>(s.as_slice()));
+        f32.chain(bf16).chain(codes)
     }
 
-    /// The quantised weights' codes, for page-locking (best effort: they
-    /// are not page-aligned, and a page shared with another allocation is
-    /// locked once).
-    pub fn quantized_bytes(&self) -> impl Iterator<Item = &[u8]> {
-        let int8 = self
-            .int8
-            .iter()
-            .map(|w| bytemuck::cast_slice::<i8, u8>(&w.codes));
-        let nf4 = self
-            .nf4
-            .iter()
-            .flat_map(|w| [&w.packed[..], &w.absmax_codes[..]]);
-        int8.chain(nf4)
+    /// The bytes of `range` in the codes slab.
+    fn code_bytes(&self, range: &std::ops::Range<usize>) -> &[u8] {
+        let slab = self.codes.as_ref().expect("laid out with a codes slab");
+        &bytemuck::cast_slice::<f32, u8>(slab.as_slice())[range.clone()]
+    }
+
+    /// [`FrozenParams::code_bytes`], to write.
+    fn code_bytes_mut(&mut self, range: &std::ops::Range<usize>) -> &mut [u8] {
+        let slab = self.codes.as_mut().expect("laid out with a codes slab");
+        &mut bytemuck::cast_slice_mut::<f32, u8>(slab.as_mut_slice())[range.clone()]
     }
 
     /// Host bytes held.
     pub fn bytes(&self) -> usize {
         self.f32.as_ref().map_or(0, Slab::bytes)
             + self.bf16.as_ref().map_or(0, Bf16Slab::bytes)
+            + self.codes.as_ref().map_or(0, Slab::bytes)
+            // Without their codes: the scales.
             + self.int8.iter().map(Int8Weight::bytes).sum::<usize>()
             + self.nf4.iter().map(Nf4Weight::bytes).sum::<usize>()
     }
@@ -300,7 +343,51 @@ fn transposed(values: &[f32], shape: &[usize]) -> (Vec<f32>, [usize; 2]) {
 
 #[cfg(test)]
 mod tests {
-    use super::transposed;
+    use super::*;
+
+    /// Quantised codes live once, in the page-aligned slab that is
+    /// page-locked, and read back as quantising and dequantising gives.
+    #[test]
+    fn quantised_codes_live_in_the_page_aligned_slab() {
+        for base in [BaseDtype::Int8, BaseDtype::Nf4] {
+            let params = [
+                ("a.weight".to_string(), vec![96, 40]),
+                ("norm.weight".to_string(), vec![40]),
+                ("b.weight".to_string(), vec![40, 70]),
+            ];
+            let mut frozen = FrozenParams::layout(&params, FrozenDtype::Base(base), true);
+            let values: Vec<Vec<f32>> = params
+                .iter()
+                .map(|(_, shape)| {
+                    let n: usize = shape.iter().product();
+                    (0..n)
+                        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0)
+                        .collect()
+                })
+                .collect();
+            for (k, v) in values.iter().enumerate() {
+                frozen.fill(k, v);
+            }
+            assert!(frozen.int8.iter().all(|w| w.codes.is_empty()));
+            assert!(frozen.nf4.iter().all(|w| w.packed.is_empty()));
+            let codes = frozen.codes.as_ref().expect("a codes slab");
+            assert_eq!(codes.as_slice().as_ptr() as usize % 4096, 0);
+            assert_eq!(frozen.slab_bytes().count(), 2, "bf16 values and codes");
+            for k in [0, 2] {
+                let shape = &params[k].1;
+                let (t, held) = transposed(&values[k], shape);
+                let want = match base {
+                    BaseDtype::Int8 => quantize_int8(&t, held).unwrap().dequantize(),
+                    _ => quantize_nf4(&t, held).unwrap().dequantize(),
+                };
+                assert_eq!(
+                    frozen.to_f32(k),
+                    transposed(&want, &held).0,
+                    "{base} slot {k}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn transposed_moves_every_value_once() {

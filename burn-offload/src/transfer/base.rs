@@ -17,7 +17,7 @@ use burn::tensor::{bf16, BasicOps, DType, FloatDType, Tensor, TensorKind};
 
 use crate::host::bf16::round_into_par;
 use crate::host::processes::ProcessGroup;
-use crate::quant::{Int8Weight, Nf4Weight};
+use crate::quant::QuantizedRef;
 use crate::store::ReadBack;
 
 /// A callback run once the uploads started before it have landed.
@@ -84,15 +84,6 @@ pub struct DeviceMemory {
     /// Bytes in use on the whole device by the driver's count (what
     /// `nvidia-smi` shows: the pools, the context, libraries' workspaces).
     pub device_used: u64,
-}
-
-/// A quantised weight held in host memory.
-#[derive(Clone, Copy, Debug)]
-pub enum Quantized<'a> {
-    /// int8 with an absmax per row.
-    Int8(&'a Int8Weight),
-    /// NF4 with double-quantised absmax.
-    Nf4(&'a Nf4Weight),
 }
 
 /// The copy machinery of one kind of device, chosen once by type (the engine
@@ -170,7 +161,7 @@ pub trait Transfer: ReadBack + 'static {
     /// flight (`w` must stay unchanged until they are dropped); `None` where
     /// it has none (the pager then dequantises with burn tensor ops).
     fn dequantize<X: Backend>(
-        w: Quantized<'_>,
+        w: QuantizedRef<'_>,
         dtype: FloatDType,
         device: &X::Device,
     ) -> Option<(Tensor<X, 2>, Vec<Self::InFlight>)> {

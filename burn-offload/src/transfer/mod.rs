@@ -7,7 +7,7 @@ mod grads;
 mod pager;
 mod processes;
 
-pub use base::{on_device, DeviceMemory, HostTransfer, Quantized, QueuedRead, Transfer};
+pub use base::{on_device, DeviceMemory, HostTransfer, QueuedRead, Transfer};
 #[cfg(feature = "cuda")]
 pub use base::{Download, Landed, UploadWait};
 pub use grads::{add_to, sum_lanes, DeviceGrads, PendingGradients};

@@ -15,9 +15,9 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{bf16, DType, FloatDType, Tensor, TensorData};
 
 use super::grads::{start_read, GradsFlat, GradsKeep, GradsOut, GradsStart};
-use super::{DeviceGrads, DeviceMemory, PendingGradients, Quantized, Transfer};
+use super::{DeviceGrads, DeviceMemory, PendingGradients, Transfer};
 use crate::host::slab::Slab;
-use crate::quant::{Int8Tensors, Nf4Tensors};
+use crate::quant::{Int8Tensors, Nf4Tensors, QuantizedRef};
 use crate::store::{FrozenValues, Member, ParamGroup};
 
 /// Byte counters of the pager.
@@ -321,7 +321,7 @@ impl<T: Transfer> Pager<T> {
                 Member::Frozen(k) => match group.frozen.values(k) {
                     FrozenValues::F32(v) => Some(std::mem::size_of_val(v)),
                     FrozenValues::Bf16(v) => Some(std::mem::size_of_val(v)),
-                    FrozenValues::Int8(_) | FrozenValues::Nf4(_) => None,
+                    FrozenValues::Quantized(_) => None,
                 },
             })
             .collect();
@@ -574,17 +574,23 @@ fn frozen_tensor<B: Backend, T: Transfer, const D: usize>(
     let quantized = match values {
         FrozenValues::F32(v) => return upload(bytemuck::cast_slice(v), DType::F32),
         FrozenValues::Bf16(v) => return upload(bytemuck::cast_slice(v), DType::BF16),
-        FrozenValues::Int8(w) => Quantized::Int8(w),
-        FrozenValues::Nf4(w) => Quantized::Nf4(w),
+        FrozenValues::Quantized(w) => w,
     };
     let streamed = T::dequantize::<B>(quantized, dtype, device).map(|(matrix, in_flight)| {
         copies.extend(in_flight);
         matrix
     });
     let matrix = streamed.unwrap_or_else(|| {
+        // Off CUDA: the weight whole, as burn tensors.
         let dequantized = match quantized {
-            Quantized::Int8(w) => Int8Tensors::<B>::upload(w, device).dequantize(dtype),
-            Quantized::Nf4(w) => Nf4Tensors::<B>::upload(w, device).dequantize(dtype),
+            QuantizedRef::Int8 { .. } => {
+                let w = quantized.int8().expect("an int8 weight");
+                Int8Tensors::<B>::upload(&w, device).dequantize(dtype)
+            }
+            QuantizedRef::Nf4 { .. } => {
+                let w = quantized.nf4().expect("an NF4 weight");
+                Nf4Tensors::<B>::upload(&w, device).dequantize(dtype)
+            }
         };
         dequantized.expect("a weight quantised by the store has consistent parts")
     });
