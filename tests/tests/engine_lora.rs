@@ -116,7 +116,7 @@ where
         clip(&reference, &mut grads, 0.5);
         reference = optim.step(lr, reference, grads);
 
-        let got = engine.step(&[data], lr as f64).unwrap().loss;
+        let got = engine.step(&[data], lr).unwrap().loss;
         let err = (got - want).abs() / want;
         assert!(err <= TRAJECTORY_TOL, "step {step}: loss {got} vs {want}");
     }

@@ -145,7 +145,9 @@ fn words<B: Backend>(
 ) -> Option<CubeTensor<CudaRuntime>> {
     let cuda = (device as &dyn Any).downcast_ref::<CudaDevice>();
     match cuda {
-        Some(cuda) if streamed && !bytes.is_empty() && bytes.len() % 4 == 0 && is_cuda::<B>() => {
+        Some(cuda)
+            if streamed && !bytes.is_empty() && bytes.len().is_multiple_of(4) && is_cuda::<B>() =>
+        {
             let (cube, copy) = upload_cube_ordered(bytes, DType::I32, &[bytes.len() / 4], cuda);
             copies.push(copy);
             Some(cube)
