@@ -49,8 +49,23 @@ impl Links {
             0
         };
         let inputs = width * tokens * s.d * on_host;
+        // A LoRA base crosses as held (bf16, int8 or NF4) and only the
+        // adapters' gradients come back; its share per block is counted
+        // over the whole base (the stem's frozen part included: an
+        // overestimate by the embeddings' share).
+        let layers = s.layers.max(1);
+        let (block_upload, block_gradients) = match job.frozen_host_bytes {
+            Some(frozen) => {
+                let trained = job.trained_params.unwrap_or(0);
+                (
+                    (frozen + upload * trained) / layers,
+                    width * trained / layers,
+                )
+            }
+            None => (upload * s.block_params, width * s.block_params),
+        };
         let per_pass_to_device =
-            upload * s.block_params * (s.layers + recomputed) + 4 * s.stem_params + inputs;
+            block_upload * (s.layers + recomputed) + 4 * s.stem_params + inputs;
         // Lanes of one process take turns at sending the blocks' sums, in
         // the compute precision (the head's go from the first, in f32); a
         // process of several sends them all. A Llama's embedding is looked
@@ -61,7 +76,7 @@ impl Links {
             ModelConfig::Llama(_) => 4 * (s.stem_params - s.vocab * s.d) + width * tokens * s.d,
             ModelConfig::Gpt2(_) => 4 * s.stem_params,
         };
-        let per_pass_to_host = width * s.block_params * s.layers / lanes + stem + inputs;
+        let per_pass_to_host = block_gradients * s.layers / lanes + stem + inputs;
         // Fused mode with exact clipping or the guard runs each step twice.
         let passes = job.accum as u64 * if job.fused { 2 } else { 1 };
         Some(Self {

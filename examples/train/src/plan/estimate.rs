@@ -310,9 +310,14 @@ impl Plan {
                     width * master,
                 ));
             }
+            // With a frozen base only the adapters' gradients travel.
+            let block_gradients = match frozen_base {
+                Some(_) => trained / s.layers.max(1),
+                None => s.block_params,
+            };
             host.push(Item::held(
                 "gradients in flight (two blocks and the stem)",
-                F32 * (2 * s.block_params + s.stem_params),
+                F32 * (2 * block_gradients + s.stem_params),
             ));
             host.push(Item::held(
                 "download staging (largest tensor)",
@@ -374,7 +379,7 @@ impl Plan {
                 // taking, hold their gradients on the device.
                 device.push(Item::held(
                     "block gradients on their way to the host",
-                    width * (job.gradient_blocks_in_flight as u64 + 1) * s.block_params,
+                    width * (job.gradient_blocks_in_flight as u64 + 1) * block_gradients,
                 ));
             }
             let kept = (job.kept_graphs.count() as u64).min(s.layers);

@@ -377,6 +377,8 @@ mod tests {
 
 #[cfg(test)]
 mod plan_tests {
+    use burn_offload::quant::BaseDtype;
+
     use crate::options::TrainOptions;
     use crate::plan::Machine;
     use models::ModelConfig;
@@ -409,5 +411,36 @@ mod plan_tests {
         let trained = job.trained_params.expect("LoRA counts its parameters");
         assert!(trained * 100 < config.num_params() as u64);
         lora.check(&job, &machine).unwrap();
+    }
+
+    /// The engine's LoRA plan counts the base as `--base-dtype` holds it:
+    /// Llama-3.1-8B's base in NF4 is about half a byte a parameter (its
+    /// embeddings and head stay bf16), in bf16 two.
+    #[test]
+    fn an_engine_lora_plan_counts_the_base_in_its_format() {
+        let gib = 1u64 << 30;
+        let machine = Machine {
+            host_bytes: 125 * gib,
+            host_source: "test".into(),
+            device_bytes: Some(80 * gib),
+            device_source: "test".into(),
+        };
+        let config = ModelConfig::from_arg("llama-3.1-8b").unwrap();
+        let params = config.num_params() as f64;
+        let mut opts = TrainOptions {
+            batch: 1,
+            seq_len: 1024,
+            ..TrainOptions::default()
+        };
+        opts.lora.lora_rank = 16;
+        let mut frozen = |base: BaseDtype| {
+            opts.lora.base_dtype = Some(burn_offload::FrozenDtype::Base(base));
+            let (_, job) = super::super::plan(&opts, config.clone(), &machine);
+            job.frozen_host_bytes.expect("counted") as f64 / params
+        };
+        let (nf4, bf16) = (frozen(BaseDtype::Nf4), frozen(BaseDtype::Bf16));
+        // The 8B's bf16 embeddings and head are an eighth of it.
+        assert!((0.65..0.8).contains(&nf4), "NF4: {nf4} B/param");
+        assert!((bf16 - 2.0).abs() < 1e-9, "bf16: {bf16} B/param");
     }
 }
