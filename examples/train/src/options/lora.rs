@@ -39,7 +39,8 @@ pub struct LoraOptions {
     #[arg(long)]
     pub export_peft: Option<PathBuf>,
     /// With --export-hf: fold the adapters into the weights (W + scale·B·A)
-    /// and write the whole model.
+    /// and write the whole model, its base as the engine held it (with
+    /// --base-dtype bf16, rounded to bf16: lossless for a bf16 checkpoint).
     #[arg(long)]
     pub merge_lora: bool,
     /// How the offload engine holds the frozen base in host memory: f32,
