@@ -83,11 +83,24 @@ pub enum FrozenAt {
     F32(std::ops::Range<usize>),
     /// A range of the group's bf16 slab.
     Bf16(std::ops::Range<usize>),
-    /// An entry of the group's int8 weights (quantised transposed, see
-    /// [`FrozenParams::fill`]).
-    Int8(usize),
-    /// An entry of the group's NF4 weights (likewise).
-    Nf4(usize),
+    /// Entry `index` of the group's int8 weights (quantised transposed, see
+    /// [`FrozenParams::fill`]), its codes at `codes` in the codes slab.
+    Int8 {
+        /// Its entry in [`FrozenParams::int8`].
+        index: usize,
+        /// Its codes' bytes in [`FrozenParams::codes`].
+        codes: std::ops::Range<usize>,
+    },
+    /// Entry `index` of the group's NF4 weights (likewise), its packed
+    /// nibbles and absmax codes in the codes slab.
+    Nf4 {
+        /// Its entry in [`FrozenParams::nf4`].
+        index: usize,
+        /// Its packed nibbles' bytes in [`FrozenParams::codes`].
+        packed: std::ops::Range<usize>,
+        /// Its absmax codes' bytes in [`FrozenParams::codes`].
+        absmax_codes: std::ops::Range<usize>,
+    },
 }
 
 /// One frozen parameter: its module path, shape and place.
@@ -118,10 +131,6 @@ pub struct FrozenParams {
     /// Weights held in NF4 (their packed nibbles and absmax codes in
     /// [`FrozenParams::codes`]).
     pub nf4: Vec<Nf4Weight>,
-    /// Byte ranges in `codes`: an int8 weight's codes, or an NF4 weight's
-    /// packed nibbles then absmax codes, in [`FrozenAt`] order per format.
-    int8_codes: Vec<std::ops::Range<usize>>,
-    nf4_codes: Vec<[std::ops::Range<usize>; 2]>,
 }
 
 /// The next range of `len` bytes from `*at`, which then moves past it to
@@ -148,7 +157,7 @@ impl FrozenParams {
     pub(crate) fn layout(params: &[(String, Vec<usize>)], dtype: FrozenDtype, block: bool) -> Self {
         let (mut f32_len, mut bf16_len) = (0, 0);
         let (mut int8, mut nf4) = (0, 0);
-        let (mut int8_codes, mut nf4_codes, mut code_bytes) = (Vec::new(), Vec::new(), 0);
+        let mut code_bytes = 0;
         let mut slots = Vec::with_capacity(params.len());
         for (name, shape) in params {
             let len: usize = shape.iter().product();
@@ -163,14 +172,18 @@ impl FrozenParams {
                 }
                 Format::Int8 => {
                     int8 += 1;
-                    int8_codes.push(take(&mut code_bytes, len));
-                    FrozenAt::Int8(int8 - 1)
+                    FrozenAt::Int8 {
+                        index: int8 - 1,
+                        codes: take(&mut code_bytes, len),
+                    }
                 }
                 Format::Nf4 => {
                     nf4 += 1;
-                    let packed = take(&mut code_bytes, len.div_ceil(2));
-                    nf4_codes.push([packed, take(&mut code_bytes, len.div_ceil(NF4_BLOCK))]);
-                    FrozenAt::Nf4(nf4 - 1)
+                    FrozenAt::Nf4 {
+                        index: nf4 - 1,
+                        packed: take(&mut code_bytes, len.div_ceil(2)),
+                        absmax_codes: take(&mut code_bytes, len.div_ceil(NF4_BLOCK)),
+                    }
                 }
             };
             slots.push(FrozenSlot {
@@ -186,8 +199,6 @@ impl FrozenParams {
             codes: (code_bytes > 0).then(|| Slab::zeros(code_bytes.div_ceil(4))),
             int8: Vec::with_capacity(int8),
             nf4: Vec::with_capacity(nf4),
-            int8_codes,
-            nf4_codes,
         }
     }
 
@@ -199,32 +210,35 @@ impl FrozenParams {
     /// filled in order.
     pub(crate) fn fill(&mut self, k: usize, values: &[f32]) {
         let slot = &self.slots[k];
-        match &slot.at {
+        let shape = slot.shape.clone();
+        match slot.at.clone() {
             FrozenAt::F32(range) => {
                 let slab = self.f32.as_mut().expect("laid out with an f32 slab");
-                slab.as_mut_slice()[range.clone()].copy_from_slice(values);
+                slab.as_mut_slice()[range].copy_from_slice(values);
             }
             FrozenAt::Bf16(range) => {
                 let slab = self.bf16.as_mut().expect("laid out with a bf16 slab");
-                round_into_par(&mut slab.as_mut_slice()[range.clone()], values);
+                round_into_par(&mut slab.as_mut_slice()[range], values);
             }
-            FrozenAt::Int8(i) => {
-                assert_eq!(*i, self.int8.len(), "int8 weights filled out of order");
-                let (t, shape) = transposed(values, &slot.shape);
-                let mut w = quantize_int8(&t, shape).expect("laid out for its shape");
-                let codes = std::mem::take(&mut w.codes);
-                self.code_bytes_mut(&self.int8_codes[*i].clone())
-                    .copy_from_slice(bytemuck::cast_slice(&codes));
+            FrozenAt::Int8 { index, codes } => {
+                assert_eq!(index, self.int8.len(), "int8 weights filled out of order");
+                let (t, held) = transposed(values, &shape);
+                let mut w = quantize_int8(&t, held).expect("laid out for its shape");
+                self.code_bytes_mut(codes)
+                    .copy_from_slice(bytemuck::cast_slice(&std::mem::take(&mut w.codes)));
                 self.int8.push(w);
             }
-            FrozenAt::Nf4(i) => {
-                assert_eq!(*i, self.nf4.len(), "NF4 weights filled out of order");
-                let (t, shape) = transposed(values, &slot.shape);
-                let mut w = quantize_nf4(&t, shape).expect("laid out for its shape");
-                let [packed, codes] = self.nf4_codes[*i].clone();
-                self.code_bytes_mut(&packed)
+            FrozenAt::Nf4 {
+                index,
+                packed,
+                absmax_codes,
+            } => {
+                assert_eq!(index, self.nf4.len(), "NF4 weights filled out of order");
+                let (t, held) = transposed(values, &shape);
+                let mut w = quantize_nf4(&t, held).expect("laid out for its shape");
+                self.code_bytes_mut(packed)
                     .copy_from_slice(&std::mem::take(&mut w.packed));
-                self.code_bytes_mut(&codes)
+                self.code_bytes_mut(absmax_codes)
                     .copy_from_slice(&std::mem::take(&mut w.absmax_codes));
                 self.nf4.push(w);
             }
@@ -240,18 +254,19 @@ impl FrozenParams {
             FrozenAt::Bf16(range) => FrozenValues::Bf16(
                 &self.bf16.as_ref().expect("bf16 slab").as_slice()[range.clone()],
             ),
-            FrozenAt::Int8(i) => FrozenValues::Quantized(QuantizedRef::Int8 {
-                weight: &self.int8[*i],
-                codes: self.code_bytes(&self.int8_codes[*i]),
+            FrozenAt::Int8 { index, codes } => FrozenValues::Quantized(QuantizedRef::Int8 {
+                weight: &self.int8[*index],
+                codes: self.code_bytes(codes.clone()),
             }),
-            FrozenAt::Nf4(i) => {
-                let [packed, codes] = &self.nf4_codes[*i];
-                FrozenValues::Quantized(QuantizedRef::Nf4 {
-                    weight: &self.nf4[*i],
-                    packed: self.code_bytes(packed),
-                    absmax_codes: self.code_bytes(codes),
-                })
-            }
+            FrozenAt::Nf4 {
+                index,
+                packed,
+                absmax_codes,
+            } => FrozenValues::Quantized(QuantizedRef::Nf4 {
+                weight: &self.nf4[*index],
+                packed: self.code_bytes(packed.clone()),
+                absmax_codes: self.code_bytes(absmax_codes.clone()),
+            }),
         }
     }
 
@@ -282,15 +297,15 @@ impl FrozenParams {
     }
 
     /// The bytes of `range` in the codes slab.
-    fn code_bytes(&self, range: &std::ops::Range<usize>) -> &[u8] {
+    fn code_bytes(&self, range: std::ops::Range<usize>) -> &[u8] {
         let slab = self.codes.as_ref().expect("laid out with a codes slab");
-        &bytemuck::cast_slice::<f32, u8>(slab.as_slice())[range.clone()]
+        &bytemuck::cast_slice::<f32, u8>(slab.as_slice())[range]
     }
 
     /// [`FrozenParams::code_bytes`], to write.
-    fn code_bytes_mut(&mut self, range: &std::ops::Range<usize>) -> &mut [u8] {
+    fn code_bytes_mut(&mut self, range: std::ops::Range<usize>) -> &mut [u8] {
         let slab = self.codes.as_mut().expect("laid out with a codes slab");
-        &mut bytemuck::cast_slice_mut::<f32, u8>(slab.as_mut_slice())[range.clone()]
+        &mut bytemuck::cast_slice_mut::<f32, u8>(slab.as_mut_slice())[range]
     }
 
     /// Host bytes held.

@@ -177,11 +177,11 @@ pub(super) struct GradsStart<'a, B: AutodiffBackend, T: Transfer> {
 
 impl<B: AutodiffBackend, T: Transfer> ModuleVisitor<B> for GradsStart<'_, B, T> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        let Some(slot) = self.group.trained_slot(self.next) else {
-            self.next += 1;
+        let slot = self.group.trained_slot(self.next);
+        self.next += 1;
+        let Some(slot) = slot else {
             return;
         };
-        self.next += 1;
         let range = slot.range();
         let grad = param
             .val()
@@ -257,11 +257,11 @@ impl<B: AutodiffBackend, T: Transfer> ModuleVisitor<B> for GradsOut<'_, B, T> {
         if self.skip.contains(&param.id) {
             return;
         }
-        let Some(slot) = self.group.trained_slot(self.next) else {
-            self.next += 1;
+        let slot = self.group.trained_slot(self.next);
+        self.next += 1;
+        let Some(slot) = slot else {
             return;
         };
-        self.next += 1;
         let out = &mut self.out[slot.range()];
         let Some(grad) = param.val().grad(self.grads) else {
             if !self.accumulate {
