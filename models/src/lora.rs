@@ -348,17 +348,11 @@ pub trait LoraModel<B: Backend>: Module<B> + Sized {
                 });
             }
         }
-        let keep = if config.train_embeddings {
-            Self::EMBEDDINGS
-        } else {
-            &[]
-        };
         // Freeze before adding: the adapters are then the only parameters
-        // created trainable.
-        let mut model = self.map(&mut Freeze {
-            keep,
-            path: Vec::new(),
-        });
+        // created trainable. The model has none yet, so `frozen_ids` names
+        // every parameter but those `train_embeddings` keeps.
+        let frozen = self.frozen_ids(config);
+        let mut model = self.map(&mut Freeze { frozen: &frozen });
         for slot in model.slots_mut() {
             if config.targets.iter().any(|t| t.matches(&slot.path)) {
                 let [d_in, d_out] = slot.base.weight.lazy_shape().dims::<2>();
@@ -417,26 +411,16 @@ pub trait LoraModel<B: Backend>: Module<B> + Sized {
     }
 }
 
-/// Sets `require_grad` false on every float parameter outside `keep`,
-/// without initialising lazy ones.
-struct Freeze {
-    keep: &'static [&'static str],
-    path: Vec<String>,
+/// Sets `require_grad` false on the parameters in `frozen` and true on
+/// the others, without initialising lazy ones.
+struct Freeze<'a> {
+    frozen: &'a HashSet<ParamId>,
 }
 
-impl<B: Backend> ModuleMapper<B> for Freeze {
-    fn enter_module(&mut self, name: &str, _container_type: &str) {
-        self.path.push(name.to_string());
-    }
-    fn exit_module(&mut self, _name: &str, _container_type: &str) {
-        self.path.pop();
-    }
+impl<B: Backend> ModuleMapper<B> for Freeze<'_> {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
-        let kept = self
-            .path
-            .first()
-            .is_some_and(|top| self.keep.contains(&top.as_str()));
-        param.set_require_grad(kept)
+        let trainable = !self.frozen.contains(&param.id);
+        param.set_require_grad(trainable)
     }
 }
 
