@@ -627,5 +627,21 @@ fn quantised_base_kernels_match_the_host_dequantisation() {
             let got = dequantize_int8_cuda::<B>(&int8, &device, dtype).expect("CUDA");
             check(got, &int8.dequantize(), dtype, &format!("int8 {shape:?}"));
         }
+        // The engine binds a frozen base under autodiff: the kernels run
+        // there too, rather than leaving it to burn's tensor operations.
+        let got = dequantize_nf4_cuda::<AD>(&nf4, &device, FloatDType::BF16).expect("autodiff");
+        check(
+            got.inner(),
+            &nf4.dequantize(),
+            FloatDType::BF16,
+            "nf4 under autodiff",
+        );
+        let got = dequantize_int8_cuda::<AD>(&int8, &device, FloatDType::BF16).expect("autodiff");
+        check(
+            got.inner(),
+            &int8.dequantize(),
+            FloatDType::BF16,
+            "int8 under autodiff",
+        );
     }
 }

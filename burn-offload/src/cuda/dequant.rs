@@ -27,7 +27,7 @@ use std::any::Any;
 
 use burn_cubecl::cubecl::cuda::CudaDevice;
 
-use super::types::is_cuda;
+use super::types::{cuda_as, is_cuda, CudaBackend};
 use super::upload::{upload_cube_ordered, CopyInFlight};
 use crate::cuda::{as_float, empty_like, float_cube, int_cube, is_float};
 use crate::host::optim::quant::SIGNED;
@@ -91,21 +91,21 @@ mod kernels {
 use kernels::{int8_kernel, nf4_kernel};
 
 /// `values` as an i32 tensor on `device`, as cubecl's.
-fn ints<B: Backend>(mut values: Vec<i32>, device: &B::Device) -> Option<CubeTensor<CudaRuntime>> {
+fn ints(mut values: Vec<i32>, device: &CudaDevice) -> Option<CubeTensor<CudaRuntime>> {
     // An empty weight still uploads a word, which the kernel never reads.
     if values.is_empty() {
         values.push(0);
     }
     let n = values.len();
-    let t = Tensor::<B, 1, Int>::from_data(TensorData::new(values, [n]), device);
+    let t = Tensor::<CudaBackend, 1, Int>::from_data(TensorData::new(values, [n]), device);
     int_cube(&t).filter(|c| c.dtype == DType::I32)
 }
 
 /// `values` as an f32 tensor on `device`, as cubecl's.
-fn floats<B: Backend>(values: Vec<f32>, device: &B::Device) -> Option<CubeTensor<CudaRuntime>> {
+fn floats(values: Vec<f32>, device: &CudaDevice) -> Option<CubeTensor<CudaRuntime>> {
     let n = values.len();
     let options = TensorCreationOptions::new(device.clone()).with_dtype(DType::F32);
-    let t = Tensor::<B, 1>::from_data(TensorData::new(values, [n]), options);
+    let t = Tensor::<CudaBackend, 1>::from_data(TensorData::new(values, [n]), options);
     float_cube(&t).filter(|c| c.dtype == DType::F32)
 }
 
@@ -118,13 +118,10 @@ fn output_dtype(numel: usize, dtype: FloatDType) -> Option<DType> {
 
 /// `scales` on `device` with one more value after them: an empty weight has
 /// no scales, and a tensor of none cannot be made; the kernels never read it.
-fn padded_scales<B: Backend>(
-    scales: &[f32],
-    device: &B::Device,
-) -> Option<CubeTensor<CudaRuntime>> {
+fn padded_scales(scales: &[f32], device: &CudaDevice) -> Option<CubeTensor<CudaRuntime>> {
     let mut padded = scales.to_vec();
     padded.push(0.0);
-    floats::<B>(padded, device)
+    floats(padded, device)
 }
 
 /// One unit per `units`, in cubes of [`UNITS`].
@@ -137,23 +134,28 @@ fn launch_size(units: usize) -> (CubeCount, CubeDim) {
 /// stream with the compute stream ordered behind the copy (`bytes` must not
 /// change until the returned copy is dropped) where `streamed` and the
 /// bytes make whole words, else packed and uploaded at once.
-fn words<B: Backend>(
+fn words(
     bytes: &[u8],
-    device: &B::Device,
+    device: &CudaDevice,
     streamed: bool,
     copies: &mut Vec<CopyInFlight>,
 ) -> Option<CubeTensor<CudaRuntime>> {
-    let cuda = (device as &dyn Any).downcast_ref::<CudaDevice>();
-    match cuda {
-        Some(cuda)
-            if streamed && !bytes.is_empty() && bytes.len().is_multiple_of(4) && is_cuda::<B>() =>
-        {
-            let (cube, copy) = upload_cube_ordered(bytes, DType::I32, &[bytes.len() / 4], cuda);
-            copies.push(copy);
-            Some(cube)
-        }
-        _ => ints::<B>(pack_words(bytes), device),
+    if streamed && !bytes.is_empty() && bytes.len().is_multiple_of(4) {
+        let (cube, copy) = upload_cube_ordered(bytes, DType::I32, &[bytes.len() / 4], device);
+        copies.push(copy);
+        Some(cube)
+    } else {
+        ints(pack_words(bytes), device)
     }
+}
+
+/// `device` as a CUDA device, where `B` is one of the CUDA backends
+/// ([`is_cuda`]): the kernels run on [`CudaBackend`] whatever wraps it
+/// (autodiff, the cuBLAS matmul), and their output is handed back as `B`'s.
+fn cuda_device<B: Backend>(device: &B::Device) -> Option<&CudaDevice> {
+    (device as &dyn Any)
+        .downcast_ref::<CudaDevice>()
+        .filter(|_| is_cuda::<B>())
 }
 
 /// `w` dequantised on `device` into a `[out, in]` tensor of `dtype` by one
@@ -163,7 +165,15 @@ pub fn dequantize_nf4_cuda<B: Backend>(
     device: &B::Device,
     dtype: FloatDType,
 ) -> Option<Tensor<B, 2>> {
-    nf4(w, &w.packed, &w.absmax_codes, device, dtype, false).map(|(tensor, _)| tensor)
+    let (tensor, _) = nf4(
+        w,
+        &w.packed,
+        &w.absmax_codes,
+        cuda_device::<B>(device)?,
+        dtype,
+        false,
+    )?;
+    cuda_as(tensor)
 }
 
 /// A frozen base's weight, whose codes lie in the store's page-locked
@@ -174,36 +184,38 @@ pub(crate) fn streamed<B: Backend>(
     device: &B::Device,
     dtype: FloatDType,
 ) -> Option<(Tensor<B, 2>, Vec<CopyInFlight>)> {
-    match w {
+    let device = cuda_device::<B>(device)?;
+    let (tensor, copies) = match w {
         QuantizedRef::Int8 { weight, codes } => int8(weight, codes, device, dtype, true),
         QuantizedRef::Nf4 {
             weight,
             packed,
             absmax_codes,
         } => nf4(weight, packed, absmax_codes, device, dtype, true),
-    }
+    }?;
+    Some((cuda_as(tensor)?, copies))
 }
 
 /// [`dequantize_nf4_cuda`] of `w`'s scales with the codes `packed` and
 /// `absmax_codes`, copied straight from there on the upload stream where
 /// `streamed` (they must not change until the copies land).
-fn nf4<B: Backend>(
+fn nf4(
     w: &Nf4Weight,
     packed: &[u8],
     absmax_codes: &[u8],
-    device: &B::Device,
+    device: &CudaDevice,
     dtype: FloatDType,
     streamed: bool,
-) -> Option<(Tensor<B, 2>, Vec<CopyInFlight>)> {
+) -> Option<(Tensor<CudaBackend, 2>, Vec<CopyInFlight>)> {
     let numel = w.numel();
     let dtype = output_dtype(numel, dtype)?;
     let mut copies = Vec::new();
     let packed_len = packed.len();
-    let packed = words::<B>(packed, device, streamed, &mut copies)?;
-    let codes = words::<B>(absmax_codes, device, streamed, &mut copies)?;
-    let scales = padded_scales::<B>(&w.absmax_scales, device)?;
-    let nf4 = floats::<B>(NF4.to_vec(), device)?;
-    let map = floats::<B>(SIGNED.values.to_vec(), device)?;
+    let packed = words(packed, device, streamed, &mut copies)?;
+    let codes = words(absmax_codes, device, streamed, &mut copies)?;
+    let scales = padded_scales(&w.absmax_scales, device)?;
+    let nf4 = floats(NF4.to_vec(), device)?;
+    let map = floats(SIGNED.values.to_vec(), device)?;
     let out = empty_like(&packed, &w.shape, dtype);
     if numel > 0 {
         let (count, dim) = launch_size(packed_len);
@@ -233,23 +245,24 @@ pub fn dequantize_int8_cuda<B: Backend>(
     dtype: FloatDType,
 ) -> Option<Tensor<B, 2>> {
     let codes = bytemuck::cast_slice(&w.codes);
-    int8(w, codes, device, dtype, false).map(|(tensor, _)| tensor)
+    let (tensor, _) = int8(w, codes, cuda_device::<B>(device)?, dtype, false)?;
+    cuda_as(tensor)
 }
 
 /// [`dequantize_int8_cuda`] of `w`'s scales with the codes `codes`,
 /// streamed as [`nf4`]'s are.
-fn int8<B: Backend>(
+fn int8(
     w: &Int8Weight,
     codes: &[u8],
-    device: &B::Device,
+    device: &CudaDevice,
     dtype: FloatDType,
     streamed: bool,
-) -> Option<(Tensor<B, 2>, Vec<CopyInFlight>)> {
+) -> Option<(Tensor<CudaBackend, 2>, Vec<CopyInFlight>)> {
     let numel = w.numel();
     let dtype = output_dtype(numel, dtype)?;
     let mut copies = Vec::new();
-    let codes = words::<B>(codes, device, streamed, &mut copies)?;
-    let scales = padded_scales::<B>(&w.scales, device)?;
+    let codes = words(codes, device, streamed, &mut copies)?;
+    let scales = padded_scales(&w.scales, device)?;
     let out = empty_like(&codes, &w.shape, dtype);
     if numel > 0 {
         let (count, dim) = launch_size(numel);
