@@ -112,6 +112,9 @@ pub fn load_config(dir: &Path) -> Result<ModelConfig, HfError> {
     let model_type = field("model_type")
         .and_then(Value::as_str)
         .unwrap_or("<none>");
+    if let Some(quantization) = field("quantization_config") {
+        return Err(unsupported(pre_quantised(quantization)));
+    }
     let config = match model_type {
         "llama" | "mistral" | "qwen2" | "qwen3" => {
             ModelConfig::Llama(llama_config(model_type, &fields)?)
@@ -159,6 +162,29 @@ pub fn load_config(dir: &Path) -> Result<ModelConfig, HfError> {
         reason: e.to_string(),
     })?;
     Ok(config)
+}
+
+/// What a pre-quantised checkpoint's `quantization_config` says it is. Its
+/// weights are codes in the quantiser's own layout: they cannot be read as
+/// values, and re-quantising them (`--base-dtype`) would quantise twice.
+fn pre_quantised(quantization: &Value) -> String {
+    let method = quantization
+        .get("quant_method")
+        .and_then(Value::as_str)
+        .unwrap_or("unknown");
+    let bits = quantization
+        .get("bits")
+        .and_then(Value::as_u64)
+        .or_else(|| {
+            let flag = |k: &str| quantization.get(k).and_then(Value::as_bool) == Some(true);
+            (flag("load_in_4bit").then_some(4)).or(flag("load_in_8bit").then_some(8))
+        })
+        .map(|b| format!(" {b}-bit"))
+        .unwrap_or_default();
+    format!(
+        "pre-quantised weights (`quantization_config`: {method}{bits}); give the \
+         full-precision checkpoint (`--base-dtype int8|nf4` quantises a LoRA base while loading)"
+    )
 }
 
 /// The Llama-shaped families' `config.json` (`model_type` one of llama,

@@ -517,6 +517,16 @@ fn unsupported_family_options_are_clear_errors() {
         err.contains("unsupported `use_sliding_window: true`"),
         "{err}"
     );
+    let err = err_of("llama3", |c| {
+        c["quantization_config"] =
+            serde_json::json!({"quant_method": "bitsandbytes", "load_in_4bit": true});
+    });
+    assert!(
+        err.contains(
+            "unsupported pre-quantised weights (`quantization_config`: bitsandbytes 4-bit)"
+        ),
+        "{err}"
+    );
     let err = err_of("qwen3", |c| c["mlp_bias"] = true.into());
     assert!(
         err.contains("unsupported `mlp_bias: true` for qwen3"),

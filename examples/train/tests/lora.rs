@@ -341,6 +341,24 @@ fn bad_lora_input_is_refused_before_any_work() {
         5,
         "nothing written into the checkpoint"
     );
+
+    // A base quantised by another tool holds codes, not values: quantising
+    // them again to NF4 would be wrong, so the run stops at the config.
+    let config_path = ck.join("config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+    config["quantization_config"] = serde_json::json!({"quant_method": "gptq", "bits": 4});
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    let out = train(&base, &["--lora-rank", "4", "--base-dtype", "nf4"]);
+    assert!(!out.status.success());
+    let errors = error_lines(&out);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(
+        errors[0].contains("pre-quantised weights (`quantization_config`: gptq 4-bit)"),
+        "{}",
+        errors[0]
+    );
+    assert_eq!(std::fs::read_dir(&ck).unwrap().count(), 5);
 }
 
 /// An engine LoRA run's checkpoints hold the adapters and their state, not
