@@ -185,6 +185,20 @@ impl LlamaConfig {
             8.0,
         )
     }
+    /// Llama 3.1 70B as published: untied head, Llama 3 rope scaling (×8).
+    pub fn llama_3_1_70b() -> Self {
+        Self::llama3(
+            Self::shape(128_256, 8192, 80, 64, 8, 28_672, 500_000.0),
+            8.0,
+        )
+    }
+    /// Llama 3.1 405B as published: untied head, Llama 3 rope scaling (×8).
+    pub fn llama_3_1_405b() -> Self {
+        Self::llama3(
+            Self::shape(128_256, 16_384, 126, 128, 8, 53_248, 500_000.0),
+            8.0,
+        )
+    }
     /// Mistral 7B (v0.1): grouped-query attention, a 4096-token sliding window.
     pub fn mistral_7b() -> Self {
         Self {
@@ -218,6 +232,12 @@ impl LlamaConfig {
     }
     pub fn qwen2_5_14b() -> Self {
         Self::qwen2((152_064, 5120, 48, 40, 8, 13_824), false)
+    }
+    pub fn qwen2_5_32b() -> Self {
+        Self::qwen2((152_064, 5120, 64, 40, 8, 27_648), false)
+    }
+    pub fn qwen2_5_72b() -> Self {
+        Self::qwen2((152_064, 8192, 80, 64, 8, 29_568), false)
     }
     /// Qwen3 (`d_model`, layers, heads, key/value heads, MLP size, tied
     /// head): 128-wide heads whatever `d_model`, RMSNorm on queries and keys.
