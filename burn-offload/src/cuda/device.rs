@@ -220,7 +220,13 @@ pub(crate) fn sync_backend<X: Backend>(device: &X::Device) {
 /// `budget_bytes` (of a quarter of the GPU by default; at least 512 MiB), for
 /// the clients made from now on: call it before the first CUDA tensor. Pools
 /// keep whole pages reserved, so with quarter-of-the-GPU pages a process
-/// held to a budget reserved several times what it used.
-pub fn limit_memory_pages(budget_bytes: u64) {
-    burn_cubecl::cubecl::cuda::set_max_page_size((budget_bytes / 8).max(512 << 20));
+/// held to a budget reserved several times what it used. A page holds one
+/// buffer at most, so pages are never smaller than `largest_buffer` (a
+/// model's f32 embedding table, drawn on the device while the store is
+/// built: 4.2 GB for a 128k vocabulary at width 8192).
+pub fn limit_memory_pages(budget_bytes: u64, largest_buffer: u64) {
+    let page = (budget_bytes / 8)
+        .max(512 << 20)
+        .max(largest_buffer.next_multiple_of(64 << 20));
+    burn_cubecl::cubecl::cuda::set_max_page_size(page);
 }

@@ -213,7 +213,8 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport, TrainError> {
     // Before the first CUDA tensor: pages of the pools sized to the budget.
     #[cfg(feature = "cuda")]
     if let Some(gib) = opts.gpu_mem_gib {
-        burn_offload::cuda_backend::limit_memory_pages((gib * GIB) as u64);
+        let largest = 4 * crate::plan::shape(&config).largest_tensor;
+        burn_offload::cuda_backend::limit_memory_pages((gib * GIB) as u64, largest);
     }
     if opts.progress {
         if let (None, Some(dir), Tokenizer::Byte) = (&opts.tokenizer, &opts.init_from, &tokenizer) {
