@@ -157,6 +157,8 @@ mod tests {
             param_cache: ParamCache::Auto,
             trained_params: None,
             frozen_host_bytes: None,
+            smaller_bases: Vec::new(),
+            frozen_stem: false,
         }
     }
 

@@ -32,6 +32,8 @@ pub fn job(config: ModelConfig, fused: bool) -> Job {
         param_cache: trainer::plan::ParamCache::Auto,
         trained_params: None,
         frozen_host_bytes: None,
+        smaller_bases: Vec::new(),
+        frozen_stem: false,
     }
 }
 

@@ -4,6 +4,9 @@ use super::estimate::{host_floor, Plan, GIB};
 use super::job::{Job, Machine};
 use super::knobs::{HostLayout, KeptGraphs};
 
+/// The LM head's chunk the plan suggests where a larger one does not fit.
+const SMALL_LOSS_CHUNK: usize = 1024;
+
 /// A memory a job needs more of than the machine has.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Shortfall {
@@ -139,6 +142,27 @@ fn suggestion(job: &Job, machine: &Machine) -> String {
                 ..job.clone()
             },
             "drop --resident (stream from host memory)".to_string(),
+        ));
+    }
+    // `--base-dtype` is the engine's (a resident run is told to stream first).
+    for &(name, bytes) in job.smaller_bases.iter().filter(|_| !job.resident) {
+        tries.push((
+            Job {
+                frozen_host_bytes: Some(bytes),
+                ..job.clone()
+            },
+            format!("--base-dtype {name} (the frozen base in {name})"),
+        ));
+    }
+    // The LM head's logits of a chunk grow with the vocabulary: at 128k,
+    // 4,096 tokens' take 10 GiB.
+    if !job.resident && job.loss_chunk_tokens > SMALL_LOSS_CHUNK {
+        tries.push((
+            Job {
+                loss_chunk_tokens: SMALL_LOSS_CHUNK,
+                ..job.clone()
+            },
+            format!("--loss-chunk-tokens {SMALL_LOSS_CHUNK}"),
         ));
     }
     if job.compact_applies() && !job.compact() {

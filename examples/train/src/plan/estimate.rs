@@ -201,6 +201,12 @@ impl Plan {
         let chunk = (job.loss_chunk_tokens as u64).clamp(1, tokens);
         // Logits, log-softmax (and its max/exp/sum), their gradient.
         let loss_chunk = F32 * 5 * chunk * s.vocab;
+        // A trained head's weight gradient, summed over the chunks.
+        let head_gradient = if job.frozen_stem {
+            0
+        } else {
+            F32 * s.vocab * s.d
+        };
         let runtime_device = if job.gpu { (1.0 * GIB) as u64 } else { 0 };
 
         // The engine holds a frozen base apart, in its own format.
@@ -333,13 +339,20 @@ impl Plan {
             } else {
                 width * blocks * s.block_params
             };
+            // A frozen stem is bound in the compute precision, as a frozen
+            // block is; a trained one from the f32 weights.
+            let stem_width = if job.frozen_stem && frozen_base.is_some() {
+                width
+            } else {
+                F32
+            };
             device.push(Item::held(
                 if job.gpu {
                     "weights: stem + three blocks (bound, copying, retiring)"
                 } else {
                     "weights: stem + two blocks"
                 },
-                F32 * s.stem_params + block_bytes,
+                stem_width * s.stem_params + block_bytes,
             ));
             let checkpoint = width * tokens * s.d;
             let on_host = job.host_block_inputs(s.layers);
@@ -405,7 +418,7 @@ impl Plan {
             ));
             device.push(Item::phase(
                 "LM head + loss chunk",
-                loss_chunk + F32 * s.vocab * s.d,
+                loss_chunk + head_gradient,
             ));
         }
         if job.gpu {

@@ -66,6 +66,13 @@ pub struct Job {
     /// With LoRA on the offload engine: the host bytes of the frozen base
     /// as `--base-dtype` holds it (no gradient, no optimizer state).
     pub frozen_host_bytes: Option<u64>,
+    /// With LoRA: the base formats (`--base-dtype` names) that hold it in
+    /// fewer host bytes than `frozen_host_bytes`, and their bytes.
+    pub smaller_bases: Vec<(&'static str, u64)>,
+    /// With LoRA: the embeddings and head are frozen (no
+    /// `--train-embeddings`), so the head has no weight gradient and the
+    /// device holds them in the compute precision.
+    pub frozen_stem: bool,
 }
 
 impl Job {

@@ -378,6 +378,7 @@ mod tests {
 #[cfg(test)]
 mod plan_tests {
     use burn_offload::quant::BaseDtype;
+    use burn_offload::Compute;
 
     use crate::options::TrainOptions;
     use crate::plan::Machine;
@@ -442,5 +443,86 @@ mod plan_tests {
         // The 8B's bf16 embeddings and head are an eighth of it.
         assert!((0.65..0.8).contains(&nf4), "NF4: {nf4} B/param");
         assert!((bf16 - 2.0).abs() < 1e-9, "bf16: {bf16} B/param");
+    }
+
+    /// The plan names the largest preset each base format fits, and a base
+    /// too large in bf16 is told the format that fits: a 70B LoRA on a
+    /// 125 GiB host streams in NF4 or int8, not in bf16.
+    #[test]
+    fn a_lora_plan_names_the_largest_base_and_the_format_that_fits() {
+        let gib = 1u64 << 30;
+        let machine = Machine {
+            host_bytes: 125 * gib,
+            host_source: "test".into(),
+            device_bytes: Some(24 * gib),
+            device_source: "test".into(),
+        };
+        let mut opts = TrainOptions {
+            batch: 1,
+            seq_len: 1024,
+            compute: Compute::Bf16,
+            ..TrainOptions::default()
+        };
+        opts.lora.lora_rank = 16;
+        let largest: Vec<(String, Option<&str>)> =
+            super::super::largest_lora_bases(&opts, &machine)
+                .into_iter()
+                .map(|(dtype, largest)| (dtype.name().to_string(), largest.map(|(name, _)| name)))
+                .collect();
+        assert_eq!(
+            largest,
+            [
+                ("bf16".to_string(), Some("qwen2.5-32b")),
+                ("int8".to_string(), Some("qwen2.5-72b")),
+                ("nf4".to_string(), Some("qwen2.5-72b")),
+            ]
+        );
+        let config = ModelConfig::from_arg("llama-3.1-70b").unwrap();
+        let (plan, job) = super::super::plan(&opts, config, &machine);
+        let why = plan.check(&job, &machine).unwrap_err().to_string();
+        assert!(why.contains("try --base-dtype int8"), "{why}");
+    }
+
+    /// The device side of a LoRA plan on the Llama-3.1-70B shape with an NF4
+    /// base: its frozen stem binds in bf16 (2.1B parameters, 3.9 GiB, where
+    /// a trained one binds in f32) and its head has no weight gradient (a
+    /// full fine-tune's head phase holds an f32 one, another 3.9 GiB).
+    #[test]
+    fn a_lora_plan_binds_a_frozen_stem_in_the_compute_precision_without_a_head_gradient() {
+        let gib = 1u64 << 30;
+        let machine = Machine {
+            host_bytes: 125 * gib,
+            host_source: "test".into(),
+            device_bytes: Some(24 * gib),
+            device_source: "test".into(),
+        };
+        let mut opts = TrainOptions {
+            batch: 1,
+            seq_len: 4096,
+            compute: Compute::Bf16,
+            ..TrainOptions::default()
+        };
+        opts.lora.lora_rank = 16;
+        opts.lora.base_dtype = Some(burn_offload::FrozenDtype::Base(BaseDtype::Nf4));
+        let config = ModelConfig::from_arg("llama-3.1-70b").unwrap();
+        let (_, job) = super::super::plan(&opts, config, &machine);
+        let job = crate::plan::Job { gpu: true, ..job }.placed(&machine);
+        let plan = crate::plan::Plan::new(&job);
+        let bytes = |what: &str| {
+            plan.device
+                .iter()
+                .find(|i| i.what.starts_with(what))
+                .map(|i| i.bytes)
+                .unwrap()
+        };
+        // The stem (2.1B) and three blocks (0.86B each) in bf16.
+        let weights = bytes("weights: stem") as f64 / gib as f64;
+        assert!((8.0..9.5).contains(&weights), "{weights} GiB of weights");
+        // 4,096 tokens' logits and their softmax, nothing of the head's size.
+        let head = bytes("LM head") as f64 / gib as f64;
+        assert!(
+            (9.0..10.5).contains(&head),
+            "{head} GiB in the head's phase"
+        );
     }
 }

@@ -1,6 +1,8 @@
 //! What the machine has (host memory, GPUs and their free memory) and the
 //! memory plan of a run on it.
 
+use burn_offload::quant::BaseDtype;
+use burn_offload::FrozenDtype;
 use models::ModelConfig;
 
 use crate::options::*;
@@ -194,9 +196,23 @@ pub fn plan(opts: &TrainOptions, config: ModelConfig, machine: &Machine) -> (Pla
         .as_ref()
         .map(|lora| super::lora::trained_params(&config, lora));
     // Counted for a resident job too: the plan may suggest streaming it.
+    let base_dtype = super::lora::base_dtype(opts);
     let frozen_host_bytes = lora
         .as_ref()
-        .map(|lora| super::lora::frozen_host_bytes(&config, lora, super::lora::base_dtype(opts)));
+        .map(|lora| super::lora::frozen_host_bytes(&config, lora, base_dtype));
+    // The smaller formats the plan may suggest when the base does not fit.
+    let smaller_bases = match (&lora, frozen_host_bytes) {
+        (Some(lora), Some(bytes)) => BaseDtype::ALL
+            .into_iter()
+            .map(|base| {
+                let dtype = FrozenDtype::Base(base);
+                (dtype, super::lora::frozen_host_bytes(&config, lora, dtype))
+            })
+            .filter(|&(_, smaller)| smaller < bytes)
+            .map(|(dtype, bytes)| (dtype.name(), bytes))
+            .collect(),
+        _ => Vec::new(),
+    };
     let job = PlanJob {
         config,
         batch: opts.batch,
@@ -224,6 +240,8 @@ pub fn plan(opts: &TrainOptions, config: ModelConfig, machine: &Machine) -> (Pla
         },
         trained_params,
         frozen_host_bytes,
+        smaller_bases,
+        frozen_stem: lora.is_some() && !opts.lora.train_embeddings,
     };
     let job = job.placed(machine);
     (Plan::new(&job), job)
@@ -263,6 +281,47 @@ pub fn longest_sequence(job: &PlanJob, machine: &Machine) -> Option<usize> {
         }
     }
     Some(lo * 1024)
+}
+
+/// For a LoRA job: under each base format, the largest Llama-family preset
+/// whose plan fits `machine` with the job's other settings (batch, sequence,
+/// targets, GPU budget), with the base's host bytes per parameter; `None`
+/// where not even the smallest fits. Empty without LoRA, or where the
+/// targets name no Llama projection.
+pub fn largest_lora_bases(
+    opts: &TrainOptions,
+    machine: &Machine,
+) -> Vec<(FrozenDtype, Option<(&'static str, f64)>)> {
+    let mut presets: Vec<(&'static str, ModelConfig)> = models::PRESETS
+        .iter()
+        .filter(|name| !name.ends_with("tiny"))
+        .map(|&name| (name, ModelConfig::preset(name).expect("a preset")))
+        .filter(|(_, config)| matches!(config, ModelConfig::Llama(_)))
+        .filter(|(_, config)| matches!(super::lora::lora_config(opts, config), Ok(Some(_))))
+        .collect();
+    presets.sort_by_key(|(_, config)| std::cmp::Reverse(config.num_params()));
+    if presets.is_empty() {
+        return Vec::new();
+    }
+    let mut dtypes = vec![FrozenDtype::F32];
+    dtypes.extend(BaseDtype::ALL.map(FrozenDtype::Base));
+    dtypes
+        .into_iter()
+        .filter(|&dtype| dtype != FrozenDtype::F32 || opts.compute == burn_offload::Compute::Fp32)
+        .map(|dtype| {
+            let mut with = opts.clone();
+            with.lora.base_dtype = Some(dtype);
+            with.resident = false;
+            let largest = presets.iter().find_map(|(name, config)| {
+                let (plan, job) = plan(&with, config.clone(), machine);
+                plan.check(&job, machine).is_ok().then(|| {
+                    let bytes = job.frozen_host_bytes.expect("a LoRA job") as f64;
+                    (*name, bytes / config.num_params() as f64)
+                })
+            });
+            (dtype, largest)
+        })
+        .collect()
 }
 
 /// Refuses, before anything is allocated, a job that does not fit the

@@ -14,7 +14,7 @@ mod state;
 
 pub use data::DataReadError;
 pub use job::JobError;
-pub use machine::{longest_sequence, machine, plan, MachineError};
+pub use machine::{largest_lora_bases, longest_sequence, machine, plan, MachineError};
 pub use resume::{ResumeError, RunShape};
 pub use setup::{plan_table, preflight, run, Checked, SetupError, TrainError};
 pub use state::{BestEval, Evaluation, TrainReport, TrainerState};

@@ -550,5 +550,18 @@ pub fn plan_table(opts: &TrainOptions) -> Result<String, TrainError> {
         )),
         None => table.push_str("no sequence of 1024 tokens fits at batch 1\n"),
     }
+    let bases = largest_lora_bases(opts, &machine);
+    if !bases.is_empty() {
+        table.push_str("largest preset whose LoRA base fits these settings, by --base-dtype:\n");
+    }
+    for (dtype, largest) in bases {
+        match largest {
+            Some((name, bytes)) => table.push_str(&format!(
+                "  {:<5} {name} ({bytes:.2} host B/param for the base)\n",
+                dtype.name()
+            )),
+            None => table.push_str(&format!("  {:<5} none\n", dtype.name())),
+        }
+    }
     Ok(table)
 }
