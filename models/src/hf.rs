@@ -13,6 +13,7 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::tensor::{backend::Backend, bf16, f16, Tensor, TensorData};
@@ -467,16 +468,16 @@ impl Checkpoint {
     }
 }
 
-/// Fills every parameter of `model` from the checkpoint (all checked first).
-struct Fill<'a, B: Backend> {
-    checkpoint: &'a Checkpoint,
+/// Replaces every parameter of `model` by a lazy one that reads its tensor
+/// from the checkpoint when first used (each checked first).
+struct Fill<'a> {
+    checkpoint: &'a Arc<Checkpoint>,
     config: &'a ModelConfig,
     path: Vec<String>,
-    device: Option<B::Device>,
     error: Option<HfError>,
 }
 
-impl<B: Backend> ModuleMapper<B> for Fill<'_, B> {
+impl<B: Backend> ModuleMapper<B> for Fill<'_> {
     fn enter_module(&mut self, name: &str, _container_type: &str) {
         self.path.push(name.to_string());
     }
@@ -488,19 +489,26 @@ impl<B: Backend> ModuleMapper<B> for Fill<'_, B> {
             return param;
         }
         let (name, transpose) = self.checkpoint.name_of(self.config, &self.path.join("."));
-        let shape: [usize; D] = param.shape().dims();
-        let device = param.lazy_device();
-        match self.checkpoint.read(&name, &shape, transpose) {
-            Ok(data) => {
-                self.device.get_or_insert(device.clone());
-                // Loaded weights are trainable (a no-op outside `Autodiff`).
-                Param::initialized(param.id, Tensor::from_data(data, &device).require_grad())
-            }
-            Err(e) => {
-                self.error = Some(e);
-                param
-            }
+        let shape = param.lazy_shape();
+        let dims: Vec<usize> = shape.iter().copied().collect();
+        if let Err(e) = self.checkpoint.view(&name, &dims, transpose) {
+            self.error = Some(e);
+            return param;
         }
+        let checkpoint = Arc::clone(self.checkpoint);
+        let read = move |device: &B::Device, require_grad: bool| {
+            let data = checkpoint
+                .read(&name, &dims, transpose)
+                .unwrap_or_else(|e| panic!("checked when loading began: {e}"));
+            let tensor = Tensor::from_data(data, device);
+            if require_grad {
+                tensor.require_grad()
+            } else {
+                tensor
+            }
+        };
+        // Loaded weights are trainable (a no-op outside `Autodiff`).
+        Param::uninitialized(param.id, read, param.lazy_device(), true, shape)
     }
 }
 
@@ -546,18 +554,20 @@ pub fn check_weights<B: Backend, M: Module<B>>(
 
 /// Loads a checkpoint's weights into `model` (built from [`load_config`]'s
 /// config). Parameters are never initialised randomly first: burn's lazy
-/// parameters are replaced before they are ever materialised.
+/// parameters are replaced, after every tensor is checked, by lazy ones that
+/// read the checkpoint when first used. The offload engine takes them one at
+/// a time into its host store, so a model larger than the GPU is never on it
+/// whole (an eager load put a 70B model's 282 GB of f32 on the device).
 pub fn load_weights<B: Backend, M: Module<B>>(
     model: M,
     config: &ModelConfig,
     dir: &Path,
 ) -> Result<M, HfError> {
-    let checkpoint = Checkpoint::open(dir)?;
-    let mut fill = Fill::<B> {
+    let checkpoint = Arc::new(Checkpoint::open(dir)?);
+    let mut fill = Fill {
         checkpoint: &checkpoint,
         config,
         path: Vec::new(),
-        device: None,
         error: None,
     };
     let model = model.map(&mut fill);

@@ -191,6 +191,48 @@ fn load_llama(dir: &Path) -> Result<Llama<B>, HfError> {
     hf::load_weights(c.init::<B>(&Default::default()), &config, dir)
 }
 
+/// Loading reads no tensor onto the device: each parameter reads its
+/// tensor when first used (the offload engine takes them one at a time into
+/// its host store), with the checkpoint's values.
+#[test]
+fn loaded_weights_stay_on_the_host_until_used() {
+    struct Initialised(Vec<bool>);
+    impl ModuleVisitor<B> for Initialised {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            self.0.push(param.is_initialized());
+        }
+    }
+    let dir = fixtures().join("families/llama3");
+    let model = load_llama(&dir).unwrap();
+    let mut before = Initialised(Vec::new());
+    model.visit(&mut before);
+    assert!(
+        !before.0.is_empty() && before.0.iter().all(|i| !i),
+        "{:?}",
+        before.0
+    );
+    let embedding: Vec<f32> = model
+        .embed_tokens
+        .weight
+        .val()
+        .into_data()
+        .to_vec()
+        .unwrap();
+    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let stored = SafeTensors::deserialize(&bytes).unwrap();
+    let want: Vec<f32> = stored
+        .tensor("model.embed_tokens.weight")
+        .unwrap()
+        .data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    assert_eq!(embedding, want);
+    let mut after = Initialised(Vec::new());
+    model.visit(&mut after);
+    assert_eq!(after.0.iter().filter(|i| **i).count(), 1);
+}
+
 #[test]
 fn import_export_import_is_exact() {
     let out = tempfile::tempdir().unwrap();
