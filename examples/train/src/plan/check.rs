@@ -19,6 +19,9 @@ pub enum Shortfall {
         source: String,
         /// The store's host bytes per parameter; `None` for a resident job.
         store_bytes_per_param: Option<u64>,
+        /// With LoRA on the engine: the frozen base's host bytes per
+        /// parameter (the store's figure is the adapters').
+        base_bytes_per_param: Option<f64>,
     },
     /// GPU memory: the plan's device peak.
     Gpu {
@@ -36,11 +39,18 @@ impl std::fmt::Display for Shortfall {
                 have,
                 source,
                 store_bytes_per_param,
+                base_bytes_per_param,
             } => {
-                let store = match store_bytes_per_param {
-                    None => " (the model, the runtime and the OS's headroom; --plan lists them)"
-                        .to_string(),
-                    Some(b) => format!(
+                let store = match (base_bytes_per_param, store_bytes_per_param) {
+                    (Some(b), _) => format!(
+                        " ({b:.2} B/param for the frozen base, the adapters' state, buffers, the \
+                         runtime and the OS's headroom; --plan lists them)"
+                    ),
+                    (None, None) => {
+                        " (the model, the runtime and the OS's headroom; --plan lists them)"
+                            .to_string()
+                    }
+                    (None, Some(b)) => format!(
                         " ({b} B/param in the store, buffers, the runtime and the OS's headroom; \
                          --plan lists them)"
                     ),
@@ -89,6 +99,10 @@ impl Plan {
                 have: machine.host_bytes,
                 source: machine.host_source.clone(),
                 store_bytes_per_param: (!job.resident).then(|| job.store_bytes_per_param()),
+                base_bytes_per_param: job
+                    .frozen_host_bytes
+                    .filter(|_| !job.resident)
+                    .map(|bytes| bytes as f64 / job.config.num_params() as f64),
             });
         }
         if let (Some(need), Some(have)) = (device, machine.device_bytes) {

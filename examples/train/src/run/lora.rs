@@ -481,6 +481,7 @@ mod plan_tests {
         let (plan, job) = super::super::plan(&opts, config, &machine);
         let why = plan.check(&job, &machine).unwrap_err().to_string();
         assert!(why.contains("try --base-dtype int8"), "{why}");
+        assert!(why.contains("2.00 B/param for the frozen base"), "{why}");
     }
 
     /// The device side of a LoRA plan on the Llama-3.1-70B shape with an NF4
