@@ -469,12 +469,12 @@ impl Checkpoint {
 }
 
 /// Replaces every parameter of `model` by a lazy one that reads its tensor
-/// from the checkpoint when first used (each checked first).
+/// from the checkpoint when first used (each checked by [`check_all`]
+/// first).
 struct Fill<'a> {
     checkpoint: &'a Arc<Checkpoint>,
     config: &'a ModelConfig,
     path: Vec<String>,
-    error: Option<HfError>,
 }
 
 impl<B: Backend> ModuleMapper<B> for Fill<'_> {
@@ -485,16 +485,9 @@ impl<B: Backend> ModuleMapper<B> for Fill<'_> {
         self.path.pop();
     }
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
-        if self.error.is_some() {
-            return param;
-        }
         let (name, transpose) = self.checkpoint.name_of(self.config, &self.path.join("."));
         let shape = param.lazy_shape();
         let dims: Vec<usize> = shape.iter().copied().collect();
-        if let Err(e) = self.checkpoint.view(&name, &dims, transpose) {
-            self.error = Some(e);
-            return param;
-        }
         let checkpoint = Arc::clone(self.checkpoint);
         let read = move |device: &B::Device, require_grad: bool| {
             let data = checkpoint
@@ -520,6 +513,16 @@ pub fn check_weights<B: Backend, M: Module<B>>(
     config: &ModelConfig,
     dir: &Path,
 ) -> Result<(), HfError> {
+    check_all(model, config, &Checkpoint::open(dir)?)
+}
+
+/// [`check_weights`] against an open checkpoint: the first parameter it
+/// lacks, or holds with another shape or a dtype we do not read.
+fn check_all<B: Backend, M: Module<B>>(
+    model: &M,
+    config: &ModelConfig,
+    checkpoint: &Checkpoint,
+) -> Result<(), HfError> {
     struct Check<'a> {
         checkpoint: &'a Checkpoint,
         config: &'a ModelConfig,
@@ -541,9 +544,8 @@ pub fn check_weights<B: Backend, M: Module<B>>(
             }
         }
     }
-    let checkpoint = Checkpoint::open(dir)?;
     let mut check = Check {
-        checkpoint: &checkpoint,
+        checkpoint,
         config,
         path: Vec::new(),
         error: None,
@@ -564,17 +566,12 @@ pub fn load_weights<B: Backend, M: Module<B>>(
     dir: &Path,
 ) -> Result<M, HfError> {
     let checkpoint = Arc::new(Checkpoint::open(dir)?);
-    let mut fill = Fill {
+    check_all(&model, config, &checkpoint)?;
+    Ok(model.map(&mut Fill {
         checkpoint: &checkpoint,
         config,
         path: Vec::new(),
-        error: None,
-    };
-    let model = model.map(&mut fill);
-    match fill.error {
-        Some(e) => Err(e),
-        None => Ok(model),
-    }
+    }))
 }
 
 /// Loads the checkpoint in `dir` into `store`, the host store of a model
