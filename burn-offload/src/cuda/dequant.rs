@@ -23,11 +23,9 @@ use burn_cubecl::cubecl::cuda::CudaRuntime;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::{CubeCount, CubeDim};
 
-use std::any::Any;
-
 use burn_cubecl::cubecl::cuda::CudaDevice;
 
-use super::types::{cuda_as, is_cuda, CudaBackend};
+use super::types::{cuda_as, cuda_device, CudaBackend};
 use super::upload::{upload_cube_ordered, CopyInFlight};
 use crate::cuda::{as_float, empty_like, float_cube, int_cube, is_float};
 use crate::host::optim::quant::SIGNED;
@@ -147,15 +145,6 @@ fn words(
     } else {
         ints(pack_words(bytes), device)
     }
-}
-
-/// `device` as a CUDA device, where `B` is one of the CUDA backends
-/// ([`is_cuda`]): the kernels run on [`CudaBackend`] whatever wraps it
-/// (autodiff, the cuBLAS matmul), and their output is handed back as `B`'s.
-fn cuda_device<B: Backend>(device: &B::Device) -> Option<&CudaDevice> {
-    (device as &dyn Any)
-        .downcast_ref::<CudaDevice>()
-        .filter(|_| is_cuda::<B>())
 }
 
 /// `w` dequantised on `device` into a `[out, in]` tensor of `dtype` by one

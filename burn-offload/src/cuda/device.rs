@@ -1,7 +1,6 @@
 //! Page-locking host memory, the context's scheduling, and the allocator's
 //! pools.
 
-use std::any::Any;
 use std::ffi::c_void;
 use std::sync::Arc;
 
@@ -21,8 +20,8 @@ use super::types::*;
 /// run at DMA speed. `None` when `X` is not CUDA or the driver refuses (the
 /// copies then still work, pageable and slower).
 pub(crate) fn pin<X: Backend>(device: &X::Device, data: &[u8]) -> Option<Pinned> {
-    let device = (device as &dyn Any).downcast_ref::<CudaDevice>()?;
-    if !is_cuda::<X>() || data.is_empty() {
+    let device = cuda_device::<X>(device)?;
+    if data.is_empty() {
         return None;
     }
     with_copier(device, |copier| {
@@ -72,12 +71,9 @@ impl Drop for Pinned {
 /// already active. A no-op off CUDA; a driver that refuses is not an error
 /// (the waits then spin as before), so only the outcome is returned.
 pub(crate) fn blocking_sync<X: Backend>(device: &X::Device) -> bool {
-    let Some(device) = (device as &dyn Any).downcast_ref::<CudaDevice>() else {
+    let Some(device) = cuda_device::<X>(device) else {
         return false;
     };
-    if !is_cuda::<X>() {
-        return false;
-    }
     with_copier(device, |copier| {
         let dev = copier.context.cu_device();
         let (mut flags, mut active) = (0u32, 0i32);
@@ -173,10 +169,7 @@ pub fn pool_bytes(device: &CudaDevice) -> (u64, u64) {
 /// backend: building the store draws every weight on the device once, and the
 /// pools would otherwise keep that high-water mark for the whole run.
 pub(crate) fn release_free_memory<X: Backend>(device: &X::Device) {
-    let Some(device) = (device as &dyn Any).downcast_ref::<CudaDevice>() else {
-        return;
-    };
-    if is_cuda::<X>() {
+    if let Some(device) = cuda_device::<X>(device) {
         let client = CudaRuntime::client(device);
         let upload = with_copier(device, |copier| {
             copier.pool.release_all(&client);
@@ -199,20 +192,16 @@ pub(crate) fn flush(device: &CudaDevice) {
 
 /// Hands queued kernels to the GPU when `X` is the CUDA backend.
 pub(crate) fn flush_backend<X: Backend>(device: &X::Device) {
-    if let Some(device) = (device as &dyn Any).downcast_ref::<CudaDevice>() {
-        if is_cuda::<X>() {
-            flush(device);
-        }
+    if let Some(device) = cuda_device::<X>(device) {
+        flush(device);
     }
 }
 
 /// Waits for the device's queued work when `X` is the CUDA backend.
 pub(crate) fn sync_backend<X: Backend>(device: &X::Device) {
-    if let Some(device) = (device as &dyn Any).downcast_ref::<CudaDevice>() {
-        if is_cuda::<X>() {
-            flush(device);
-            block_on_sync(device);
-        }
+    if let Some(device) = cuda_device::<X>(device) {
+        flush(device);
+        block_on_sync(device);
     }
 }
 

@@ -1,11 +1,8 @@
 //! The CUDA copy machinery as the pager's [`Transfer`]; on any other
 //! backend each call does what [`crate::transfer::HostTransfer`] does.
 
-use std::any::Any;
-
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, FloatDType, Tensor};
-use burn_cubecl::cubecl::cuda::CudaDevice;
 
 use super::collective::{can_reduce, try_all_gather, try_all_reduce, try_reduce};
 use super::dequant;
@@ -14,7 +11,7 @@ use super::device::{
     sync_backend, Pinned,
 };
 use super::download::{try_read_bytes, try_read_into, try_start_read, PendingRead};
-use super::types::is_cuda;
+use super::types::{cuda_device, is_cuda};
 use super::upload::{
     after_uploads, try_upload, try_upload_ordered, wait_uploads, CopyInFlight, UploadBatch,
 };
@@ -179,10 +176,7 @@ impl Transfer for CudaTransfer {
     }
 
     fn device_memory<X: Backend>(device: &X::Device) -> Option<DeviceMemory> {
-        if !is_cuda::<X>() {
-            return None;
-        }
-        let device = (device as &dyn Any).downcast_ref::<CudaDevice>()?;
+        let device = cuda_device::<X>(device)?;
         let (in_use, reserved) = pool_bytes(device);
         Some(DeviceMemory {
             in_use,

@@ -6,7 +6,7 @@ use std::any::{Any, TypeId};
 use burn::backend::Autodiff;
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Int, Shape, Tensor, TensorPrimitive};
-use burn_cubecl::cubecl::cuda::CudaRuntime;
+use burn_cubecl::cubecl::cuda::{CudaDevice, CudaRuntime};
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeBackend;
@@ -24,6 +24,15 @@ pub fn is_cuda<X: Backend>() -> bool {
         || x == TypeId::of::<Autodiff<CudaBackend>>()
         || x == TypeId::of::<Gemm<CudaBackend>>()
         || x == TypeId::of::<Autodiff<Gemm<CudaBackend>>>()
+}
+
+/// `device` as a CUDA device, where `X` is one of the CUDA backends
+/// ([`is_cuda`]): what runs on [`CudaBackend`] whatever wraps it (autodiff,
+/// the cuBLAS matmul) hands its output back as `X`'s.
+pub(crate) fn cuda_device<X: Backend>(device: &X::Device) -> Option<&CudaDevice> {
+    (device as &dyn Any)
+        .downcast_ref::<CudaDevice>()
+        .filter(|_| is_cuda::<X>())
 }
 
 /// A CUDA tensor as one of backend `X`, when `X` [`is_cuda`].

@@ -8,7 +8,6 @@
 //! the engine binds block i+1 before it submits block i, the copy of block
 //! i+1 runs while block i computes.
 
-use std::any::Any;
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::ffi::c_void;
@@ -54,10 +53,10 @@ impl UploadBatch {
     /// `sizes`: the bytes of each upload the batch will make, in order (an
     /// upload of another size gets a buffer of its own).
     pub(crate) fn begin<X: Backend>(device: &X::Device, sizes: &[usize]) -> Self {
-        let Some(device) = (device as &dyn Any).downcast_ref::<CudaDevice>() else {
+        let Some(device) = cuda_device::<X>(device) else {
             return Self(false);
         };
-        if !is_cuda::<X>() || UPLOAD_BATCH.get() {
+        if UPLOAD_BATCH.get() {
             return Self(false);
         }
         let client = CudaRuntime::client(device);
@@ -170,10 +169,7 @@ pub(crate) fn try_upload<X: Backend, const D: usize>(
     shape: &[usize],
     device: &X::Device,
 ) -> Option<Tensor<X, D>> {
-    let device = (device as &dyn Any).downcast_ref::<CudaDevice>()?;
-    if !is_cuda::<X>() {
-        return None;
-    }
+    let device = cuda_device::<X>(device)?;
     cuda_as(Tensor::<CudaBackend, D>::from_primitive(
         TensorPrimitive::Float(upload_cube(bytes, dtype, shape, device)),
     ))
@@ -182,12 +178,9 @@ pub(crate) fn try_upload<X: Backend, const D: usize>(
 /// Lets the GPU run everything submitted so far, then waits until every
 /// started upload has landed.
 pub(crate) fn wait_uploads<X: Backend>(device: &X::Device) -> UploadWait {
-    let Some(device) = (device as &dyn Any).downcast_ref::<CudaDevice>() else {
+    let Some(device) = cuda_device::<X>(device) else {
         return UploadWait::default();
     };
-    if !is_cuda::<X>() {
-        return UploadWait::default();
-    }
     flush(device);
     with_copier(device, |copier| {
         if !copier.uploads_pending {
@@ -219,12 +212,9 @@ pub(crate) fn wait_uploads<X: Backend>(device: &X::Device) -> UploadWait {
 /// thread has landed (`landed` must not call into CUDA); `Err(landed)` when
 /// `X` is not the CUDA backend or `Autodiff` over it.
 pub(crate) fn after_uploads<X: Backend>(device: &X::Device, landed: Landed) -> Result<(), Landed> {
-    let Some(device) = (device as &dyn Any).downcast_ref::<CudaDevice>() else {
+    let Some(device) = cuda_device::<X>(device) else {
         return Err(landed);
     };
-    if !is_cuda::<X>() {
-        return Err(landed);
-    }
     with_copier(device, |copier| {
         let data = Box::into_raw(Box::new(landed)).cast::<c_void>();
         // SAFETY: `run_landed` takes back the box made here, once: the
@@ -286,10 +276,7 @@ pub(crate) fn try_upload_ordered<X: Backend, const D: usize>(
     shape: &[usize],
     device: &X::Device,
 ) -> Option<(Tensor<X, D>, CopyInFlight)> {
-    let device = (device as &dyn Any).downcast_ref::<CudaDevice>()?;
-    if !is_cuda::<X>() {
-        return None;
-    }
+    let device = cuda_device::<X>(device)?;
     let (cube, in_flight) = upload_cube_ordered(bytes, dtype, shape, device);
     let tensor = cuda_as(Tensor::<CudaBackend, D>::from_primitive(
         TensorPrimitive::Float(cube),
