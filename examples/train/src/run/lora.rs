@@ -384,19 +384,37 @@ mod plan_tests {
     use crate::plan::Machine;
     use models::ModelConfig;
 
+    const GIB: u64 = 1 << 30;
+
+    /// A machine of `host` GiB of memory and a GPU of `gpu` GiB.
+    fn machine(host: u64, gpu: u64) -> Machine {
+        Machine {
+            host_bytes: host * GIB,
+            host_source: "test".into(),
+            device_bytes: Some(gpu * GIB),
+            device_source: "test".into(),
+        }
+    }
+
+    /// One sequence of `seq_len` tokens a step, rank-16 adapters.
+    fn lora_options(seq_len: usize, compute: Compute) -> TrainOptions {
+        let mut opts = TrainOptions {
+            batch: 1,
+            seq_len,
+            compute,
+            ..TrainOptions::default()
+        };
+        opts.lora.lora_rank = 16;
+        opts
+    }
+
     /// A resident Llama-1B fine-tune on a 12 GiB GPU: every weight's
     /// gradient and Adam state do not fit; the frozen base with rank-16
     /// adapters does, and its plan counts optimizer state for the adapters
     /// only.
     #[test]
     fn a_lora_plan_holds_state_for_the_adapters_only() {
-        let gib = 1u64 << 30;
-        let machine = Machine {
-            host_bytes: 64 * gib,
-            host_source: "test".into(),
-            device_bytes: Some(12 * gib),
-            device_source: "test".into(),
-        };
+        let machine = machine(64, 12);
         let config = ModelConfig::from_arg("llama-1b").unwrap();
         let mut opts = TrainOptions {
             resident: true,
@@ -419,21 +437,10 @@ mod plan_tests {
     /// embeddings and head stay bf16), in bf16 two.
     #[test]
     fn an_engine_lora_plan_counts_the_base_in_its_format() {
-        let gib = 1u64 << 30;
-        let machine = Machine {
-            host_bytes: 125 * gib,
-            host_source: "test".into(),
-            device_bytes: Some(80 * gib),
-            device_source: "test".into(),
-        };
+        let machine = machine(125, 80);
         let config = ModelConfig::from_arg("llama-3.1-8b").unwrap();
         let params = config.num_params() as f64;
-        let mut opts = TrainOptions {
-            batch: 1,
-            seq_len: 1024,
-            ..TrainOptions::default()
-        };
-        opts.lora.lora_rank = 16;
+        let mut opts = lora_options(1024, Compute::Fp32);
         let mut frozen = |base: BaseDtype| {
             opts.lora.base_dtype = Some(burn_offload::FrozenDtype::Base(base));
             let (_, job) = super::super::plan(&opts, config.clone(), &machine);
@@ -450,20 +457,8 @@ mod plan_tests {
     /// 125 GiB host streams in NF4 or int8, not in bf16.
     #[test]
     fn a_lora_plan_names_the_largest_base_and_the_format_that_fits() {
-        let gib = 1u64 << 30;
-        let machine = Machine {
-            host_bytes: 125 * gib,
-            host_source: "test".into(),
-            device_bytes: Some(24 * gib),
-            device_source: "test".into(),
-        };
-        let mut opts = TrainOptions {
-            batch: 1,
-            seq_len: 1024,
-            compute: Compute::Bf16,
-            ..TrainOptions::default()
-        };
-        opts.lora.lora_rank = 16;
+        let machine = machine(125, 24);
+        let opts = lora_options(1024, Compute::Bf16);
         let largest: Vec<(String, Option<&str>)> =
             super::super::largest_lora_bases(&opts, &machine)
                 .into_iter()
@@ -490,20 +485,8 @@ mod plan_tests {
     /// full fine-tune's head phase holds an f32 one, another 3.9 GiB).
     #[test]
     fn a_lora_plan_binds_a_frozen_stem_in_the_compute_precision_without_a_head_gradient() {
-        let gib = 1u64 << 30;
-        let machine = Machine {
-            host_bytes: 125 * gib,
-            host_source: "test".into(),
-            device_bytes: Some(24 * gib),
-            device_source: "test".into(),
-        };
-        let mut opts = TrainOptions {
-            batch: 1,
-            seq_len: 4096,
-            compute: Compute::Bf16,
-            ..TrainOptions::default()
-        };
-        opts.lora.lora_rank = 16;
+        let machine = machine(125, 24);
+        let mut opts = lora_options(4096, Compute::Bf16);
         opts.lora.base_dtype = Some(burn_offload::FrozenDtype::Base(BaseDtype::Nf4));
         let config = ModelConfig::from_arg("llama-3.1-70b").unwrap();
         let (_, job) = super::super::plan(&opts, config, &machine);
@@ -517,10 +500,10 @@ mod plan_tests {
                 .unwrap()
         };
         // The stem (2.1B) and three blocks (0.86B each) in bf16.
-        let weights = bytes("weights: stem") as f64 / gib as f64;
+        let weights = bytes("weights: stem") as f64 / GIB as f64;
         assert!((8.0..9.5).contains(&weights), "{weights} GiB of weights");
         // 4,096 tokens' logits and their softmax, nothing of the head's size.
-        let head = bytes("LM head") as f64 / gib as f64;
+        let head = bytes("LM head") as f64 / GIB as f64;
         assert!(
             (9.0..10.5).contains(&head),
             "{head} GiB in the head's phase"
