@@ -606,7 +606,9 @@ impl Plan {
         }
     }
 
-    pub(super) fn check_quiet(&self, machine: &Machine) -> bool {
+    /// Whether the job fits: [`Plan::check`]'s answer without working out
+    /// what would fit instead (for searches over many candidates).
+    pub(crate) fn check_quiet(&self, machine: &Machine) -> bool {
         self.needs(machine).0 <= machine.host_bytes && self.fits_device(machine)
     }
 }

@@ -261,7 +261,7 @@ pub fn longest_sequence(job: &PlanJob, machine: &Machine) -> Option<usize> {
             ..job.clone()
         };
         let candidate = candidate.placed(machine);
-        Plan::new(&candidate).check(&candidate, machine).is_ok()
+        Plan::new(&candidate).check_quiet(machine)
     };
     if !fits(1) {
         return None;
@@ -314,7 +314,7 @@ pub fn largest_lora_bases(
             with.resident = false;
             let largest = presets.iter().find_map(|(name, config)| {
                 let (plan, job) = plan(&with, config.clone(), machine);
-                plan.check(&job, machine).is_ok().then(|| {
+                plan.check_quiet(machine).then(|| {
                     let bytes = job.frozen_host_bytes.expect("a LoRA job") as f64;
                     (*name, bytes / config.num_params() as f64)
                 })
