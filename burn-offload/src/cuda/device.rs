@@ -205,17 +205,35 @@ pub(crate) fn sync_backend<X: Backend>(device: &X::Device) {
     }
 }
 
-/// Holds cubecl's memory pools on CUDA to pages of at most an eighth of
-/// `budget_bytes` (of a quarter of the GPU by default; at least 512 MiB), for
-/// the clients made from now on: call it before the first CUDA tensor. Pools
-/// keep whole pages reserved, so with quarter-of-the-GPU pages a process
-/// held to a budget reserved several times what it used. A page holds one
-/// buffer at most, so pages are never smaller than `largest_buffer` (a
-/// model's f32 embedding table, drawn on the device while the store is
-/// built: 4.2 GB for a 128k vocabulary at width 8192).
+/// What a CUDA process holds outside cubecl's pools: the context, loaded
+/// kernels, cuBLAS's and cuDNN's workspaces, and pages freed but not yet
+/// returned by the driver's stream-ordered allocator (1.3–2.1 GiB beyond
+/// the pools by `nvidia-smi` in a 70B LoRA step on an H200).
+const OUTSIDE_POOLS: u64 = 2 << 30;
+
+/// Holds cubecl's memory pools on CUDA to `budget_bytes` for the clients made
+/// from now on: call it before the first CUDA tensor.
+/// - Pages are at most an eighth of the budget (at least 512 MiB). Pools
+///   keep whole pages reserved, so with quarter-of-the-GPU pages a process
+///   held to a budget reserved several times what it used.
+/// - A buffer larger than that (`largest_buffer`: a model's f32 embedding
+///   table, drawn on the device while the store is built; 4.2 GB for a 128k
+///   vocabulary at width 8192) gets a page of its own size, returned after.
+/// - The pages of all streams stay under the budget less what the process
+///   holds outside the pools: a stream that would pass it first gives back
+///   its free pages (the pools otherwise keep every page they grew to,
+///   and free pages of one size or stream cannot serve another).
 pub fn limit_memory_pages(budget_bytes: u64, largest_buffer: u64) {
-    let page = (budget_bytes / 8)
-        .max(512 << 20)
-        .max(largest_buffer.next_multiple_of(64 << 20));
+    let page = (budget_bytes / 8).max(512 << 20);
     burn_cubecl::cubecl::cuda::set_max_page_size(page);
+    burn_cubecl::cubecl::cuda::set_largest_buffer(largest_buffer.next_multiple_of(64 << 20));
+    burn_cubecl::cubecl::cuda::set_memory_ceiling(
+        budget_bytes.saturating_sub(OUTSIDE_POOLS).max(page),
+    );
+}
+
+/// Pages cubecl's pools allocated past the budget of [`limit_memory_pages`]
+/// (a stream had no free page left to give back).
+pub fn pages_past_budget(device: &CudaDevice) -> u64 {
+    burn_cubecl::cubecl::cuda::pages_past_ceiling(device)
 }

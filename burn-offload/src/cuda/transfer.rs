@@ -7,8 +7,8 @@ use burn::tensor::{DType, FloatDType, Tensor};
 use super::collective::{can_reduce, try_all_gather, try_all_reduce, try_reduce};
 use super::dequant;
 use super::device::{
-    blocking_sync, device_used_bytes, flush_backend, pin, pool_bytes, release_free_memory,
-    sync_backend, Pinned,
+    blocking_sync, device_used_bytes, flush_backend, pages_past_budget, pin, pool_bytes,
+    release_free_memory, sync_backend, Pinned,
 };
 use super::download::{try_read_bytes, try_read_into, try_start_read, PendingRead};
 use super::types::{cuda_device, is_cuda};
@@ -182,6 +182,7 @@ impl Transfer for CudaTransfer {
             in_use,
             reserved,
             device_used: device_used_bytes(device.index).unwrap_or(0),
+            pages_past_budget: pages_past_budget(device),
         })
     }
 }

@@ -190,9 +190,11 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         let lane = &self.lanes[0];
         match lane.pager.device_memory::<B>(&lane.device) {
             Some(memory) => trace::mark(format_args!(
-                "{what} (device pools: {:.2} GiB in use, {:.2} GiB reserved; device: {:.2} GiB used)",
+                "{what} (device pools: {:.2} GiB in use, {:.2} GiB reserved, {} pages past the budget; \
+                 device: {:.2} GiB used)",
                 memory.in_use as f64 / (1u64 << 30) as f64,
                 memory.reserved as f64 / (1u64 << 30) as f64,
+                memory.pages_past_budget,
                 memory.device_used as f64 / (1u64 << 30) as f64,
             )),
             None => trace::mark(what),

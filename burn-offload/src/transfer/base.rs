@@ -84,6 +84,9 @@ pub struct DeviceMemory {
     /// Bytes in use on the whole device by the driver's count (what
     /// `nvidia-smi` shows: the pools, the context, libraries' workspaces).
     pub device_used: u64,
+    /// Pages the pools allocated past the process's budget (none left to
+    /// give back).
+    pub pages_past_budget: u64,
 }
 
 /// The copy machinery of one kind of device, chosen once by type (the engine

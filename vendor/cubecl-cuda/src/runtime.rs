@@ -1,6 +1,6 @@
 use crate::{
     WmmaCompiler,
-    compute::{CudaServer, context::CudaContext},
+    compute::{CudaServer, context::CudaContext, storage::ceiling::DeviceCeiling},
     device::CudaDevice,
 };
 use cubecl_common::{
@@ -46,6 +46,81 @@ static MAX_PAGE_SIZE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU6
 /// client is made from now on.
 pub fn set_max_page_size(bytes: u64) {
     MAX_PAGE_SIZE.store(bytes, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// burn-offload patch: the largest buffer a process will ask for, in bytes
+/// (0: none past the largest page). Past the largest page, cubecl's pools
+/// refuse a buffer; with this set, one more pool holds pages of this size, so
+/// a rare large buffer (a model's f32 embedding table, drawn on the device
+/// while the model is taken into host memory) does not make every page that
+/// large. Its pages are returned with every free page by `memory_cleanup`.
+static LARGEST_BUFFER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// burn-offload patch: bytes of pages the pools of a device hold before they
+/// give back their free pages to make a new one (0: no ceiling); see
+/// `compute::storage::ceiling`.
+static MEMORY_CEILING: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The ceilings of the devices whose client exists, by device index.
+static CEILINGS: std::sync::Mutex<Vec<(u32, Arc<DeviceCeiling>)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// Sets the largest buffer (bytes) the pools of devices whose client is made
+/// from now on must hold, beyond their largest page.
+pub fn set_largest_buffer(bytes: u64) {
+    LARGEST_BUFFER.store(bytes, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Sets the ceiling (bytes) on the pages held by the pools of devices whose
+/// client is made from now on.
+pub fn set_memory_ceiling(bytes: u64) {
+    MEMORY_CEILING.store(bytes, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Pages allocated past the device's ceiling so far (the stream asking had
+/// no free page left to give back); 0 without a ceiling or a client.
+pub fn pages_past_ceiling(device: &CudaDevice) -> u64 {
+    CEILINGS
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|(index, _)| *index as usize == device.index)
+        .map_or(0, |(_, ceiling)| ceiling.exceeded())
+}
+
+/// cubecl's `SubSlices` pools for pages of at most `max_page` bytes, plus a
+/// pool of `largest`-byte pages when that is larger.
+fn sliced_pools(max_page: u64, alignment: u64, largest: u64) -> MemoryConfiguration {
+    use cubecl_runtime::memory_management::{MemoryPoolOptions, PoolType};
+    const MB: u64 = 1024 * 1024;
+    let pool = |page_size: u64, max_slice_size: u64| MemoryPoolOptions {
+        pool_type: PoolType::SlicedPages {
+            page_size,
+            max_slice_size,
+        },
+        dealloc_period: None,
+    };
+    // As `MemoryManagement::from_configuration` builds `SubSlices`.
+    let mut pools = vec![MemoryPoolOptions {
+        pool_type: PoolType::ExclusivePages { max_alloc_size: 0 },
+        dealloc_period: None,
+    }];
+    let (mut current, mut base, mut sized) = (max_page, 1u32, Vec::new());
+    while current >= 32 * MB {
+        current = (current / 4).next_multiple_of(alignment);
+        sized.push(pool(current, current / 2u64.pow(base)));
+        base += 1;
+    }
+    pools.extend(sized.into_iter().rev());
+    let top = max_page / alignment * alignment;
+    pools.push(pool(top, top));
+    if largest > top {
+        let page = largest.next_multiple_of(alignment);
+        pools.push(pool(page, page));
+    }
+    MemoryConfiguration::Custom {
+        pool_options: pools,
+    }
 }
 
 /// Options configuring the CUDA runtime.
@@ -329,13 +404,33 @@ impl DeviceService for CudaServer {
         let policy = PitchedMemoryLayoutPolicy::new(device_props.memory.alignment as usize);
         let utilities = ServerUtilities::new(device_props, logger, (), policy);
 
+        let largest = LARGEST_BUFFER.load(std::sync::atomic::Ordering::Relaxed);
+        let memory_config = match options.memory_config {
+            MemoryConfiguration::SubSlices if largest > mem_properties.max_page_size => {
+                sliced_pools(
+                    mem_properties.max_page_size,
+                    mem_properties.alignment,
+                    largest,
+                )
+            }
+            config => config,
+        };
+        let ceiling = Arc::new(DeviceCeiling::new(
+            MEMORY_CEILING.load(std::sync::atomic::Ordering::Relaxed),
+        ));
+        CEILINGS
+            .lock()
+            .unwrap()
+            .push((device.index as u32, ceiling.clone()));
+
         CudaServer::new(
             cuda_ctx,
             mem_properties,
-            options.memory_config,
+            memory_config,
             mem_alignment,
             device_id,
             utilities,
+            ceiling,
         )
     }
 

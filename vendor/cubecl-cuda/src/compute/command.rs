@@ -40,6 +40,8 @@ use std::{ffi::c_void, ops::DerefMut, sync::Arc};
 pub struct Command<'a> {
     ctx: &'a mut CudaContext,
     pub(crate) streams: ResolvedStreams<'a, CudaStreamBackend>,
+    /// burn-offload patch: every stream the server has run a command on.
+    known_streams: &'a [StreamId],
 }
 
 impl<'a> Command<'a> {
@@ -100,9 +102,38 @@ impl<'a> Command<'a> {
     /// * `Err(IoError)` - If the allocation fails.
     #[cfg_attr(feature = "tracing", tracing::instrument(level = "trace", skip(self)))]
     pub fn reserve(&mut self, size: u64) -> Result<ManagedMemoryHandle, IoError> {
-        let handle = self.streams.current().memory_management_gpu.reserve(size)?;
-
-        Ok(handle)
+        let memory = &mut self.streams.current().memory_management_gpu;
+        match memory.reserve(size) {
+            Err(IoError::BufferTooBig { .. }) if memory.storage().ceiling().is_set() => {
+                // burn-offload patch: a new page would pass the device's ceiling:
+                // give this stream's free pages back (stream-ordered frees) and
+                // ask again, then every other stream's; if that is not enough,
+                // the ceiling gives way.
+                let give_back = |memory: &mut cubecl_runtime::memory_management::MemoryManagement<
+                    crate::compute::storage::gpu::GpuStorage,
+                >| {
+                    memory.cleanup(true);
+                    cubecl_runtime::storage::ComputeStorage::flush(memory.storage());
+                };
+                give_back(memory);
+                if let Ok(handle) = memory.reserve(size) {
+                    return Ok(handle);
+                }
+                let current = self.streams.current;
+                for id in self.known_streams.iter().filter(|id| **id != current) {
+                    give_back(&mut self.streams.get(id).memory_management_gpu);
+                }
+                let memory = &mut self.streams.current().memory_management_gpu;
+                if let Ok(handle) = memory.reserve(size) {
+                    return Ok(handle);
+                }
+                memory.storage().allow_past_ceiling(true);
+                let handle = memory.reserve(size);
+                memory.storage().allow_past_ceiling(false);
+                handle
+            }
+            reserved => reserved,
+        }
     }
 
     #[cfg_attr(feature = "tracing", tracing::instrument(level = "trace", skip(self)))]

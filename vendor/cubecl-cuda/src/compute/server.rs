@@ -55,6 +55,9 @@ pub struct CudaServer {
     utilities: Arc<ServerUtilities<Self>>,
     comm_stream: *mut CUstream_st,
     communicators: HashMap<CommunicationId, *mut cudarc::nccl::sys::ncclComm>,
+    /// burn-offload patch: the streams commands have run on, for the pools'
+    /// ceiling (`Command::reserve`).
+    known_streams: Vec<StreamId>,
 }
 
 // SAFETY: `CudaServer` is only accessed from one thread at a time via the `DeviceHandle`,
@@ -544,6 +547,7 @@ impl CudaServer {
         mem_alignment: usize,
         device_id: DeviceId,
         utilities: ServerUtilities<Self>,
+        ceiling: Arc<crate::compute::storage::ceiling::DeviceCeiling>,
     ) -> Self {
         let config = CubeClRuntimeConfig::get();
         let max_streams = config.streaming.max_streams;
@@ -565,12 +569,14 @@ impl CudaServer {
                     mem_config,
                     mem_alignment,
                     utilities.logger.clone(),
+                    ceiling,
                 ),
                 max_streams,
             ),
             utilities: Arc::new(utilities),
             comm_stream,
             communicators: HashMap::default(),
+            known_streams: Vec::new(),
         }
     }
 
@@ -607,8 +613,11 @@ impl CudaServer {
             }
         }
 
+        if !self.known_streams.contains(&stream_id) {
+            self.known_streams.push(stream_id);
+        }
         let streams = self.streams.resolve(stream_id, handles, !mode.ignore)?;
-        Ok(Command::new(&mut self.ctx, streams))
+        Ok(Command::new(&mut self.ctx, streams, &self.known_streams))
     }
 
     fn flush_errors(&mut self, stream_id: StreamId) -> Vec<ServerError> {

@@ -1,5 +1,6 @@
 use crate::compute::{
     storage::{
+        ceiling::DeviceCeiling,
         cpu::{PINNED_MEMORY_ALIGNMENT, PinnedMemoryStorage},
         gpu::GpuStorage,
     },
@@ -41,6 +42,8 @@ pub struct CudaStreamBackend {
     mem_config: MemoryConfiguration,
     mem_alignment: usize,
     logger: Arc<ServerLogger>,
+    /// burn-offload patch: shared by every stream of the device.
+    ceiling: Arc<DeviceCeiling>,
 }
 
 impl EventStreamBackend for CudaStreamBackend {
@@ -53,7 +56,7 @@ impl EventStreamBackend for CudaStreamBackend {
         )
         .expect("Can create a new stream.");
 
-        let storage = GpuStorage::new(self.mem_alignment, stream);
+        let storage = GpuStorage::new(self.mem_alignment, stream, self.ceiling.clone());
         let memory_management_gpu = MemoryManagement::from_configuration(
             storage,
             &self.mem_props,

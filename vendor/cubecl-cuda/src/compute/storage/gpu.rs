@@ -4,6 +4,9 @@ use cubecl_core::server::IoError;
 use cubecl_runtime::storage::{ComputeStorage, StorageHandle, StorageId, StorageUtilization};
 use cudarc::driver::DriverError;
 use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::ceiling::DeviceCeiling;
 
 #[derive(Debug, Clone, Copy)]
 enum AllocationKind {
@@ -16,11 +19,15 @@ enum AllocationKind {
 /// This struct manages memory resources for CUDA kernels, allowing them to be used as bindings
 /// for launching kernels.
 pub struct GpuStorage {
-    memory: HashMap<StorageId, (cudarc::driver::sys::CUdeviceptr, AllocationKind)>,
+    memory: HashMap<StorageId, (cudarc::driver::sys::CUdeviceptr, AllocationKind, u64)>,
     deallocations: Vec<StorageId>,
     ptr_bindings: PtrBindings,
     stream: cudarc::driver::sys::CUstream,
     mem_alignment: usize,
+    /// burn-offload patch: the device's ceiling on pages, and whether the
+    /// next page may pass it.
+    ceiling: Arc<DeviceCeiling>,
+    past_ceiling: bool,
 }
 
 /// A GPU memory resource allocated for CUDA using [`GpuStorage`].
@@ -57,14 +64,31 @@ impl GpuStorage {
     /// # Arguments
     ///
     /// * `mem_alignment` - The memory alignment requirement in bytes.
-    pub fn new(mem_alignment: usize, stream: cudarc::driver::sys::CUstream) -> Self {
+    pub fn new(
+        mem_alignment: usize,
+        stream: cudarc::driver::sys::CUstream,
+        ceiling: Arc<DeviceCeiling>,
+    ) -> Self {
         Self {
             memory: HashMap::new(),
             deallocations: Vec::new(),
             ptr_bindings: PtrBindings::new(),
             stream,
             mem_alignment,
+            ceiling,
+            past_ceiling: false,
         }
+    }
+
+    /// burn-offload patch: the device's ceiling on pages.
+    pub fn ceiling(&self) -> &DeviceCeiling {
+        &self.ceiling
+    }
+
+    /// burn-offload patch: lets the next pages pass the ceiling (`true`), once
+    /// the stream has nothing free left to give back.
+    pub fn allow_past_ceiling(&mut self, allow: bool) {
+        self.past_ceiling = allow;
     }
 
     /// Deallocates buffers marked for deallocation.
@@ -76,7 +100,8 @@ impl GpuStorage {
             .filter_map(|id| self.memory.remove(&id))
             // SAFETY: Each `ptr` was obtained from a prior `malloc_async` or `malloc_sync`
             // call and has not been freed yet. The deallocation method matches the allocation kind.
-            .for_each(|(ptr, kind)| unsafe {
+            .for_each(|(ptr, kind, size)| unsafe {
+                self.ceiling.freed(size);
                 match kind {
                     AllocationKind::Async => {
                         let _ = cudarc::driver::result::free_async(ptr, self.stream);
@@ -156,7 +181,7 @@ impl ComputeStorage for GpuStorage {
     }
 
     fn get(&mut self, handle: &StorageHandle) -> Self::Resource {
-        let (ptr, _) = self
+        let (ptr, _, _) = self
             .memory
             .get(&handle.id)
             .expect("Storage handle not found");
@@ -177,6 +202,15 @@ impl ComputeStorage for GpuStorage {
         tracing::instrument(level = "trace", skip(self, size))
     )]
     fn alloc(&mut self, size: u64) -> Result<StorageHandle, IoError> {
+        let past = self.ceiling.refuses(size);
+        if past && !self.past_ceiling {
+            // burn-offload patch: refused once; `Command::reserve` returns the
+            // stream's free pages and asks again.
+            return Err(IoError::BufferTooBig {
+                size,
+                backtrace: BackTrace::capture(),
+            });
+        }
         let id = StorageId::new();
         // SAFETY: Calling CUDA driver FFI to allocate device memory. First tries async
         // allocation on the stream; falls back to synchronous allocation if that fails.
@@ -203,7 +237,8 @@ impl ComputeStorage for GpuStorage {
             },
         };
 
-        self.memory.insert(id, (ptr, kind));
+        self.ceiling.allocated(size, past);
+        self.memory.insert(id, (ptr, kind, size));
         Ok(StorageHandle::new(
             id,
             StorageUtilization { offset: 0, size },

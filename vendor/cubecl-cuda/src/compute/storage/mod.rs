@@ -1,2 +1,3 @@
+pub mod ceiling;
 pub mod cpu;
 pub mod gpu;
