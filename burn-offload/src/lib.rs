@@ -58,7 +58,7 @@ pub use model::{BlockModel, DecoderBlock};
 pub use precision::{cast_params, cast_to, Compute, PrecisionError};
 pub use store::{
     checkpoint, Frozen, FrozenAt, FrozenDtype, FrozenParams, FrozenSlot, FrozenValues, HostStore,
-    Member, MomentValues, Moments, Q8Slab, StoreError, StoreLayout,
+    HostValues, Member, MomentValues, Moments, NoHostValues, Q8Slab, StoreError, StoreLayout,
 };
 pub use transfer::PagerStats;
 

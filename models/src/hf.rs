@@ -13,14 +13,15 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
-use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
+use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::{backend::Backend, bf16, f16, Tensor, TensorData};
+use rayon::prelude::*;
 use safetensors::tensor::{Dtype, SafeTensors, TensorView, View};
 use serde_json::{json, Value};
 
 use crate::llama::{AttentionBias, Family, RopeScaling};
+pub use crate::weights::{load_into_store, load_weights, load_weights_for_store, CheckpointValues};
 use crate::{Gpt2Config, LlamaConfig, ModelConfig};
 
 #[derive(Debug, thiserror::Error)]
@@ -390,7 +391,7 @@ impl Checkpoint {
     /// is stored transposed, where the file names it otherwise: an untied
     /// head read from a checkpoint that ties it, GPT-2 files without the
     /// `transformer.` prefix.
-    fn name_of(&self, config: &ModelConfig, ours: &str) -> (String, bool) {
+    pub(crate) fn name_of(&self, config: &ModelConfig, ours: &str) -> (String, bool) {
         let (name, transpose) = hf_name(config, ours);
         if !self.contains(&name) {
             if ours == "lm_head.weight" && self.contains("model.embed_tokens.weight") {
@@ -408,7 +409,7 @@ impl Checkpoint {
 
     /// The stored tensor `name`, checked against burn's `shape` (transposed
     /// for tensors stored `[out, in]`) and for a dtype we read.
-    fn view(
+    pub(crate) fn view(
         &self,
         name: &str,
         shape: &[usize],
@@ -448,60 +449,64 @@ impl Checkpoint {
 
     /// A tensor as f32 in burn's layout (`shape` is burn's), transposing 2-D
     /// tensors stored `[out, in]`.
-    fn read(&self, name: &str, shape: &[usize], transpose: bool) -> Result<TensorData, HfError> {
-        let t = self.view(name, shape, transpose)?;
-        let stored = t.shape().to_vec();
-        let values = f32_values(&t).expect("view checked the dtype");
-        let values = if transpose {
-            let (rows, cols) = (stored[0], stored[1]);
-            let mut out = vec![0.0f32; values.len()];
-            for r in 0..rows {
-                for c in 0..cols {
-                    out[c * rows + r] = values[r * cols + c];
-                }
-            }
-            out
-        } else {
-            values
-        };
+    pub(crate) fn read(
+        &self,
+        name: &str,
+        shape: &[usize],
+        transpose: bool,
+    ) -> Result<TensorData, HfError> {
+        let mut values = vec![0.0f32; shape.iter().product()];
+        self.read_into(name, shape, transpose, &mut values)?;
         Ok(TensorData::new(values, shape.to_vec()))
     }
-}
 
-/// Replaces every parameter of `model` by a lazy one that reads its tensor
-/// from the checkpoint when first used (each checked by [`check_all`]
-/// first).
-struct Fill<'a> {
-    checkpoint: &'a Arc<Checkpoint>,
-    config: &'a ModelConfig,
-    path: Vec<String>,
-}
-
-impl<B: Backend> ModuleMapper<B> for Fill<'_> {
-    fn enter_module(&mut self, name: &str, _container_type: &str) {
-        self.path.push(name.to_string());
-    }
-    fn exit_module(&mut self, _name: &str, _container_type: &str) {
-        self.path.pop();
-    }
-    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
-        let (name, transpose) = self.checkpoint.name_of(self.config, &self.path.join("."));
-        let shape = param.lazy_shape();
-        let dims: Vec<usize> = shape.iter().copied().collect();
-        let checkpoint = Arc::clone(self.checkpoint);
-        let read = move |device: &B::Device, require_grad: bool| {
-            let data = checkpoint
-                .read(&name, &dims, transpose)
-                .unwrap_or_else(|e| panic!("checked when loading began: {e}"));
-            let tensor = Tensor::from_data(data, device);
-            if require_grad {
-                tensor.require_grad()
-            } else {
-                tensor
+    /// [`Checkpoint::read`] into `out`, converted and transposed on every
+    /// core (a 70B model is 280 GB of f32).
+    pub(crate) fn read_into(
+        &self,
+        name: &str,
+        shape: &[usize],
+        transpose: bool,
+        out: &mut [f32],
+    ) -> Result<(), HfError> {
+        let t = self.view(name, shape, transpose)?;
+        let bytes = t.data();
+        let width = match t.dtype() {
+            Dtype::F32 => 4,
+            _ => 2,
+        };
+        let value = |i: usize| -> f32 {
+            let b = &bytes[i * width..(i + 1) * width];
+            match t.dtype() {
+                Dtype::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+                Dtype::BF16 => bf16::from_le_bytes([b[0], b[1]]).to_f32(),
+                _ => f16::from_le_bytes([b[0], b[1]]).to_f32(),
             }
         };
-        // Loaded weights are trainable (a no-op outside `Autodiff`).
-        Param::uninitialized(param.id, read, param.lazy_device(), true, shape)
+        const ROWS: usize = 1 << 14;
+        if transpose {
+            // Stored [rows, cols]; out[c][r] = stored[r][c], a band of
+            // output rows per task.
+            let (rows, cols) = (t.shape()[0], t.shape()[1]);
+            const BAND: usize = 16;
+            out.par_chunks_mut(rows * BAND)
+                .enumerate()
+                .for_each(|(band, chunk)| {
+                    let c0 = band * BAND;
+                    for r in 0..rows {
+                        for (k, o) in chunk.chunks_mut(rows).enumerate() {
+                            o[r] = value(r * cols + c0 + k);
+                        }
+                    }
+                });
+        } else {
+            out.par_chunks_mut(ROWS).enumerate().for_each(|(i, chunk)| {
+                for (k, o) in chunk.iter_mut().enumerate() {
+                    *o = value(i * ROWS + k);
+                }
+            });
+        }
+        Ok(())
     }
 }
 
@@ -518,7 +523,7 @@ pub fn check_weights<B: Backend, M: Module<B>>(
 
 /// [`check_weights`] against an open checkpoint: the first parameter it
 /// lacks, or holds with another shape or a dtype we do not read.
-fn check_all<B: Backend, M: Module<B>>(
+pub(crate) fn check_all<B: Backend, M: Module<B>>(
     model: &M,
     config: &ModelConfig,
     checkpoint: &Checkpoint,
@@ -552,52 +557,6 @@ fn check_all<B: Backend, M: Module<B>>(
     };
     model.visit(&mut check);
     check.error.map_or(Ok(()), Err)
-}
-
-/// Loads a checkpoint's weights into `model` (built from [`load_config`]'s
-/// config). Parameters are never initialised randomly first: burn's lazy
-/// parameters are replaced, after every tensor is checked, by lazy ones that
-/// read the checkpoint when first used. The offload engine takes them one at
-/// a time into its host store, so a model larger than the GPU is never on it
-/// whole (an eager load put a 70B model's 282 GB of f32 on the device).
-pub fn load_weights<B: Backend, M: Module<B>>(
-    model: M,
-    config: &ModelConfig,
-    dir: &Path,
-) -> Result<M, HfError> {
-    let checkpoint = Arc::new(Checkpoint::open(dir)?);
-    check_all(&model, config, &checkpoint)?;
-    Ok(model.map(&mut Fill {
-        checkpoint: &checkpoint,
-        config,
-        path: Vec::new(),
-    }))
-}
-
-/// Loads the checkpoint in `dir` into `store`, the host store of a model
-/// `config` describes (an engine's, [`burn_offload::Engine::store_mut`]):
-/// each slot from its tensor, every one checked before any is written, and
-/// no tensor on a device, so a model larger than the GPU loads straight into
-/// host memory.
-pub fn load_into_store(
-    store: &mut burn_offload::HostStore,
-    config: &ModelConfig,
-    dir: &Path,
-) -> Result<(), HfError> {
-    let checkpoint = Checkpoint::open(dir)?;
-    for slot in store.groups.iter().flat_map(|g| &g.slots) {
-        let (name, transpose) = checkpoint.name_of(config, &slot.name);
-        checkpoint.view(&name, &slot.shape, transpose)?;
-    }
-    for group in &mut store.groups {
-        for slot in &group.slots {
-            let (name, transpose) = checkpoint.name_of(config, &slot.name);
-            let data = checkpoint.read(&name, &slot.shape, transpose)?;
-            let values = data.as_slice::<f32>().expect("read gives f32");
-            group.params.as_mut_slice()[slot.range()].copy_from_slice(values);
-        }
-    }
-    Ok(())
 }
 
 /// Every float parameter with its module path, as f32 in HF layout.

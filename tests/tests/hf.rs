@@ -4,10 +4,10 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
+use burn::module::{AutodiffModule, Module, ModuleMapper, ModuleVisitor, Param};
 use burn::prelude::*;
 use burn::tensor::TensorData;
-use burn_offload::BlockModel;
+use burn_offload::{BlockModel, Engine, EngineConfig};
 use burn_offload_tests::{TestAutodiff as AD, TestBackend as B};
 use models::hf::{self, HfError};
 use models::{cross_entropy, Gpt2, Llama, ModelConfig};
@@ -231,6 +231,41 @@ fn loaded_weights_stay_on_the_host_until_used() {
     let mut after = Initialised(Vec::new());
     model.visit(&mut after);
     assert_eq!(after.0.iter().filter(|i| **i).count(), 1);
+}
+
+/// An engine takes a checkpoint's tensors from its files
+/// (`Engine::with_host_values`): no parameter is drawn on the device (each
+/// panics if it is), and the model it holds gives transformers' logits.
+#[test]
+fn an_engine_takes_checkpoint_tensors_without_drawing_them() {
+    struct NeverDrawn;
+    impl ModuleMapper<B> for NeverDrawn {
+        fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+            let (shape, device) = (param.lazy_shape(), param.lazy_device());
+            let draw = |_: &burn::tensor::Device<B>, _: bool| -> Tensor<B, D> {
+                panic!("a parameter was drawn")
+            };
+            Param::uninitialized(param.id, draw, device, true, shape)
+        }
+    }
+    let root = fixtures().join("families");
+    let dir = root.join("llama3");
+    let config = hf::load_config(&dir).unwrap();
+    let ModelConfig::Llama(c) = &config else {
+        panic!("llama config expected")
+    };
+    let device = Default::default();
+    let (model, values) = hf::load_weights_for_store(c.init::<B>(&device), &config, &dir).unwrap();
+    let model = model.map(&mut NeverDrawn);
+    let mut engine =
+        Engine::with_host_values(model, &values, None, EngineConfig::default(), &[device]).unwrap();
+    let logits = engine.model().forward(input_ids(&root).inner());
+    let want = expected(&root);
+    let err = rel(
+        &logits.into_data().to_vec::<f32>().unwrap(),
+        &want["llama3.logits"].1,
+    );
+    assert!(err <= TOL, "logits: relative error {err}");
 }
 
 #[test]

@@ -14,8 +14,8 @@ use super::{DeviceTransfer, Engine, EngineConfig, EngineError, StepSplit};
 use crate::host::worker::HostWorker;
 use crate::precision::Compute;
 use crate::store::{
-    param_ids, Bf16Weights, Collect, Frozen, HostStore, Member, StoreError, StoreLayout,
-    ToPlaceholders,
+    param_ids, Bf16Weights, Collect, Frozen, HostStore, HostValues, Member, NoHostValues,
+    StoreError, StoreLayout, ToPlaceholders,
 };
 use crate::transfer::{Pager, Transfer};
 
@@ -59,16 +59,15 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         Self::with_frozen(model, None, config, devices)
     }
 
-    /// [`Engine::on_devices`] with the parameters `frozen` names held
-    /// frozen in its format: bound without gradients, never updated, and
-    /// with no gradient buffer or optimizer state (a LoRA fine-tune's base).
-    pub fn with_frozen(
+    /// [`Engine::with_frozen`] taking the parameters `values` holds from it
+    /// on the host (a checkpoint's tensors), never drawn on a device.
+    pub fn with_host_values(
         model: M,
+        values: &dyn HostValues,
         frozen: Option<&Frozen>,
         config: EngineConfig,
         devices: &[B::Device],
     ) -> Result<Self, EngineError> {
-        // Before the weights move into the store.
         check_devices::<B>(&config, devices)?;
         let layout = StoreLayout {
             gradient_buffer: !config.fused,
@@ -78,9 +77,22 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
         let block_ids = param_ids(model.blocks());
         // Lazily initialised weights are drawn one tensor at a time, straight
         // into the host store.
-        let (template, store) =
-            HostStore::take_from::<B, M, DeviceTransfer>(model, &block_ids, layout, frozen)?;
+        let (template, store) = HostStore::take_from::<B, M, DeviceTransfer>(
+            model, &block_ids, layout, frozen, values,
+        )?;
         Self::with_store_on(template, store, config, devices)
+    }
+
+    /// [`Engine::on_devices`] with the parameters `frozen` names held
+    /// frozen in its format: bound without gradients, never updated, and
+    /// with no gradient buffer or optimizer state (a LoRA fine-tune's base).
+    pub fn with_frozen(
+        model: M,
+        frozen: Option<&Frozen>,
+        config: EngineConfig,
+        devices: &[B::Device],
+    ) -> Result<Self, EngineError> {
+        Self::with_host_values(model, &NoHostValues, frozen, config, devices)
     }
 
     /// Pairs a model (its values are ignored) with an existing store, checking

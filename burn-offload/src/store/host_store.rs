@@ -14,7 +14,7 @@ use std::marker::PhantomData;
 use burn::module::{Module, ParamId};
 use burn::tensor::backend::Backend;
 
-use super::template::{param_ids, Collect, Fill, ReadBack, Visited};
+use super::template::{param_ids, Collect, Fill, HostValues, NoHostValues, ReadBack, Visited};
 use super::{Frozen, FrozenParams, GradBuffer, Member, Moments, ParamGroup, ParamSlot};
 use crate::host::slab::Slab;
 
@@ -110,8 +110,13 @@ impl HostStore {
         // A clone shares the tensors, once drawn (a lazy parameter's clone
         // would draw its own values); only the clone's parameters are replaced.
         model.visit(&mut Materialize);
-        let (_, store) =
-            Self::take_from::<B, M, ReadData>(model.clone(), &block_ids, layout, None)?;
+        let (_, store) = Self::take_from::<B, M, ReadData>(
+            model.clone(),
+            &block_ids,
+            layout,
+            None,
+            &NoHostValues,
+        )?;
         Ok(store)
     }
 
@@ -128,12 +133,14 @@ impl HostStore {
     /// as a full `visit` would make them (the same seed gives the same weights).
     ///
     /// The parameters `frozen` names are held in its format, with no
-    /// gradient or optimizer state (a LoRA fine-tune's base).
+    /// gradient or optimizer state (a LoRA fine-tune's base). Those `values`
+    /// holds are read from it and never drawn.
     pub fn take_from<B: Backend, M: Module<B>, R: ReadBack>(
         model: M,
         block_ids: &[Vec<ParamId>],
         layout: StoreLayout,
         frozen: Option<&Frozen>,
+        values: &dyn HostValues,
     ) -> Result<(M, Self), StoreError> {
         let mut group_of = HashMap::new();
         for (i, ids) in block_ids.iter().enumerate() {
@@ -162,6 +169,7 @@ impl HostStore {
         let mut fill = Fill::<R> {
             groups: &mut groups,
             slot_of: &slot_of,
+            values,
             read: PhantomData,
         };
         let template = model.map(&mut fill);

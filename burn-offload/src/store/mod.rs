@@ -15,5 +15,5 @@ pub use frozen::{Frozen, FrozenAt, FrozenDtype, FrozenParams, FrozenSlot, Frozen
 pub use group::{GradBuffer, GroupSlabs, Member, ParamGroup, ParamSlot};
 pub use host_store::{HostStore, StoreError, StoreLayout};
 pub use moments::{MomentValues, Moments, Q8Slab};
-pub use template::ReadBack;
 pub(crate) use template::{param_ids, Collect, ToPlaceholders};
+pub use template::{HostValues, NoHostValues, ReadBack};

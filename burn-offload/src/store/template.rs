@@ -29,6 +29,32 @@ pub trait ReadBack {
     }
 }
 
+/// Values of parameters the host already holds (a checkpoint's tensors in
+/// memory-mapped files), taken into the store without a device: drawing them
+/// instead would copy each to the device and back, and put the largest (an
+/// f32 embedding table) on the device whole.
+pub trait HostValues: Sync {
+    /// Whether this source holds parameter `id`.
+    fn holds(&self, id: ParamId) -> bool;
+
+    /// Writes parameter `id`'s values (f32, burn's layout) into `out`; only
+    /// called where [`HostValues::holds`] is true.
+    fn read(&self, id: ParamId, out: &mut [f32]);
+}
+
+/// No values: every parameter is drawn on its device.
+pub struct NoHostValues;
+
+impl HostValues for NoHostValues {
+    fn holds(&self, _id: ParamId) -> bool {
+        false
+    }
+
+    fn read(&self, id: ParamId, _out: &mut [f32]) {
+        unreachable!("NoHostValues holds no parameter ({id})")
+    }
+}
+
 /// The parameter ids of each module, in visit order (each block's group).
 pub(crate) fn param_ids<B: Backend, K: Module<B>>(modules: &[K]) -> Vec<Vec<ParamId>> {
     modules
@@ -45,14 +71,36 @@ pub(crate) fn param_ids<B: Backend, K: Module<B>>(modules: &[K]) -> Vec<Vec<Para
 pub(super) struct Fill<'a, R> {
     pub groups: &'a mut [ParamGroup],
     pub slot_of: &'a HashMap<ParamId, (usize, Member)>,
+    pub values: &'a dyn HostValues,
     pub read: PhantomData<R>,
 }
 
 impl<B: Backend, R: ReadBack> ModuleMapper<B> for Fill<'_, R> {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
-        let (id, tensor, _) = param.consume();
-        let (g, member) = self.slot_of[&id];
+        let (g, member) = self.slot_of[&param.id];
         let group = &mut self.groups[g];
+        if self.values.holds(param.id) {
+            // Never drawn: a lazy parameter is dropped uninitialised.
+            let (id, shape, device) = (
+                param.id,
+                param.lazy_shape().dims::<D>(),
+                param.lazy_device(),
+            );
+            match member {
+                Member::Trained(k) => {
+                    let range = group.slots[k].range();
+                    self.values
+                        .read(id, &mut group.params.as_mut_slice()[range]);
+                }
+                Member::Frozen(k) => {
+                    let mut values = vec![0.0; shape.iter().product()];
+                    self.values.read(id, &mut values);
+                    group.frozen.fill(k, &values);
+                }
+            }
+            return Param::initialized(id, placeholder::<B, D>(shape, &device));
+        }
+        let (id, tensor, _) = param.consume();
         let (shape, device) = (tensor.dims(), tensor.device());
         match member {
             Member::Trained(k) => {

@@ -14,10 +14,10 @@ use burn::tensor::backend::{AutodiffBackend, ExecutionError};
 use burn::tensor::{ElementConversion, TensorData};
 use burn_offload::checkpoint::{CheckpointDir, CheckpointError};
 use burn_offload::{
-    BlockModel, Compute, DecoderBlock, Documents, Engine, EngineConfig, EngineError,
-    OptimizerConfig,
+    BlockModel, Compute, DecoderBlock, Documents, Engine, EngineConfig, EngineError, HostValues,
+    NoHostValues, OptimizerConfig,
 };
-use models::hf::HfError;
+use models::hf::{CheckpointValues, HfError};
 use models::lora::{LoraConfig, LoraModel};
 use models::{cross_entropy, ModelConfig};
 
@@ -169,7 +169,7 @@ impl Job<'_> {
     /// Offload engine: parameters and AdamW state in host slabs, blocks streamed.
     pub(super) fn train_engine<B, M>(
         mut self,
-        (model, rng): (M, MutexGuard<'static, ()>),
+        (model, rng, values): (M, MutexGuard<'static, ()>, Option<CheckpointValues>),
         devices: &[B::Device],
     ) -> Result<Outcome, JobError>
     where
@@ -200,7 +200,11 @@ impl Job<'_> {
         };
         let device = &devices[0];
         let frozen = lora::frozen(&model, self.lora.as_ref(), opts);
-        let mut engine = Engine::with_frozen(model, frozen.as_ref(), config, devices)?;
+        let values: &dyn HostValues = match &values {
+            Some(values) => values,
+            None => &NoHostValues,
+        };
+        let mut engine = Engine::with_host_values(model, values, frozen.as_ref(), config, devices)?;
         drop(rng);
         trace::mark("host store ready");
         if opts.progress {

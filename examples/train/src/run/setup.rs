@@ -9,7 +9,7 @@ use burn::backend::Autodiff;
 use burn::module::{ModuleVisitor, Param};
 use burn::prelude::*;
 use burn_offload::{Compute, HostOptimizerConfig, MatmulError, PrecisionError};
-use models::hf::HfError;
+use models::hf::{CheckpointValues, HfError};
 use models::{ConfigError, ModelConfig};
 
 use super::data::{DataReadError, RunData};
@@ -418,19 +418,21 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport, TrainError> {
             &device,
         )?,
         (ModelConfig::Gpt2(c), false, _) => {
-            let (model, rng) = initial(opts, &config, &device, false, || c.init::<B>(&device))?;
+            let (model, rng, values) =
+                initial(opts, &config, &device, false, || c.init::<B>(&device))?;
             let model = lora::adapt(model, adapters.as_ref(), &device).map_err(SetupError::Lora)?;
-            job.train_engine::<B, _>((model, rng), &devices)?
+            job.train_engine::<B, _>((model, rng, values), &devices)?
         }
         (ModelConfig::Llama(c), false, _) => {
-            let (model, rng) = initial(opts, &config, &device, false, || c.init::<B>(&device))?;
+            let (model, rng, values) =
+                initial(opts, &config, &device, false, || c.init::<B>(&device))?;
             let model = lora::adapt(
                 model.with_mlp_tiles(placed.mlp_tile),
                 adapters.as_ref(),
                 &device,
             )
             .map_err(SetupError::Lora)?;
-            job.train_engine::<B, _>((model, rng), &devices)?
+            job.train_engine::<B, _>((model, rng, values), &devices)?
         }
     };
     if opts.progress && opts.host_params {
@@ -496,25 +498,29 @@ pub(crate) static WEIGHT_RNG: Mutex<()> = Mutex::new(());
 /// With `draw`, every weight is drawn here. Without, the weights stay lazy
 /// and the caller draws them while it holds the returned lock: the engine
 /// draws one tensor at a time straight into its host store, so a model larger
-/// than the device never exists on it whole.
+/// than the device never exists on it whole, and takes a checkpoint's
+/// tensors (the returned values) from the files without a device.
 pub(crate) fn initial<X: Backend, M: burn::module::Module<X>>(
     opts: &TrainOptions,
     config: &ModelConfig,
     device: &X::Device,
     draw: bool,
     init: impl FnOnce() -> M,
-) -> Result<(M, MutexGuard<'static, ()>), HfError> {
+) -> Result<(M, MutexGuard<'static, ()>, Option<CheckpointValues>), HfError> {
     let rng = WEIGHT_RNG.lock().unwrap_or_else(PoisonError::into_inner);
     X::seed(device, opts.seed);
     let model = init();
-    let model = match &opts.init_from {
-        Some(dir) => models::hf::load_weights(model, config, dir)?,
-        None => model,
+    let (model, values) = match &opts.init_from {
+        Some(dir) => {
+            let (model, values) = models::hf::load_weights_for_store(model, config, dir)?;
+            (model, Some(values))
+        }
+        None => (model, None),
     };
     if draw {
         model.visit(&mut DrawWeights);
     }
-    Ok((model, rng))
+    Ok((model, rng, values))
 }
 
 /// Forces every lazily initialised parameter to be drawn now.
