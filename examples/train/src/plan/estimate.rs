@@ -207,7 +207,10 @@ impl Plan {
         } else {
             F32 * s.vocab * s.d
         };
-        let runtime_device = if job.gpu { (1.0 * GIB) as u64 } else { 0 };
+        // The context, loaded kernels, libraries' workspaces and pages the
+        // driver has not yet taken back: what `--gpu-mem-gib` keeps cubecl's
+        // pools below (`cuda_backend::limit_memory_pages`).
+        let runtime_device = if job.gpu { (2.0 * GIB) as u64 } else { 0 };
 
         // The engine holds a frozen base apart, in its own format.
         let frozen_base = job.frozen_host_bytes.filter(|_| !job.resident);
@@ -354,6 +357,14 @@ impl Plan {
                 },
                 stem_width * s.stem_params + block_bytes,
             ));
+            // A quantised base arrives as codes, dequantised on the device
+            // into the compute precision: each block in flight holds both.
+            if let Some(bytes) = frozen_base.filter(|&b| b < width * (params - trained)) {
+                device.push(Item::held(
+                    "the base's codes of those blocks (int8/NF4)",
+                    blocks * bytes / s.layers.max(1),
+                ));
+            }
             let checkpoint = width * tokens * s.d;
             let on_host = job.host_block_inputs(s.layers);
             if on_host > 0 {
