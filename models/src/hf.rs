@@ -21,7 +21,7 @@ use safetensors::tensor::{Dtype, SafeTensors, TensorView, View};
 use serde_json::{json, Value};
 
 use crate::llama::{AttentionBias, Family, RopeScaling};
-pub use crate::weights::{load_into_store, load_weights, load_weights_for_store, CheckpointValues};
+pub use crate::weights::{load_weights, load_weights_for_store, CheckpointValues};
 use crate::{Gpt2Config, LlamaConfig, ModelConfig};
 
 #[derive(Debug, thiserror::Error)]

@@ -26,4 +26,4 @@ pub use kv_cache::{CachedBlock, CachedModel, KvCache};
 pub use llama::{Llama, LlamaConfig};
 pub use lora::{LoraConfig, LoraError, LoraModel, LoraTarget};
 pub use loss::cross_entropy;
-pub use peft::{load_peft, save_peft, PeftError};
+pub use peft::{load_peft, merged_values, save_peft, MergedValues, PeftError};

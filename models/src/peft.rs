@@ -16,9 +16,11 @@
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
-use burn::module::Param;
+use burn::module::{Param, ParamId};
 use burn::nn::DropoutConfig;
 use burn::tensor::{backend::Backend, bf16, Tensor, TensorData};
+use burn_offload::HostValues;
+use rayon::prelude::*;
 use safetensors::tensor::{Dtype, SafeTensors, View};
 use serde_json::{json, Value};
 
@@ -418,4 +420,98 @@ fn tensor(
         dtype: format!("{:?}", t.dtype()),
     })?;
     Ok(TensorData::new(values, want))
+}
+
+/// A checkpoint's values with the PEFT adapters of a folder merged in
+/// (`W + scale·(B·A)ᵀ` in burn's layout, in f32), read on the host as an
+/// engine's store takes them: what [`load_peft`] then `merge_lora` give,
+/// without the model on a device (a model streamed from host memory).
+pub struct MergedValues<V> {
+    base: V,
+    deltas: HashMap<ParamId, Delta>,
+}
+
+/// One projection's adapter, as read: `A` `[rank, in]`, `Bᵀ` `[rank, out]`.
+struct Delta {
+    a: Vec<f32>,
+    b_t: Vec<f32>,
+    rank: usize,
+    scale: f32,
+}
+
+/// `base` with the adapters saved in `dir` merged into the projections of
+/// `model` they target. Every tensor is checked first: each targeted
+/// projection has both matrices at the file's rank, and the file holds
+/// nothing else.
+pub fn merged_values<B: Backend, M: LoraModel<B>, V: HostValues>(
+    model: &M,
+    base: V,
+    dir: &Path,
+) -> Result<MergedValues<V>, PeftError> {
+    let config = read_adapter_config(&dir.join(ADAPTER_CONFIG))?;
+    let weights = dir.join(ADAPTER_WEIGHTS);
+    if !weights.is_file() {
+        return Err(PeftError::MissingFile { path: weights });
+    }
+    let bytes = std::fs::read(&weights).map_err(io(&weights))?;
+    let file = SafeTensors::deserialize(&bytes).map_err(|e| PeftError::Invalid {
+        path: weights.clone(),
+        reason: e.to_string(),
+    })?;
+    let (rank, mut wanted, mut deltas) = (config.rank, BTreeSet::new(), HashMap::new());
+    for slot in model.slots() {
+        if !config.targets.iter().any(|t| t.matches(&slot.path)) {
+            continue;
+        }
+        let [d_in, d_out] = slot.base.weight.lazy_shape().dims();
+        let (a_name, b_name) = (tensor_name(&slot.path, "A"), tensor_name(&slot.path, "B"));
+        let a = tensor(&file, &weights, &a_name, vec![rank, d_in])?;
+        let b = tensor(&file, &weights, &b_name, vec![d_out, rank])?;
+        let b = b.as_slice::<f32>().expect("read as f32");
+        let b_t = (0..rank * d_out)
+            .map(|j| b[(j % d_out) * rank + j / d_out])
+            .collect();
+        deltas.insert(
+            slot.base.weight.id,
+            Delta {
+                a: a.to_vec().expect("read as f32"),
+                b_t,
+                rank,
+                scale: config.scale() as f32,
+            },
+        );
+        wanted.extend([a_name, b_name]);
+    }
+    if let Some(name) = file.names().into_iter().find(|n| !wanted.contains(*n)) {
+        return Err(PeftError::UnexpectedTensor {
+            path: weights,
+            name: name.to_string(),
+        });
+    }
+    Ok(MergedValues { base, deltas })
+}
+
+impl<V: HostValues> HostValues for MergedValues<V> {
+    fn holds(&self, id: ParamId) -> bool {
+        self.base.holds(id)
+    }
+
+    fn read(&self, id: ParamId, out: &mut [f32]) {
+        self.base.read(id, out);
+        let Some(delta) = self.deltas.get(&id) else {
+            return;
+        };
+        let d_out = delta.b_t.len() / delta.rank;
+        let d_in = delta.a.len() / delta.rank;
+        // Row i of W (burn's [in, out]) gains Σ_k scale·A[k][i]·Bᵀ[k].
+        out.par_chunks_mut(d_out).enumerate().for_each(|(i, row)| {
+            for k in 0..delta.rank {
+                let c = delta.scale * delta.a[k * d_in + i];
+                let b = &delta.b_t[k * d_out..(k + 1) * d_out];
+                for (w, b) in row.iter_mut().zip(b) {
+                    *w += c * b;
+                }
+            }
+        });
+    }
 }

@@ -1,5 +1,5 @@
-//! Loading a Hugging Face checkpoint's weights: lazily into a model, into
-//! an engine's host store without a device, or into an existing store.
+//! Loading a Hugging Face checkpoint's weights: lazily into a model, or
+//! into an engine's host store without a device.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -66,32 +66,6 @@ impl HostValues for CheckpointValues {
             .read_into(name, dims, *transpose, out)
             .unwrap_or_else(|e| panic!("checked when loading began: {e}"));
     }
-}
-
-/// Loads the checkpoint in `dir` into `store`, the host store of a model
-/// `config` describes (an engine's, [`burn_offload::Engine::store_mut`]):
-/// each slot from its tensor, every one checked before any is written, and
-/// no tensor on a device, so a model larger than the GPU loads straight into
-/// host memory.
-pub fn load_into_store(
-    store: &mut burn_offload::HostStore,
-    config: &ModelConfig,
-    dir: &Path,
-) -> Result<(), HfError> {
-    let checkpoint = Checkpoint::open(dir)?;
-    for slot in store.groups.iter().flat_map(|g| &g.slots) {
-        let (name, transpose) = checkpoint.name_of(config, &slot.name);
-        checkpoint.view(&name, &slot.shape, transpose)?;
-    }
-    for group in &mut store.groups {
-        for slot in &group.slots {
-            let (name, transpose) = checkpoint.name_of(config, &slot.name);
-            let data = checkpoint.read(&name, &slot.shape, transpose)?;
-            let values = data.as_slice::<f32>().expect("read gives f32");
-            group.params.as_mut_slice()[slot.range()].copy_from_slice(values);
-        }
-    }
-    Ok(())
 }
 
 /// Replaces every parameter of `model` by a lazy one that reads its tensor

@@ -25,8 +25,9 @@ pub enum LoadError {
     #[error("--adapter: {0}")]
     Adapter(#[from] models::PeftError),
     #[error(
-        "--adapter: a model streamed from host memory takes no adapters yet; merge them into a \
-         folder with `train --export-hf DIR --merge-lora`, or give the model the GPU it needs"
+        "--adapter: a `train` checkpoint streamed from host memory takes no adapters yet (a Hugging \
+         Face folder does); merge them with `train --export-hf DIR --merge-lora`, or give the \
+         model the GPU it needs"
     )]
     StreamedAdapter,
     #[error("`{}` does not exist", .0.display())]
@@ -213,7 +214,9 @@ impl ModelFolder {
     {
         let model = match &self.weights {
             Weights::Hf(dir) => models::hf::load_weights(init(), &self.config, dir)?,
-            Weights::Checkpoint(_) => self.loaded_engine(init, Compute::Fp32, device)?.model(),
+            Weights::Checkpoint(_) => self
+                .loaded_engine(init, Compute::Fp32, device, None)?
+                .model(),
         };
         // Merged in fp32, before the cast: one rounding, as a merged export.
         let model = match &self.adapter {
@@ -225,7 +228,7 @@ impl ModelFolder {
 
     /// The model in the engine's host store, its blocks streamed through
     /// `device` in the compute precision one at a time (a model larger than
-    /// the device).
+    /// the device), with the adapters merged in where given.
     pub fn engine<B, M>(
         &self,
         init: impl FnOnce() -> M,
@@ -234,12 +237,9 @@ impl ModelFolder {
     ) -> Result<Engine<B, M>, LoadError>
     where
         B: Backend,
-        M: StreamedModel<B>,
+        M: StreamedModel<B> + LoraModel<B>,
     {
-        if self.adapter.is_some() {
-            return Err(LoadError::StreamedAdapter);
-        }
-        self.loaded_engine(init, compute, device)
+        self.loaded_engine(init, compute, device, self.adapter.as_deref())
     }
 
     fn loaded_engine<B, M>(
@@ -247,10 +247,11 @@ impl ModelFolder {
         init: impl FnOnce() -> M,
         compute: Compute,
         device: &B::Device,
+        adapter: Option<&Path>,
     ) -> Result<Engine<B, M>, LoadError>
     where
         B: Backend,
-        M: StreamedModel<B>,
+        M: StreamedModel<B> + LoraModel<B>,
     {
         // No gradients and the smallest moments: the store holds the
         // weights (and 2 bytes a parameter of moments it never reads). No
@@ -264,16 +265,31 @@ impl ModelFolder {
             compute,
             ..EngineConfig::default()
         };
-        // The weights are drawn into the store one tensor at a time, then
-        // read over from the files: none is on the device whole.
-        let mut engine = Engine::new(init(), config, device)?;
+        let devices = std::slice::from_ref(device);
         match &self.weights {
-            Weights::Hf(dir) => models::hf::load_into_store(engine.store_mut(), &self.config, dir)?,
+            // The store takes the tensors from the files on the host (none
+            // is drawn on the device), the adapters merged in as they are
+            // read.
+            Weights::Hf(dir) => {
+                let (model, values) =
+                    models::hf::load_weights_for_store(init(), &self.config, dir)?;
+                Ok(match adapter {
+                    Some(adapter) => {
+                        let merged = models::peft::merged_values(&model, values, adapter)?;
+                        Engine::with_host_values(model, &merged, None, config, devices)?
+                    }
+                    None => Engine::with_host_values(model, &values, None, config, devices)?,
+                })
+            }
+            Weights::Checkpoint(_) if adapter.is_some() => Err(LoadError::StreamedAdapter),
+            // The weights are drawn into the store one tensor at a time, then
+            // read over from the checkpoint: none is on the device whole.
             Weights::Checkpoint(path) => {
+                let mut engine = Engine::new(init(), config, device)?;
                 engine.load_weights(path)?;
+                Ok(engine)
             }
         }
-        Ok(engine)
     }
 }
 

@@ -228,7 +228,10 @@ impl Session {
             _ => None,
         };
         match streamed {
-            Some(_) if self.folder.adapter.is_some() => {
+            Some(_)
+                if self.folder.adapter.is_some()
+                    && matches!(self.folder.weights, Weights::Checkpoint(_)) =>
+            {
                 Err(trainer::load::LoadError::StreamedAdapter.into())
             }
             Some(why) => {
