@@ -21,8 +21,9 @@ use safetensors::tensor::{Dtype, SafeTensors, TensorView, View};
 use serde_json::{json, Value};
 
 use crate::llama::{AttentionBias, Family, RopeScaling};
-pub use crate::weights::{load_weights, load_weights_for_store, CheckpointValues};
+mod weights;
 use crate::{Gpt2Config, LlamaConfig, ModelConfig};
+pub use weights::{load_weights, load_weights_for_store, CheckpointValues};
 
 #[derive(Debug, thiserror::Error)]
 pub enum HfError {

@@ -18,7 +18,6 @@ pub mod loss;
 pub mod peft;
 pub mod rope;
 pub mod tokens;
-mod weights;
 
 pub use config::{ConfigError, ModelConfig, PRESETS};
 pub use gpt2::{Gpt2, Gpt2Config};

@@ -159,6 +159,7 @@ mod tests {
             frozen_host_bytes: None,
             smaller_bases: Vec::new(),
             frozen_stem: false,
+            gpu_budget: false,
         }
     }
 

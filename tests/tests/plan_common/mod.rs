@@ -34,6 +34,7 @@ pub fn job(config: ModelConfig, fused: bool) -> Job {
         frozen_host_bytes: None,
         smaller_bases: Vec::new(),
         frozen_stem: false,
+        gpu_budget: false,
     }
 }
 

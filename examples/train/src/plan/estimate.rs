@@ -207,10 +207,15 @@ impl Plan {
         } else {
             F32 * s.vocab * s.d
         };
-        // The context, loaded kernels, libraries' workspaces and pages the
-        // driver has not yet taken back: what `--gpu-mem-gib` keeps cubecl's
-        // pools below (`cuda_backend::limit_memory_pages`).
-        let runtime_device = if job.gpu { (2.0 * GIB) as u64 } else { 0 };
+        // The context, loaded kernels and libraries' workspaces; under
+        // `--gpu-mem-gib` also pages the driver has not yet taken back:
+        // what the budget keeps cubecl's pools below
+        // (`cuda_backend::limit_memory_pages`).
+        let runtime_device = match (job.gpu, job.gpu_budget) {
+            (false, _) => 0,
+            (true, false) => (1.0 * GIB) as u64,
+            (true, true) => (2.0 * GIB) as u64,
+        };
 
         // The engine holds a frozen base apart, in its own format.
         let frozen_base = job.frozen_host_bytes.filter(|_| !job.resident);

@@ -73,6 +73,10 @@ pub struct Job {
     /// `--train-embeddings`), so the head has no weight gradient and the
     /// device holds them in the compute precision.
     pub frozen_stem: bool,
+    /// The GPU is held to `--gpu-mem-gib`: cubecl's pools stop 2 GiB below
+    /// it (`cuda_backend::limit_memory_pages`), which the plan counts
+    /// outside them (1 GiB, as measured, without a budget).
+    pub gpu_budget: bool,
 }
 
 impl Job {

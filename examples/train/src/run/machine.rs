@@ -242,6 +242,7 @@ pub fn plan(opts: &TrainOptions, config: ModelConfig, machine: &Machine) -> (Pla
         frozen_host_bytes,
         smaller_bases,
         frozen_stem: lora.is_some() && !opts.lora.train_embeddings,
+        gpu_budget: opts.gpu_mem_gib.is_some(),
     };
     let job = job.placed(machine);
     (Plan::new(&job), job)

@@ -9,7 +9,7 @@ use burn::module::{Module, ModuleMapper, Param, ParamId};
 use burn::tensor::{backend::Backend, Tensor};
 use burn_offload::HostValues;
 
-use crate::hf::{check_all, Checkpoint, HfError};
+use super::{check_all, Checkpoint, HfError};
 use crate::ModelConfig;
 
 /// Loads a checkpoint's weights into `model` (built from [`crate::hf::load_config`]'s
