@@ -103,6 +103,21 @@ fn the_cached_reply_is_the_recomputed_one() {
         );
         assert_eq!(reply(&streamed), (text, 63), "{folder:?}");
     }
+    // A checkpoint of `train` streamed with adapters (a Hugging Face folder
+    // merges them as it is read): one line, no reply.
+    let adapter = dir.path().join("adapter");
+    std::fs::create_dir(&adapter).unwrap();
+    std::fs::write(
+        adapter.join("adapter_config.json"),
+        r#"{"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["c_attn"]}"#,
+    )
+    .unwrap();
+    let out = chat(&[s(&checkpoints), "--adapter", s(&adapter), "--streamed"]);
+    assert!(!out.status.success());
+    let errors = error_lines(&out);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(errors[0].contains("takes no adapters yet"), "{}", errors[0]);
+    assert!(out.stdout.is_empty());
 }
 
 /// Sampling with top-k, top-p, a temperature and a repetition penalty
