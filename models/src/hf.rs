@@ -21,8 +21,9 @@ use safetensors::tensor::{Dtype, SafeTensors, TensorView, View};
 use serde_json::{json, Value};
 
 use crate::llama::{AttentionBias, Family, RopeScaling};
-mod weights;
 use crate::{Gpt2Config, LlamaConfig, ModelConfig};
+
+mod weights;
 pub use weights::{load_weights, load_weights_for_store, CheckpointValues};
 
 #[derive(Debug, thiserror::Error)]
@@ -471,19 +472,9 @@ impl Checkpoint {
         out: &mut [f32],
     ) -> Result<(), HfError> {
         let t = self.view(name, shape, transpose)?;
-        let bytes = t.data();
-        let width = match t.dtype() {
-            Dtype::F32 => 4,
-            _ => 2,
-        };
-        let value = |i: usize| -> f32 {
-            let b = &bytes[i * width..(i + 1) * width];
-            match t.dtype() {
-                Dtype::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
-                Dtype::BF16 => bf16::from_le_bytes([b[0], b[1]]).to_f32(),
-                _ => f16::from_le_bytes([b[0], b[1]]).to_f32(),
-            }
-        };
+        let (bytes, dtype) = (t.data(), t.dtype());
+        let width = stored_width(dtype).expect("view checked the dtype");
+        let value = |i: usize| widen(dtype, &bytes[i * width..(i + 1) * width]);
         const ROWS: usize = 1 << 14;
         if transpose {
             // Stored [rows, cols]; out[c][r] = stored[r][c], a band of
@@ -723,20 +714,30 @@ pub fn save_weights<B: Backend, M: Module<B>>(
 /// A safetensors tensor's values widened to f32 (stored little-endian as
 /// f32, bf16 or f16); `None` for any other dtype.
 pub(crate) fn f32_values(t: &TensorView<'_>) -> Option<Vec<f32>> {
-    let bytes = t.data();
-    Some(match t.dtype() {
-        Dtype::F32 => bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+    let width = stored_width(t.dtype())?;
+    Some(
+        t.data()
+            .chunks_exact(width)
+            .map(|b| widen(t.dtype(), b))
             .collect(),
-        Dtype::BF16 => bytes
-            .chunks_exact(2)
-            .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect(),
-        Dtype::F16 => bytes
-            .chunks_exact(2)
-            .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect(),
-        _ => return None,
-    })
+    )
+}
+
+/// Bytes of one stored value of `dtype`, for the dtypes widened to f32.
+fn stored_width(dtype: Dtype) -> Option<usize> {
+    match dtype {
+        Dtype::F32 => Some(4),
+        Dtype::BF16 | Dtype::F16 => Some(2),
+        _ => None,
+    }
+}
+
+/// One little-endian value of `dtype` (f32, bf16, else f16) as f32.
+#[inline]
+fn widen(dtype: Dtype, b: &[u8]) -> f32 {
+    match dtype {
+        Dtype::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+        Dtype::BF16 => bf16::from_le_bytes([b[0], b[1]]).to_f32(),
+        _ => f16::from_le_bytes([b[0], b[1]]).to_f32(),
+    }
 }

@@ -352,15 +352,8 @@ pub fn load_peft<B: Backend, M: LoraModel<B>>(model: M, dir: &Path) -> Result<M,
         model
     };
 
-    let weights = dir.join(ADAPTER_WEIGHTS);
-    if !weights.is_file() {
-        return Err(PeftError::MissingFile { path: weights });
-    }
-    let bytes = std::fs::read(&weights).map_err(io(&weights))?;
-    let file = SafeTensors::deserialize(&bytes).map_err(|e| PeftError::Invalid {
-        path: weights.clone(),
-        reason: e.to_string(),
-    })?;
+    let (weights, bytes) = read_weights(dir)?;
+    let file = parse_weights(&weights, &bytes)?;
     // Read all first: a bad tensor leaves no adapter half-loaded.
     let mut read = Vec::new();
     let mut wanted = BTreeSet::new();
@@ -373,12 +366,7 @@ pub fn load_peft<B: Backend, M: LoraModel<B>>(model: M, dir: &Path) -> Result<M,
             wanted.insert(name);
         }
     }
-    if let Some(name) = file.names().into_iter().find(|n| !wanted.contains(*n)) {
-        return Err(PeftError::UnexpectedTensor {
-            path: weights,
-            name: name.to_string(),
-        });
-    }
+    only_wanted(&file, weights, &wanted)?;
     let mut read = read.into_iter();
     let dropout = (config.dropout > 0.0).then(|| DropoutConfig::new(config.dropout).init());
     for slot in model.slots_mut() {
@@ -395,6 +383,39 @@ pub fn load_peft<B: Backend, M: LoraModel<B>>(model: M, dir: &Path) -> Result<M,
         lora.dropout = dropout.clone();
     }
     Ok(model)
+}
+
+/// The path and bytes of the adapter weights in `dir`.
+fn read_weights(dir: &Path) -> Result<(PathBuf, Vec<u8>), PeftError> {
+    let weights = dir.join(ADAPTER_WEIGHTS);
+    if !weights.is_file() {
+        return Err(PeftError::MissingFile { path: weights });
+    }
+    let bytes = std::fs::read(&weights).map_err(io(&weights))?;
+    Ok((weights, bytes))
+}
+
+/// The adapter weights file at `path`, read as `bytes`.
+fn parse_weights<'a>(path: &Path, bytes: &'a [u8]) -> Result<SafeTensors<'a>, PeftError> {
+    SafeTensors::deserialize(bytes).map_err(|e| PeftError::Invalid {
+        path: path.into(),
+        reason: e.to_string(),
+    })
+}
+
+/// Refuses a file holding a tensor besides the `wanted` ones.
+fn only_wanted(
+    file: &SafeTensors,
+    path: PathBuf,
+    wanted: &BTreeSet<String>,
+) -> Result<(), PeftError> {
+    match file.names().into_iter().find(|n| !wanted.contains(*n)) {
+        Some(name) => Err(PeftError::UnexpectedTensor {
+            path,
+            name: name.to_string(),
+        }),
+        None => Ok(()),
+    }
 }
 
 /// Tensor `name` of `file` as f32, checked to have shape `want`.
@@ -449,15 +470,8 @@ pub fn merged_values<B: Backend, M: LoraModel<B>, V: HostValues>(
     dir: &Path,
 ) -> Result<MergedValues<V>, PeftError> {
     let config = read_adapter_config(&dir.join(ADAPTER_CONFIG))?;
-    let weights = dir.join(ADAPTER_WEIGHTS);
-    if !weights.is_file() {
-        return Err(PeftError::MissingFile { path: weights });
-    }
-    let bytes = std::fs::read(&weights).map_err(io(&weights))?;
-    let file = SafeTensors::deserialize(&bytes).map_err(|e| PeftError::Invalid {
-        path: weights.clone(),
-        reason: e.to_string(),
-    })?;
+    let (weights, bytes) = read_weights(dir)?;
+    let file = parse_weights(&weights, &bytes)?;
     let (rank, mut wanted, mut deltas) = (config.rank, BTreeSet::new(), HashMap::new());
     for slot in model.slots() {
         if !config.targets.iter().any(|t| t.matches(&slot.path)) {
@@ -482,12 +496,7 @@ pub fn merged_values<B: Backend, M: LoraModel<B>, V: HostValues>(
         );
         wanted.extend([a_name, b_name]);
     }
-    if let Some(name) = file.names().into_iter().find(|n| !wanted.contains(*n)) {
-        return Err(PeftError::UnexpectedTensor {
-            path: weights,
-            name: name.to_string(),
-        });
-    }
+    only_wanted(&file, weights, &wanted)?;
     Ok(MergedValues { base, deltas })
 }
 

@@ -77,40 +77,30 @@ pub(super) struct Fill<'a, R> {
 
 impl<B: Backend, R: ReadBack> ModuleMapper<B> for Fill<'_, R> {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
-        let (g, member) = self.slot_of[&param.id];
+        let (id, shape, device) = (
+            param.id,
+            param.lazy_shape().dims::<D>(),
+            param.lazy_device(),
+        );
+        let (g, member) = self.slot_of[&id];
         let group = &mut self.groups[g];
-        if self.values.holds(param.id) {
-            // Never drawn: a lazy parameter is dropped uninitialised.
-            let (id, shape, device) = (
-                param.id,
-                param.lazy_shape().dims::<D>(),
-                param.lazy_device(),
-            );
-            match member {
-                Member::Trained(k) => {
-                    let range = group.slots[k].range();
-                    self.values
-                        .read(id, &mut group.params.as_mut_slice()[range]);
-                }
-                Member::Frozen(k) => {
-                    let mut values = vec![0.0; shape.iter().product()];
-                    self.values.read(id, &mut values);
-                    group.frozen.fill(k, &values);
-                }
-            }
-            return Param::initialized(id, placeholder::<B, D>(shape, &device));
-        }
-        let (id, tensor, _) = param.consume();
-        let (shape, device) = (tensor.dims(), tensor.device());
+        // A parameter the host holds is never drawn: a lazy one is dropped
+        // uninitialised.
+        let drawn = (!self.values.holds(id)).then(|| param.consume().1);
+        let values = self.values;
+        let read = |out: &mut [f32]| match drawn {
+            Some(tensor) => R::read_back(tensor, out),
+            None => values.read(id, out),
+        };
         match member {
             Member::Trained(k) => {
                 let range = group.slots[k].range();
-                R::read_back(tensor, &mut group.params.as_mut_slice()[range]);
+                read(&mut group.params.as_mut_slice()[range]);
             }
             Member::Frozen(k) => {
                 // Read in f32, then held in the frozen format.
                 let mut values = vec![0.0; shape.iter().product()];
-                R::read_back(tensor, &mut values);
+                read(&mut values);
                 group.frozen.fill(k, &values);
             }
         }

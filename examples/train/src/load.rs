@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use burn::prelude::*;
 use burn_offload::checkpoint::{self, CheckpointError};
-use burn_offload::{Compute, Engine, EngineConfig, EngineError, StreamedModel};
+use burn_offload::{Compute, Engine, EngineConfig, EngineError, HostValues, StreamedModel};
 use models::hf::HfError;
 use models::LoraModel;
 use models::ModelConfig;
@@ -273,13 +273,17 @@ impl ModelFolder {
             Weights::Hf(dir) => {
                 let (model, values) =
                     models::hf::load_weights_for_store(init(), &self.config, dir)?;
-                Ok(match adapter {
+                let merged;
+                let values: &dyn HostValues = match adapter {
                     Some(adapter) => {
-                        let merged = models::peft::merged_values(&model, values, adapter)?;
-                        Engine::with_host_values(model, &merged, None, config, devices)?
+                        merged = models::peft::merged_values(&model, values, adapter)?;
+                        &merged
                     }
-                    None => Engine::with_host_values(model, &values, None, config, devices)?,
-                })
+                    None => &values,
+                };
+                Ok(Engine::with_host_values(
+                    model, values, None, config, devices,
+                )?)
             }
             Weights::Checkpoint(_) if adapter.is_some() => Err(LoadError::StreamedAdapter),
             // The weights are drawn into the store one tensor at a time, then
