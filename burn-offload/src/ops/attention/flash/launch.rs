@@ -70,6 +70,18 @@ fn as_octets(t: CubeTensor<CudaRuntime>) -> CubeTensor<CudaRuntime> {
     }
 }
 
+/// Blocks of 16 query rows each plane of the `mma` forward holds: two for
+/// heads of at most 64 values (each fragment of keys and values read from
+/// shared memory then feeds two products), one for wider heads, whose
+/// output and scores would not fit the registers twice.
+fn forward_blocks(head_dim: usize) -> usize {
+    if head_dim <= 64 {
+        2
+    } else {
+        1
+    }
+}
+
 fn launch_geometry(tiles: usize, heads: usize, batch: usize) -> (CubeCount, CubeDim) {
     (
         CubeCount::Static(tiles as u32, heads as u32, batch as u32),
@@ -118,6 +130,8 @@ pub(crate) fn forward<B: Backend>(
         let scale = 1.0 / (dim as f32).sqrt();
         unsafe {
             if on_mma(q.dtype, dim).0 {
+                let blocks = forward_blocks(dim);
+                let (cubes, cube_dim) = launch_geometry(seq.div_ceil(TILE * blocks), heads, batch);
                 forward_mma_kernel::launch_unchecked::<CudaRuntime>(
                     &q.client,
                     cubes,
@@ -130,6 +144,7 @@ pub(crate) fn forward<B: Backend>(
                     scale,
                     window,
                     dim,
+                    blocks,
                     q.dtype.into(),
                 );
                 return Some((as_float(out), as_float(lse)));

@@ -84,51 +84,61 @@ fn zeros(#[comptime] len: usize) -> Array<Pair<f32>> {
     acc
 }
 
-/// The plane's 16 rows from `row` of `width` columns of `tile` as left
-/// operands (4 pairs for each 16 columns).
+/// The plane's `16 · blocks` rows from `row` of `width` columns of `tile`
+/// as left operands: block `b`'s 16 rows are the `width / 4` pairs from
+/// `b · width / 4` on (4 pairs for each 16 columns).
 #[cube]
 fn left_operands<F: Float>(
     tile: &SharedMemory<F>,
     row: usize,
+    #[comptime] blocks: usize,
     #[comptime] width: usize,
     #[comptime] ld: usize,
 ) -> Array<Pair<F>> {
     let lane = UNIT_POS_X as usize;
-    let mut frag = Array::<Pair<F>>::new(comptime!(width / 4));
+    let mut frag = Array::<Pair<F>>::new(comptime!(blocks * width / 4));
     #[unroll]
-    for kk in 0..comptime!(width / 16) {
-        let regs = ldmatrix::<F>(
-            tile,
-            row + lane % 16,
-            comptime!(kk * 16) + (lane / 16) * 8,
-            ld,
-            false,
-        );
+    for b in 0..blocks {
         #[unroll]
-        for i in 0..4usize {
-            frag[comptime!(4 * kk + i)] = regs[i];
+        for kk in 0..comptime!(width / 16) {
+            let regs = ldmatrix::<F>(
+                tile,
+                row + comptime!(16 * b) + lane % 16,
+                comptime!(kk * 16) + (lane / 16) * 8,
+                ld,
+                false,
+            );
+            #[unroll]
+            for i in 0..4usize {
+                frag[comptime!(b * width / 4 + 4 * kk + i)] = regs[i];
+            }
         }
     }
     frag
 }
 
-/// `a · tileᵀ` for the plane's left operands `a` (16 rows of `dim`
-/// columns) and the `TILE` rows of `tile` from row `from` on (the right
-/// operand's columns): 16 × `TILE` scores as `TILE / 8` accumulators.
+/// `a · tileᵀ` for the plane's left operands `a` (`blocks` of 16 rows of
+/// `dim` columns, as [`left_operands`] holds them) and the `cols` rows of
+/// `tile` from row `from` on (the right operand's columns): each block's
+/// 16 × `cols` scores as `cols / 8` accumulators, block after block. Each
+/// right operand read from shared memory serves every block.
 #[cube]
+#[allow(clippy::too_many_arguments)]
 fn times_transposed<F: Float>(
     a: &Array<Pair<F>>,
     tile: &SharedMemory<F>,
     from: usize,
+    #[comptime] blocks: usize,
+    #[comptime] cols: usize,
     #[comptime] dim: usize,
     #[comptime] ld: usize,
 ) -> Array<Pair<f32>> {
     let lane = UNIT_POS_X as usize;
-    let mut s = zeros(comptime!(2 * TILE / 8));
+    let mut s = zeros(comptime!(blocks * 2 * cols / 8));
     #[unroll]
     for kk in 0..comptime!(dim / 16) {
         #[unroll]
-        for nb in 0..comptime!(TILE / 16) {
+        for nb in 0..comptime!(cols / 16) {
             // Matrices: rows 0–7 and 8–15 of the 16, each at columns 0–7
             // and 8–15 of the step: the right operands of two 8-row blocks.
             let b = ldmatrix::<F>(
@@ -138,34 +148,36 @@ fn times_transposed<F: Float>(
                 ld,
                 false,
             );
-            mma::<F>(a, comptime!(4 * kk), &b, 0usize, &mut s, comptime!(4 * nb));
-            mma::<F>(
-                a,
-                comptime!(4 * kk),
-                &b,
-                2usize,
-                &mut s,
-                comptime!(4 * nb + 2),
-            );
+            #[unroll]
+            for blk in 0..blocks {
+                let (a_at, s_at) = comptime!((blk * dim / 4 + 4 * kk, blk * cols / 4 + 4 * nb));
+                mma::<F>(a, a_at, &b, 0usize, &mut s, s_at);
+                mma::<F>(a, a_at, &b, 2usize, &mut s, comptime!(s_at + 2));
+            }
         }
     }
     s
 }
 
-/// `acc += a · tile` for left operands `a` (16 rows of `TILE` columns) and
-/// the `TILE` rows of `dim` columns of `tile` from row `from` on.
+/// `acc += a · tile` for left operands `a` (`blocks` of 16 rows of `rows`
+/// columns, as [`as_left`] gives them) and the `rows` rows of `dim` columns
+/// of `tile` from row `from` on; block `b`'s sums are the `dim / 4` pairs
+/// of `acc` from `b · dim / 4` on.
 #[cube]
+#[allow(clippy::too_many_arguments)]
 fn accumulate<F: Float>(
     a: &Array<Pair<F>>,
     tile: &SharedMemory<F>,
     from: usize,
     acc: &mut Array<Pair<f32>>,
+    #[comptime] blocks: usize,
+    #[comptime] rows: usize,
     #[comptime] dim: usize,
     #[comptime] ld: usize,
 ) {
     let lane = UNIT_POS_X as usize;
     #[unroll]
-    for kk in 0..comptime!(TILE / 16) {
+    for kk in 0..comptime!(rows / 16) {
         #[unroll]
         for nd in 0..comptime!(dim / 16) {
             // Transposed: rows 0–15 of the step at columns 0–7, then 8–15.
@@ -176,19 +188,23 @@ fn accumulate<F: Float>(
                 ld,
                 true,
             );
-            mma::<F>(a, comptime!(4 * kk), &b, 0usize, acc, comptime!(4 * nd));
-            mma::<F>(a, comptime!(4 * kk), &b, 2usize, acc, comptime!(4 * nd + 2));
+            #[unroll]
+            for blk in 0..blocks {
+                let (a_at, c_at) = comptime!((blk * rows / 4 + 4 * kk, blk * dim / 4 + 4 * nd));
+                mma::<F>(a, a_at, &b, 0usize, acc, c_at);
+                mma::<F>(a, a_at, &b, 2usize, acc, comptime!(c_at + 2));
+            }
         }
     }
 }
 
-/// Accumulator pairs `s` (rows `g`, `g + 8` of `TILE / 8` column blocks)
+/// Accumulator pairs `s` (rows `g`, `g + 8` of `cols / 8` column blocks)
 /// as left operands: block `n`'s pairs are the `n % 2` half of step `n / 2`.
 #[cube]
-fn as_left<F: Float>(s: &Array<Pair<f32>>) -> Array<Pair<F>> {
-    let mut a = Array::<Pair<F>>::new(comptime!(2 * TILE / 8));
+fn as_left<F: Float>(s: &Array<Pair<f32>>, #[comptime] cols: usize) -> Array<Pair<F>> {
+    let mut a = Array::<Pair<F>>::new(comptime!(2 * cols / 8));
     #[unroll]
-    for n in 0..comptime!(TILE / 8) {
+    for n in 0..comptime!(cols / 8) {
         #[unroll]
         for h in 0..2usize {
             a[comptime!(4 * (n / 2) + 2 * (n % 2) + h)] =
@@ -202,16 +218,8 @@ fn as_left<F: Float>(s: &Array<Pair<f32>>) -> Array<Pair<F>> {
 /// a row).
 #[cube]
 fn quad_max(x: f32) -> f32 {
-    let mut m = x;
-    let o = plane_shuffle_xor(m, 1);
-    if o > m {
-        m = o;
-    }
-    let o = plane_shuffle_xor(m, 2);
-    if o > m {
-        m = o;
-    }
-    m
+    let m = f32::max(x, plane_shuffle_xor(x, 1));
+    f32::max(m, plane_shuffle_xor(m, 2))
 }
 
 /// The sum of `x` over the lane's quad.
@@ -221,10 +229,45 @@ fn quad_sum(x: f32) -> f32 {
     s + plane_shuffle_xor(s, 2)
 }
 
-/// The forward for bf16 and f16 (see `forward_kernel`): a cube per `TILE`
-/// queries (the last tiles first) of head `CUBE_POS_Y` of sequence
-/// `CUBE_POS_Z`; each plane's 16 rows keep their scores, probabilities and
-/// output in registers.
+/// Sets to [`LOWEST`] the scores `s` (as the forward's `times_transposed`
+/// left them: `blocks` of 16 rows, the lane's first row `row`) of the keys
+/// from `first_key` on that their row must not see: past the row itself or
+/// the sequence's end (`seq`), or before the row's `window`.
+#[cube]
+fn mask_scores(
+    s: &mut Array<Pair<f32>>,
+    row: usize,
+    first_key: usize,
+    seq: usize,
+    window: usize,
+    #[comptime] blocks: usize,
+) {
+    let t = UNIT_POS_X as usize % 4;
+    #[unroll]
+    for r in 0..comptime!(2 * blocks) {
+        let (base, h) = comptime!(((r / 2) * TILE / 4, r % 2));
+        let mine = row + comptime!(8 * r);
+        let end = select(mine + 1 < seq, mine + 1, seq);
+        let start = visible_columns(mine + 1, window);
+        #[unroll]
+        for n in 0..comptime!(TILE / 8) {
+            let mut x = s[comptime!(base + 2 * n + h)];
+            #[unroll]
+            for e in 0..2usize {
+                let key = first_key + comptime!(8 * n + e) + 2 * t;
+                x[e] = select(key >= start && key < end, x[e], f32::new(LOWEST));
+            }
+            s[comptime!(base + 2 * n + h)] = x;
+        }
+    }
+}
+
+/// The forward for bf16 and f16 (see `forward_kernel`): a cube per
+/// `TILE · blocks` queries (the last tiles first) of head `CUBE_POS_Y` of
+/// sequence `CUBE_POS_Z`; each plane's `16 · blocks` rows keep their
+/// scores, probabilities and output in registers. With two blocks a plane
+/// (heads of 64) each key and value fragment read from shared memory feeds
+/// two products, where with one the reads bound the kernel.
 #[cube(launch_unchecked, fast_math = FastMath::ReducedPrecision | FastMath::NotNaN | FastMath::NotInf)]
 pub(super) fn forward_mma_kernel<F: Float>(
     q: &Tensor<Octet<F>>,
@@ -235,19 +278,21 @@ pub(super) fn forward_mma_kernel<F: Float>(
     scale: f32,
     window: u32,
     #[comptime] dim: usize,
+    #[comptime] blocks: usize,
     #[define(F)] _input: StorageType,
 ) {
+    let queries = comptime!(TILE * blocks);
     let seq = q.shape(2);
-    let tile = (seq + TILE - 1) / TILE - 1 - CUBE_POS_X as usize;
+    let tile = (seq + queries - 1) / queries - 1 - CUBE_POS_X as usize;
     let (head, batch) = (CUBE_POS_Y as usize, CUBE_POS_Z as usize);
     let kv_head = head / (q.shape(1) / k.shape(1));
     let (plane, lane) = (UNIT_POS_Y as usize, UNIT_POS_X as usize);
     let t = lane % 4;
-    let first = tile * TILE;
+    let first = tile * queries;
     let ld = comptime!(dim + PAD);
     let window = window as usize;
 
-    let mut qs = SharedMemory::<F>::new_aligned(comptime!(TILE * (dim + PAD)), 16usize);
+    let mut qs = SharedMemory::<F>::new_aligned(comptime!(queries * (dim + PAD)), 16usize);
     // Two tiles each: the products read one while the next key tile's
     // values go into the other (see the loop).
     let mut ks_ = SharedMemory::<F>::new_aligned(comptime!(2 * TILE * (dim + PAD)), 16usize);
@@ -255,17 +300,20 @@ pub(super) fn forward_mma_kernel<F: Float>(
     let k_base = batch * k.stride(0) + kv_head * k.stride(1);
     let v_base = batch * v.stride(0) + kv_head * v.stride(1);
     let (k_row, v_row) = (k.stride(2), v.stride(2));
-    load_octets::<F>(
-        q,
-        &mut qs,
-        0usize,
-        batch * q.stride(0) + head * q.stride(1),
-        q.stride(2),
-        seq,
-        first,
-        dim,
-    );
-    let mut last = first + TILE;
+    #[unroll]
+    for b in 0..blocks {
+        load_octets::<F>(
+            q,
+            &mut qs,
+            comptime!(b * TILE),
+            batch * q.stride(0) + head * q.stride(1),
+            q.stride(2),
+            seq,
+            first + comptime!(b * TILE),
+            dim,
+        );
+    }
+    let mut last = first + queries;
     if last > seq {
         last = seq;
     }
@@ -292,23 +340,21 @@ pub(super) fn forward_mma_kernel<F: Float>(
         dim,
     );
     sync_cube();
-    let q_frag = left_operands::<F>(&qs, plane * 16, dim, ld);
+    let q_frag = left_operands::<F>(&qs, plane * comptime!(16 * blocks), blocks, dim, ld);
 
-    // The lane's rows, `row` and `row + 8`: the keys each sees end before
-    // `end_*` and start at `start_*` (its window).
-    let row = first + plane * 16 + lane / 4;
-    let (end_0, end_1) = (
-        select(row + 1 < seq, row + 1, seq),
-        select(row + 9 < seq, row + 9, seq),
-    );
-    let (start_0, start_1) = (
-        visible_columns(row + 1, window),
-        visible_columns(row + 9, window),
-    );
-    let (mut max_0, mut max_1) = (f32::new(LOWEST), f32::new(LOWEST));
+    // The lane's rows: `row + 8 · r` for `r` in `0..2 · blocks` (the
+    // accumulators' rows `g` and `g + 8` of each block).
+    let row = first + plane * comptime!(16 * blocks) + lane / 4;
+    let rows = comptime!(2 * blocks);
+    let mut max = Array::<f32>::new(rows);
     // The lane's share of each row's sum (the quad's are added at the end).
-    let (mut sum_0, mut sum_1) = (f32::new(0.0), f32::new(0.0));
-    let mut o = zeros(comptime!(2 * dim / 8));
+    let mut sum = Array::<f32>::new(rows);
+    #[unroll]
+    for r in 0..rows {
+        max[r] = f32::new(LOWEST);
+        sum[r] = f32::new(0.0);
+    }
+    let mut o = zeros(comptime!(blocks * 2 * dim / 8));
     // Tile `j` is in rows `now..now + TILE` of `ks_` and `vs`; tile `j + 1`
     // goes into the other `TILE` rows, so the products on tile `j` run
     // while its loads are under way: the keys' issue before the scores'
@@ -326,110 +372,106 @@ pub(super) fn forward_mma_kernel<F: Float>(
         // nothing reads it): no branch.
         let next_key = select(j + 1 < key_tiles, first_key + TILE, first_key);
         let k_next = fetch::<F>(k, k_base, k_row, seq, next_key, dim);
-        let mut s = times_transposed::<F>(&q_frag, &ks_, now, dim, ld);
+        let mut s = times_transposed::<F>(&q_frag, &ks_, now, blocks, TILE, dim, ld);
         // Whether some row of the cube must not see some key of the tile:
         // the diagonal, the window's start, or the sequence's end.
         let masks = first_key + TILE > first + 1
-            || first_key + window < first + TILE
+            || first_key + window < first + queries
             || first_key + TILE > seq;
-        let (mut tile_max_0, mut tile_max_1) = (f32::new(LOWEST), f32::new(LOWEST));
+        // One branch a tile: most tiles mask nothing, and their scores
+        // then take no selects.
+        if masks {
+            mask_scores(&mut s, row, first_key, seq, window, blocks);
+        }
         #[unroll]
-        for n in 0..comptime!(TILE / 8) {
-            let mut a = s[comptime!(2 * n)] * Pair::<f32>::new(scale);
-            let mut b = s[comptime!(2 * n + 1)] * Pair::<f32>::new(scale);
-            if masks {
+        for r in 0..rows {
+            // Row `r`'s pairs: half `r % 2` of block `r / 2`'s. The maxima
+            // are of the unscaled scores (the scale is positive), which
+            // the exponent's one fused multiply-add then scales.
+            let (base, h) = comptime!(((r / 2) * TILE / 4, r % 2));
+            let mut m = f32::new(LOWEST);
+            #[unroll]
+            for n in 0..comptime!(TILE / 8) {
+                let x = s[comptime!(base + 2 * n + h)];
+                m = f32::max(m, f32::max(x[0], x[1]));
+            }
+            let new_max = f32::max(max[r], quad_max(m));
+            let alpha = ((max[r] - new_max) * scale).exp();
+            max[r] = new_max;
+            let shift = select(new_max > MASKED_BELOW, new_max * scale, f32::new(0.0));
+            let mut tile_sum = f32::new(0.0);
+            #[unroll]
+            for n in 0..comptime!(TILE / 8) {
+                let mut x = s[comptime!(base + 2 * n + h)];
                 #[unroll]
                 for e in 0..2usize {
-                    let key = first_key + comptime!(8 * n + e) + 2 * t;
-                    a[e] = select(key >= start_0 && key < end_0, a[e], f32::new(LOWEST));
-                    b[e] = select(key >= start_1 && key < end_1, b[e], f32::new(LOWEST));
+                    x[e] = fma(x[e], scale, -shift).exp();
+                    tile_sum += x[e];
                 }
+                s[comptime!(base + 2 * n + h)] = x;
             }
+            sum[r] = fma(sum[r], alpha, tile_sum);
+            let o_base = comptime!((r / 2) * dim / 4);
             #[unroll]
-            for e in 0..2usize {
-                if a[e] > tile_max_0 {
-                    tile_max_0 = a[e];
-                }
-                if b[e] > tile_max_1 {
-                    tile_max_1 = b[e];
-                }
+            for nd in 0..comptime!(dim / 8) {
+                o[comptime!(o_base + 2 * nd + h)] =
+                    o[comptime!(o_base + 2 * nd + h)] * Pair::<f32>::new(alpha);
             }
-            s[comptime!(2 * n)] = a;
-            s[comptime!(2 * n + 1)] = b;
         }
-        let (tile_max_0, tile_max_1) = (quad_max(tile_max_0), quad_max(tile_max_1));
-        let mut new_0 = max_0;
-        if tile_max_0 > new_0 {
-            new_0 = tile_max_0;
-        }
-        let mut new_1 = max_1;
-        if tile_max_1 > new_1 {
-            new_1 = tile_max_1;
-        }
-        let (alpha_0, alpha_1) = ((max_0 - new_0).exp(), (max_1 - new_1).exp());
-        max_0 = new_0;
-        max_1 = new_1;
-        let shift_0 = select(new_0 > MASKED_BELOW, new_0, f32::new(0.0));
-        let shift_1 = select(new_1 > MASKED_BELOW, new_1, f32::new(0.0));
-        let (mut tile_sum_0, mut tile_sum_1) = (f32::new(0.0), f32::new(0.0));
-        #[unroll]
-        for n in 0..comptime!(TILE / 8) {
-            let mut a = s[comptime!(2 * n)];
-            let mut b = s[comptime!(2 * n + 1)];
-            #[unroll]
-            for e in 0..2usize {
-                a[e] = (a[e] - shift_0).exp();
-                b[e] = (b[e] - shift_1).exp();
-                tile_sum_0 += a[e];
-                tile_sum_1 += b[e];
-            }
-            s[comptime!(2 * n)] = a;
-            s[comptime!(2 * n + 1)] = b;
-        }
-        sum_0 = sum_0 * alpha_0 + tile_sum_0;
-        sum_1 = sum_1 * alpha_1 + tile_sum_1;
-        #[unroll]
-        for nd in 0..comptime!(dim / 8) {
-            o[comptime!(2 * nd)] = o[comptime!(2 * nd)] * Pair::<f32>::new(alpha_0);
-            o[comptime!(2 * nd + 1)] = o[comptime!(2 * nd + 1)] * Pair::<f32>::new(alpha_1);
-        }
-        let p = as_left::<F>(&s);
+        let p = as_left::<F>(&s, queries);
         stash::<F>(&k_next, &mut ks_, next, seq, next_key, dim);
         let v_next = fetch::<F>(v, v_base, v_row, seq, next_key, dim);
-        accumulate::<F>(&p, &vs, now, &mut o, dim, ld);
+        accumulate::<F>(&p, &vs, now, &mut o, blocks, TILE, dim, ld);
         stash::<F>(&v_next, &mut vs, next, seq, next_key, dim);
         sync_cube();
         now = next;
         j += 1;
     }
 
-    let (sum_0, sum_1) = (quad_sum(sum_0), quad_sum(sum_1));
     let out_base = batch * out.stride(0) + head * out.stride(1);
     let (out_row, out_col) = (out.stride(2), out.stride(3));
+    let lse_base = batch * lse.stride(0) + head * lse.stride(1);
     #[unroll]
-    for nd in 0..comptime!(dim / 8) {
-        let a = o[comptime!(2 * nd)];
-        let b = o[comptime!(2 * nd + 1)];
+    for r in 0..rows {
+        let (o_base, h) = comptime!(((r / 2) * dim / 4, r % 2));
+        let mine = row + comptime!(8 * r);
+        let total = quad_sum(sum[r]);
         #[unroll]
-        for e in 0..2usize {
-            let col = comptime!(8 * nd + e) + 2 * t;
-            let (x, y) = (F::cast_from(a[e] / sum_0), F::cast_from(b[e] / sum_1));
-            if row < seq {
-                out[out_base + row * out_row + col * out_col] = x;
+        for nd in 0..comptime!(dim / 8) {
+            let a = o[comptime!(o_base + 2 * nd + h)];
+            #[unroll]
+            for e in 0..2usize {
+                let col = comptime!(8 * nd + e) + 2 * t;
+                if mine < seq {
+                    out[out_base + mine * out_row + col * out_col] = F::cast_from(a[e] / total);
+                }
             }
-            if row + 8 < seq {
-                out[out_base + (row + 8) * out_row + col * out_col] = y;
-            }
+        }
+        if t == 0 && mine < seq {
+            lse[lse_base + mine * lse.stride(2)] = fma(max[r], scale, total.ln());
         }
     }
-    if t == 0 {
-        let base = batch * lse.stride(0) + head * lse.stride(1);
-        let (x, y) = (max_0 + sum_0.ln(), max_1 + sum_1.ln());
-        if row < seq {
-            lse[base + row * lse.stride(2)] = x;
-        }
-        if row + 8 < seq {
-            lse[base + (row + 8) * lse.stride(2)] = y;
+}
+
+/// Sets to zero the probabilities `pᵀ` (the backward's: the plane's 16
+/// keys, the lane's first `key`, × the 16 queries from `first_query` on)
+/// of the queries that must not see their key: before it, or past its
+/// `window`.
+#[cube]
+fn mask_probabilities(s: &mut Array<Pair<f32>>, key: usize, first_query: usize, window: usize) {
+    let t = UNIT_POS_X as usize % 4;
+    #[unroll]
+    for n in 0..2usize {
+        #[unroll]
+        for h in 0..2usize {
+            let mine = key + comptime!(8 * h);
+            let mut p = s[comptime!(2 * n + h)];
+            #[unroll]
+            for e in 0..2usize {
+                let query = first_query + comptime!(8 * n + e) + 2 * t;
+                p[e] = select(query >= mine && query < mine + window, p[e], f32::new(0.0));
+            }
+            s[comptime!(2 * n + h)] = p;
         }
     }
 }
@@ -448,7 +490,7 @@ pub(super) fn backward_mma_kernel<F: Float>(
     grad: &Tensor<Octet<F>>,
     lse: &Tensor<f32>,
     dot: &Tensor<f32>,
-    dq: &mut Tensor<Atomic<f32>>,
+    dq: &mut Tensor<Atomic<Pair<f32>>>,
     dk: &mut Tensor<F>,
     dv: &mut Tensor<F>,
     scale: f32,
@@ -478,7 +520,7 @@ pub(super) fn backward_mma_kernel<F: Float>(
     // Strides read once (see `load_rows`).
     let (q_row, g_row) = (q.stride(2), grad.stride(2));
     let (lse_row, dot_row) = (lse.stride(2), dot.stride(2));
-    let (dq_row, dq_col) = (dq.stride(2), dq.stride(3));
+    let dq_row = dq.stride(2);
     let (q_batch, q_head) = (batch * q.stride(0), q.stride(1));
     let (g_batch, g_head) = (batch * grad.stride(0), grad.stride(1));
     let (lse_batch, lse_head) = (batch * lse.stride(0), lse.stride(1));
@@ -536,8 +578,8 @@ pub(super) fn backward_mma_kernel<F: Float>(
     stash_stat(lse_0, &mut lses, 0usize, seq, first_key, f32::new(1.0e30));
     stash_stat(dot_0, &mut dots, 0usize, seq, first_key, f32::new(0.0));
     sync_cube();
-    let k_frag = left_operands::<F>(&ks_, plane * 16, dim, ld);
-    let v_frag = left_operands::<F>(&gs, TILE + plane * 16, dim, ld);
+    let k_frag = left_operands::<F>(&ks_, plane * 16, 1usize, dim, ld);
+    let v_frag = left_operands::<F>(&gs, TILE + plane * 16, 1usize, dim, ld);
 
     // The lane's keys, `key` and `key + 8`.
     let key = first_key + plane * 16 + lane / 4;
@@ -552,13 +594,13 @@ pub(super) fn backward_mma_kernel<F: Float>(
     }
     // The query tile of iteration `j` is in rows `now..now + TILE` of `qs`
     // and `gs` (and of `lses`, `dots`); that of `j + 1` goes into the
-    // other `TILE` rows. Its loads issue once `pᵀ` and `dsᵀ` are rounded
-    // (into the registers `sᵀ` and `dpᵀ` held: the cube's sums already
-    // take most of them), run during the three products after, and are
-    // stored after those. Two
-    // syncs a tile: on `dsᵀ`, and at the end, between the rows stored in
-    // iteration `j` and their reads in `j + 1` (they were last read in
-    // `j − 1`, before the previous end).
+    // other `TILE` rows. Its loads issue first, run during the products,
+    // and are stored after them. The products walk the tile 16 queries at
+    // a time (`sᵀ`, `dpᵀ`, then `pᵀ`, `dsᵀ` and their sums), so only a
+    // slice's scores are in registers beside the cube's sums: with the
+    // whole tile's the kernel spilled. Two syncs a tile: on `dsᵀ`, and at
+    // the end, between the rows stored in iteration `j` and their reads in
+    // `j + 1` (they were last read in `j − 1`, before the previous end).
     let mut now = 0usize;
     let mut g = 0usize;
     while g < groups {
@@ -573,50 +615,6 @@ pub(super) fn backward_mma_kernel<F: Float>(
             let head_done = i + 1 >= query_tiles;
             let next_first = select(head_done, first_key, first + TILE);
             let next_head = select(head_done && g + 1 < groups, head + 1, head);
-            // sᵀ and dpᵀ (keys × queries), then pᵀ and dsᵀ in place.
-            let mut s = times_transposed::<F>(&k_frag, &qs, now, dim, ld);
-            let mut dp = times_transposed::<F>(&v_frag, &gs, now, dim, ld);
-            // Whether some query of the tile must not see some key of the
-            // cube: the diagonal or the window's end (queries past the
-            // sequence's end have p = 0 through their log-sum-exp).
-            let masks = first < first_key + TILE - 1 || first + TILE > first_key + window;
-            #[unroll]
-            for n in 0..comptime!(TILE / 8) {
-                #[unroll]
-                for h in 0..2usize {
-                    let mut p = s[comptime!(2 * n + h)];
-                    let mut d = dp[comptime!(2 * n + h)];
-                    let mine = key + comptime!(8 * h);
-                    #[unroll]
-                    for e in 0..2usize {
-                        let col = comptime!(8 * n + e) + 2 * t;
-                        let mut x = (p[e] * scale - lses[now + col]).exp();
-                        if masks {
-                            let query = first + col;
-                            x = select(query >= mine && query < mine + window, x, f32::new(0.0));
-                        }
-                        p[e] = x;
-                        d[e] = x * (d[e] - dots[now + col]);
-                    }
-                    s[comptime!(2 * n + h)] = p;
-                    dp[comptime!(2 * n + h)] = d;
-                }
-            }
-            let p = as_left::<F>(&s);
-            let ds = as_left::<F>(&dp);
-            // dsᵀ into shared memory, rows the cube's keys: block `n`'s
-            // pairs as `as_left` placed them (the same roundings of `dpᵀ`).
-            #[unroll]
-            for n in 0..comptime!(TILE / 8) {
-                #[unroll]
-                for h in 0..2usize {
-                    let d = ds[comptime!(4 * (n / 2) + 2 * (n % 2) + h)];
-                    let at =
-                        (plane * 16 + lane / 4 + comptime!(8 * h)) * lp + comptime!(8 * n) + 2 * t;
-                    dst[at] = d[0];
-                    dst[at + 1] = d[1];
-                }
-            }
             let q_next = fetch::<F>(q, q_batch + next_head * q_head, q_row, seq, next_first, dim);
             let g_next = fetch::<F>(
                 grad,
@@ -630,8 +628,67 @@ pub(super) fn backward_mma_kernel<F: Float>(
             let lse_next = fetch_stat(lse, lse_base, lse_row, seq, next_first);
             let dot_base = dot_batch + next_head * dot_head;
             let dot_next = fetch_stat(dot, dot_base, dot_row, seq, next_first);
-            accumulate::<F>(&p, &gs, now, &mut dv_acc, dim, ld);
-            accumulate::<F>(&ds, &qs, now, &mut dk_acc, dim, ld);
+            // Whether some query of the tile must not see some key of the
+            // cube: the diagonal or the window's end (queries past the
+            // sequence's end have p = 0 through their log-sum-exp).
+            let masks = first < first_key + TILE - 1 || first + TILE > first_key + window;
+            #[unroll]
+            for slice in 0..comptime!(TILE / 16) {
+                let from = now + comptime!(16 * slice);
+                // sᵀ and dpᵀ (the plane's keys × the slice's queries),
+                // then pᵀ and dsᵀ in place.
+                let mut s = times_transposed::<F>(&k_frag, &qs, from, 1usize, 16usize, dim, ld);
+                let mut dp = times_transposed::<F>(&v_frag, &gs, from, 1usize, 16usize, dim, ld);
+                #[unroll]
+                for n in 0..2usize {
+                    #[unroll]
+                    for h in 0..2usize {
+                        let mut p = s[comptime!(2 * n + h)];
+                        #[unroll]
+                        for e in 0..2usize {
+                            let col = comptime!(16 * slice + 8 * n + e) + 2 * t;
+                            p[e] = fma(p[e], scale, -lses[now + col]).exp();
+                        }
+                        s[comptime!(2 * n + h)] = p;
+                    }
+                }
+                // One branch a slice: most mask nothing.
+                if masks {
+                    mask_probabilities(&mut s, key, first + comptime!(16 * slice), window);
+                }
+                #[unroll]
+                for n in 0..2usize {
+                    #[unroll]
+                    for h in 0..2usize {
+                        let p = s[comptime!(2 * n + h)];
+                        let mut d = dp[comptime!(2 * n + h)];
+                        #[unroll]
+                        for e in 0..2usize {
+                            let col = comptime!(16 * slice + 8 * n + e) + 2 * t;
+                            d[e] = p[e] * (d[e] - dots[now + col]);
+                        }
+                        dp[comptime!(2 * n + h)] = d;
+                    }
+                }
+                let p = as_left::<F>(&s, 16usize);
+                let ds = as_left::<F>(&dp, 16usize);
+                // dsᵀ into shared memory, rows the cube's keys: the same
+                // roundings of `dpᵀ` as the sums take.
+                #[unroll]
+                for n in 0..2usize {
+                    #[unroll]
+                    for h in 0..2usize {
+                        let d = ds[comptime!(2 * n + h)];
+                        let at = (plane * 16 + lane / 4 + comptime!(8 * h)) * lp
+                            + comptime!(16 * slice + 8 * n)
+                            + 2 * t;
+                        dst[at] = d[0];
+                        dst[at + 1] = d[1];
+                    }
+                }
+                accumulate::<F>(&p, &gs, from, &mut dv_acc, 1usize, 16usize, dim, ld);
+                accumulate::<F>(&ds, &qs, from, &mut dk_acc, 1usize, 16usize, dim, ld);
+            }
             sync_cube();
             // The plane's 16 queries' ds·k over the cube's keys: ds as left
             // operands, transposed out of dsᵀ.
@@ -651,21 +708,22 @@ pub(super) fn backward_mma_kernel<F: Float>(
                 }
             }
             let mut dq_part = zeros(comptime!(2 * dim / 8));
-            accumulate::<F>(&ds_rows, &ks_, 0usize, &mut dq_part, dim, ld);
+            accumulate::<F>(&ds_rows, &ks_, 0usize, &mut dq_part, 1usize, TILE, dim, ld);
+            // The lane's two rows of `dq` (contiguous rows: the launcher
+            // allocates it), each of whose pairs is a constant offset from
+            // the row's first, added as one 8-byte atomic (a quad's four
+            // then cover a whole 32-byte sector of the row); rows past the
+            // sequence's end only in its last tile.
             let query = first + plane * 16 + lane / 4;
-            let base = dq_batch + head * dq_head;
+            let at = (dq_batch + head * dq_head + query * dq_row) / 2 + t;
+            let whole = first + TILE <= seq;
             #[unroll]
-            for nd in 0..comptime!(dim / 8) {
-                #[unroll]
-                for h in 0..2usize {
-                    let x = dq_part[comptime!(2 * nd + h)];
-                    let row = query + comptime!(8 * h);
+            for h in 0..2usize {
+                if whole || query + comptime!(8 * h) < seq {
+                    let row_at = at + comptime!(8 * h) * (dq_row / 2);
                     #[unroll]
-                    for e in 0..2usize {
-                        let col = comptime!(8 * nd + e) + 2 * t;
-                        if row < seq {
-                            dq[base + row * dq_row + col * dq_col].fetch_add(x[e]);
-                        }
+                    for nd in 0..comptime!(dim / 8) {
+                        dq[row_at + comptime!(4 * nd)].fetch_add(dq_part[comptime!(2 * nd + h)]);
                     }
                 }
             }

@@ -24,7 +24,8 @@
 //! For bf16 and f16 (the training compute types), `mma` holds the same two
 //! passes on `mma.sync` with the scores, probabilities and their gradients
 //! in registers, FlashAttention-2's own layout (the backward for heads of at
-//! most 64 values); the WMMA kernels above run f32 (as tf32) and the 16-bit
+//! most 64 values; the forward of such heads a cube per 128 queries, 32 a
+//! plane, so each fragment of keys and values read feeds two products); the WMMA kernels above run f32 (as tf32) and the 16-bit
 //! backward of wider heads. Those read their tiles in 16-byte vectors
 //! (`tiles`).
 

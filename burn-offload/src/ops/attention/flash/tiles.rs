@@ -78,11 +78,20 @@ pub(super) fn stash<F: Float>(
         .slice_mut(from * comptime!(dim + PAD), tile.len())
         .into_vectorized()
         .with_vector_size::<Const<8>>();
-    #[unroll]
-    for i in 0..comptime!(TILE / down) {
-        let r = row + comptime!(i * down);
-        let zero = Octet::<F>::new(F::from_int(0));
-        octets[r * ld + col] = select(first + r < seq, regs[i], zero);
+    // One branch for the cube: only a sequence's last tile has rows past
+    // its end, and the others store without a select per register.
+    if first + TILE <= seq {
+        #[unroll]
+        for i in 0..comptime!(TILE / down) {
+            octets[(row + comptime!(i * down)) * ld + col] = regs[i];
+        }
+    } else {
+        #[unroll]
+        for i in 0..comptime!(TILE / down) {
+            let r = row + comptime!(i * down);
+            let zero = Octet::<F>::new(F::from_int(0));
+            octets[r * ld + col] = select(first + r < seq, regs[i], zero);
+        }
     }
 }
 
