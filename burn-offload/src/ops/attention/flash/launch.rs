@@ -123,15 +123,16 @@ pub(crate) fn forward<B: Backend>(
     let out = empty_like(&q, &[batch, heads, seq, dim], q.dtype);
     let lse = empty_like(&q, &[batch, heads, seq, 1], DType::F32);
     if batch * heads * seq > 0 {
-        let (cubes, cube_dim) = launch_geometry(seq.div_ceil(TILE), heads, batch);
+        let mma = on_mma(q.dtype, dim).0;
+        // The WMMA kernel's cubes take one tile of queries each.
+        let blocks = if mma { forward_blocks(dim) } else { 1 };
+        let (cubes, cube_dim) = launch_geometry(seq.div_ceil(TILE * blocks), heads, batch);
         // SAFETY: the kernels index in bounds by construction: the loads
         // clamp positions past the sequence's end to its last row, and
         // the stores are guarded by the sequence's length.
         let scale = 1.0 / (dim as f32).sqrt();
         unsafe {
-            if on_mma(q.dtype, dim).0 {
-                let blocks = forward_blocks(dim);
-                let (cubes, cube_dim) = launch_geometry(seq.div_ceil(TILE * blocks), heads, batch);
+            if mma {
                 forward_mma_kernel::launch_unchecked::<CudaRuntime>(
                     &q.client,
                     cubes,

@@ -229,6 +229,14 @@ fn quad_sum(x: f32) -> f32 {
     s + plane_shuffle_xor(s, 2)
 }
 
+/// Where the forward's lane keeps row `r` of its `2 · blocks` (rows `g`
+/// and `g + 8` of each block of 16) in accumulators of `width` columns:
+/// block `r / 2`'s pairs start at `(r / 2) · width / 4`, and the row's are
+/// every other one of them from `r % 2` on.
+fn row_pairs(r: usize, width: usize) -> (usize, usize) {
+    ((r / 2) * width / 4, r % 2)
+}
+
 /// Sets to [`LOWEST`] the scores `s` (as the forward's `times_transposed`
 /// left them: `blocks` of 16 rows, the lane's first row `row`) of the keys
 /// from `first_key` on that their row must not see: past the row itself or
@@ -245,7 +253,7 @@ fn mask_scores(
     let t = UNIT_POS_X as usize % 4;
     #[unroll]
     for r in 0..comptime!(2 * blocks) {
-        let (base, h) = comptime!(((r / 2) * TILE / 4, r % 2));
+        let (base, h) = comptime!(row_pairs(r, TILE));
         let mine = row + comptime!(8 * r);
         let end = select(mine + 1 < seq, mine + 1, seq);
         let start = visible_columns(mine + 1, window);
@@ -388,7 +396,7 @@ pub(super) fn forward_mma_kernel<F: Float>(
             // Row `r`'s pairs: half `r % 2` of block `r / 2`'s. The maxima
             // are of the unscaled scores (the scale is positive), which
             // the exponent's one fused multiply-add then scales.
-            let (base, h) = comptime!(((r / 2) * TILE / 4, r % 2));
+            let (base, h) = comptime!(row_pairs(r, TILE));
             let mut m = f32::new(LOWEST);
             #[unroll]
             for n in 0..comptime!(TILE / 8) {
@@ -411,7 +419,7 @@ pub(super) fn forward_mma_kernel<F: Float>(
                 s[comptime!(base + 2 * n + h)] = x;
             }
             sum[r] = fma(sum[r], alpha, tile_sum);
-            let o_base = comptime!((r / 2) * dim / 4);
+            let o_base = comptime!(row_pairs(r, dim).0);
             #[unroll]
             for nd in 0..comptime!(dim / 8) {
                 o[comptime!(o_base + 2 * nd + h)] =
@@ -433,7 +441,7 @@ pub(super) fn forward_mma_kernel<F: Float>(
     let lse_base = batch * lse.stride(0) + head * lse.stride(1);
     #[unroll]
     for r in 0..rows {
-        let (o_base, h) = comptime!(((r / 2) * dim / 4, r % 2));
+        let (o_base, h) = comptime!(row_pairs(r, dim));
         let mine = row + comptime!(8 * r);
         let total = quad_sum(sum[r]);
         #[unroll]
