@@ -37,9 +37,9 @@ mod store;
 mod transfer;
 
 pub use backend::{
-    host_update_stats, prefetch, residency, Gemm, GemmKernels, HostOptimizer, HostOptimizerConfig,
-    HostOptimizerState, HostParams, HostUpdateStats, MatmulError, OffloadTensor, OffloadWith,
-    ParkParams, HOST_GRADIENTS_QUEUED,
+    host_update_stats, prefetch, residency, Gemm, GemmKernels, Held, HostOptimizer,
+    HostOptimizerConfig, HostOptimizerState, HostParams, HostUpdateStats, MatmulError,
+    OffloadTensor, OffloadWith, ParkParams, HOST_GRADIENTS_QUEUED,
 };
 pub use device::Offload;
 pub use documents::{Documents, DocumentsError};
@@ -54,7 +54,8 @@ pub use host::optim::{
 pub use host::processes::{ProcessError, ProcessGroup};
 pub use host::trace;
 pub use matmul::{matmul_names, set_matmul, DEFAULT_MATMUL};
-pub use model::{BlockModel, DecoderBlock};
+pub use model::{BlockModel, BlockRecompute, DecoderBlock};
+pub use ops::recompute::{recompute, recomputed_blocks};
 pub use precision::{cast_params, cast_to, Compute, PrecisionError};
 pub use store::{
     checkpoint, Frozen, FrozenAt, FrozenDtype, FrozenParams, FrozenSlot, FrozenValues, HostStore,

@@ -19,12 +19,16 @@
 //!   each document's start).
 
 use burn::module::{Module, Param};
+use burn::tensor::ops::FloatTensor;
 use burn::tensor::{backend::Backend, Int, Tensor};
 
+use crate::backend::OffloadWith;
 use crate::documents::Documents;
+use crate::transfer::Transfer;
 
 /// One transformer block: `[batch, seq, d_model] → [batch, seq, d_model]`.
-pub trait DecoderBlock<B: Backend>: Module<B> {
+/// (`'static`: a checkpoint keeps a clone of the block until the backward.)
+pub trait DecoderBlock<B: Backend>: Module<B> + 'static {
     /// Applies the block to the hidden states `x`.
     fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3>;
 
@@ -73,23 +77,137 @@ pub trait BlockModel<B: Backend>: Module<B> {
     }
 
     /// The whole model: token ids `[batch, seq]` → logits `[batch, seq, vocab]`.
-    fn forward(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
+    /// Each block runs through [`BlockRecompute::run_block`]: on
+    /// `Autodiff<Offload<_>>` as a checkpoint, recomputed in the backward.
+    fn forward(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3>
+    where
+        B: BlockRecompute,
+    {
         let hidden = self
             .blocks()
             .iter()
-            .fold(self.embed(tokens), |x, block| block.forward(x));
+            .fold(self.embed(tokens), |x, block| B::run_block(block, x, None));
         self.head(hidden)
     }
 
     /// [`BlockModel::forward`] of tokens packed as `documents`: each
     /// document's logits are those it has alone.
-    fn forward_in(&self, tokens: Tensor<B, 2, Int>, documents: &Documents) -> Tensor<B, 3> {
+    fn forward_in(&self, tokens: Tensor<B, 2, Int>, documents: &Documents) -> Tensor<B, 3>
+    where
+        B: BlockRecompute,
+    {
         let hidden = self
             .blocks()
             .iter()
             .fold(self.embed_in(tokens, documents), |x, block| {
-                block.forward_in(x, documents)
+                B::run_block(block, x, Some(documents))
             });
         self.head(hidden)
+    }
+}
+
+/// A block's forward, in or out of packed documents.
+pub(crate) fn run_plain<B: Backend, M: DecoderBlock<B>>(
+    block: &M,
+    x: Tensor<B, 3>,
+    documents: Option<&Documents>,
+) -> Tensor<B, 3> {
+    match documents {
+        Some(documents) => block.forward_in(x, documents),
+        None => block.forward(x),
+    }
+}
+
+/// How a backend runs a model's blocks: as they are (every method's
+/// default), or, on `Autodiff` over a backend that asks for it
+/// ([`BlockRecompute::RECOMPUTE_BLOCKS`], as `Offload` does), each as a
+/// checkpoint ([`crate::recompute`]) that keeps only its input and rebuilds
+/// its graph in the backward, so a plain burn loop holds one block's
+/// activations at a time.
+///
+/// Implemented for the backends this crate builds with; another backend
+/// takes part with `impl BlockRecompute for MyBackend {}` (stable Rust has no
+/// specialization, so the capability is a trait with defaults).
+pub trait BlockRecompute: Backend {
+    /// Whether `Autodiff<Self>` runs a model's blocks as checkpoints.
+    const RECOMPUTE_BLOCKS: bool = false;
+
+    /// Applies `block` to `x` (in `documents`, where given), as a checkpoint
+    /// where this backend recomputes blocks.
+    fn run_block<M: DecoderBlock<Self>>(
+        block: &M,
+        x: Tensor<Self, 3>,
+        documents: Option<&Documents>,
+    ) -> Tensor<Self, 3> {
+        run_plain(block, x, documents)
+    }
+
+    /// `f(module, x)`; on `Autodiff` the checkpoint operation of
+    /// [`crate::recompute`].
+    fn recompute<M, F, const D: usize>(module: &M, x: Tensor<Self, D>, f: F) -> Tensor<Self, D>
+    where
+        M: Module<Self> + 'static,
+        F: Fn(&M, Tensor<Self, D>) -> Tensor<Self, D> + Send + Sync + 'static,
+    {
+        f(module, x)
+    }
+
+    /// Where a checkpoint keeps its input until the backward (`Offload`:
+    /// host memory).
+    fn stash(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        x
+    }
+
+    /// A stashed input back where operations read it (`Offload`: uploaded
+    /// once, outside the page cache).
+    fn unstash(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        x
+    }
+
+    /// Where a checkpoint's parameter gradient waits for the optimizer
+    /// (`Offload`: host memory, its device buffer released).
+    fn release_gradient(gradient: FloatTensor<Self>) -> FloatTensor<Self> {
+        gradient
+    }
+
+    /// The position of the backend's random draws, where it can rewind them
+    /// (`Offload`'s host draws), so a recomputed block draws the masks its
+    /// forward drew.
+    fn draws() -> Option<u64> {
+        None
+    }
+
+    /// Sets the position of the random draws (see [`BlockRecompute::draws`]).
+    fn rewind_draws(_position: u64) {}
+}
+
+impl BlockRecompute for burn::backend::Flex {}
+
+impl<B: crate::backend::GemmKernels> BlockRecompute for crate::backend::Gemm<B> {}
+
+#[cfg(feature = "cuda")]
+impl BlockRecompute for crate::cuda::CudaBackend {}
+
+impl<B: Backend, T: Transfer> BlockRecompute for OffloadWith<B, T> {
+    const RECOMPUTE_BLOCKS: bool = true;
+
+    fn stash(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        crate::backend::to_host::<B, T>(x)
+    }
+
+    fn unstash(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        crate::backend::to_device_uncached(x)
+    }
+
+    fn release_gradient(gradient: FloatTensor<Self>) -> FloatTensor<Self> {
+        crate::backend::to_host::<B, T>(gradient)
+    }
+
+    fn draws() -> Option<u64> {
+        Some(crate::backend::host_draws())
+    }
+
+    fn rewind_draws(position: u64) {
+        crate::backend::rewind_host_draws(position)
     }
 }

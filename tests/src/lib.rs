@@ -236,8 +236,9 @@ pub fn train_side_by_side<OA, RA, O, R>(
     lr: f64,
     mut after_step: impl FnMut(u64, &models::Llama<OA>),
 ) where
-    OA: AutodiffBackend<Device = <TestBackend as burn::tensor::backend::BackendTypes>::Device>,
-    RA: AutodiffBackend<InnerBackend = TestBackend>,
+    OA: AutodiffBackend<Device = <TestBackend as burn::tensor::backend::BackendTypes>::Device>
+        + burn_offload::BlockRecompute,
+    RA: AutodiffBackend<InnerBackend = TestBackend> + burn_offload::BlockRecompute,
     O: burn::optim::Optimizer<models::Llama<OA>, OA>,
     R: burn::optim::Optimizer<models::Llama<RA>, RA>,
 {

@@ -14,6 +14,17 @@ pub(super) fn seed_host_rng(seed: u64) {
     HOST_DRAWS.store(0, Ordering::Relaxed);
 }
 
+/// How many random draws were taken since the seed: a recomputed block
+/// rewinds to where its forward began, so it draws the same values.
+pub(crate) fn host_draws() -> u64 {
+    HOST_DRAWS.load(Ordering::Relaxed)
+}
+
+/// Sets the number of draws taken (see [`host_draws`]).
+pub(crate) fn rewind_host_draws(position: u64) {
+    HOST_DRAWS.store(position, Ordering::Relaxed);
+}
+
 /// Elements per independently seeded chunk of a random draw.
 const DRAW_CHUNK: usize = 1 << 20;
 

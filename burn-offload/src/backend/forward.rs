@@ -30,16 +30,16 @@ macro_rules! lower {
 
 macro_rules! lift {
     (f, $x:expr) => {
-        $crate::backend::OffloadTensor::Device($x)
+        $crate::backend::OffloadTensor::device($x)
     };
     (vf, $x:expr) => {
         $x.into_iter()
-            .map($crate::backend::OffloadTensor::Device)
+            .map($crate::backend::OffloadTensor::device)
             .collect()
     };
     (fi, $x:expr) => {{
         let (float, int) = $x;
-        ($crate::backend::OffloadTensor::Device(float), int)
+        ($crate::backend::OffloadTensor::device(float), int)
     }};
     (p, $x:expr) => {
         $x

@@ -254,6 +254,7 @@ impl<R: QueuedRead> Gradient<R> {
                 // the scaling (on the H100, losses differed between runs from
                 // the first update; with a synchronous read they did not).
                 // The copy holds the original, so it cannot run in place.
+                let primitive = primitive.into_inner();
                 let fresh = B::float_mul_scalar(primitive.clone(), Scalar::Float(1.0));
                 drop(primitive);
                 let tensor = Tensor::<B, D>::from_primitive(TensorPrimitive::Float(fresh));
@@ -412,7 +413,7 @@ fn read_into<B: Backend, T: Transfer, const D: usize>(
 ) {
     match tensor.into_primitive() {
         TensorPrimitive::Float(OffloadTensor::Device(primitive)) => T::read_back(
-            Tensor::<B, D>::from_primitive(TensorPrimitive::Float(primitive)),
+            Tensor::<B, D>::from_primitive(TensorPrimitive::Float(primitive.into_inner())),
             out,
         ),
         primitive => T::read_back(

@@ -31,10 +31,11 @@ mod ops;
 pub mod prefetch;
 pub mod residency;
 
+pub(crate) use draw::{host_draws, rewind_host_draws};
 pub use gemm::{Gemm, GemmKernels, MatmulError};
 pub use host_optim::{
     host_update_stats, HostOptimizer, HostOptimizerConfig, HostOptimizerState, HostUpdateStats,
     HOST_GRADIENTS_QUEUED,
 };
-pub(crate) use offload::{lower, HostTensor};
-pub use offload::{HostParams, OffloadTensor, OffloadWith, ParkParams};
+pub(crate) use offload::{lower, read_to_host, to_device_uncached, to_host, HostTensor};
+pub use offload::{Held, HostParams, OffloadTensor, OffloadWith, ParkParams};

@@ -101,7 +101,7 @@ pub enum OffloadTensor<B: Backend> {
     /// Lives in host memory; paged in when an operation reads it.
     Host(Arc<HostTensor<B>>),
     /// An ordinary tensor of the inner backend.
-    Device(B::FloatTensorPrimitive),
+    Device(Held<B>),
 }
 
 impl<B: Backend> OffloadTensor<B> {
@@ -109,20 +109,65 @@ impl<B: Backend> OffloadTensor<B> {
     pub fn is_host(&self) -> bool {
         matches!(self, OffloadTensor::Host(_))
     }
+
+    /// A device tensor, counted while it lives.
+    pub(crate) fn device(tensor: B::FloatTensorPrimitive) -> Self {
+        OffloadTensor::Device(Held::new(tensor))
+    }
+}
+
+/// A tensor of the inner backend, counted in [`residency::stats`]'s device
+/// bytes while it or a clone of it lives.
+#[derive(Clone, Debug)]
+pub struct Held<B: Backend> {
+    tensor: B::FloatTensorPrimitive,
+    count: Arc<HeldBytes>,
+}
+
+/// The bytes a [`Held`] and its clones count; uncounted when the last goes.
+#[derive(Debug)]
+struct HeldBytes(u64);
+
+impl Drop for HeldBytes {
+    fn drop(&mut self) {
+        residency::release(self.0);
+    }
+}
+
+impl<B: Backend> Held<B> {
+    fn new(tensor: B::FloatTensorPrimitive) -> Self {
+        let bytes = (tensor.shape().num_elements() * tensor.dtype().size()) as u64;
+        residency::hold(bytes);
+        Self {
+            tensor,
+            count: Arc::new(HeldBytes(bytes)),
+        }
+    }
+
+    /// The inner tensor.
+    pub fn tensor(&self) -> &B::FloatTensorPrimitive {
+        &self.tensor
+    }
+
+    /// The inner tensor, no longer counted: an operation consumes it.
+    pub fn into_inner(self) -> B::FloatTensorPrimitive {
+        drop(self.count);
+        self.tensor
+    }
 }
 
 impl<B: Backend> TensorMetadata for OffloadTensor<B> {
     fn dtype(&self) -> DType {
         match self {
             OffloadTensor::Host(h) => h.dtype(),
-            OffloadTensor::Device(t) => t.dtype(),
+            OffloadTensor::Device(t) => t.tensor().dtype(),
         }
     }
 
     fn shape(&self) -> Shape {
         match self {
             OffloadTensor::Host(h) => h.shape(),
-            OffloadTensor::Device(t) => t.shape(),
+            OffloadTensor::Device(t) => t.tensor().shape(),
         }
     }
 }
@@ -328,6 +373,28 @@ impl<B: Backend> HostTensor<B> {
         self.copy_in()
     }
 
+    /// A device copy that the page cache never holds nor the page-in trace
+    /// records: for a tensor read once (a checkpoint's stashed input), which
+    /// must not evict the weights.
+    fn upload_uncached(&self) -> B::FloatTensorPrimitive {
+        if let Some(fill) = self.unwritten_fill() {
+            return B::float_full(fill.shape, fill.value, &self.device, fill.dtype);
+        }
+        if let Some(t) = self.on_device.lock().expect("residency lock").as_ref() {
+            return t.clone();
+        }
+        let data = self.data();
+        match (self.link.upload)(data.as_bytes(), data.dtype, &data.shape, &self.device) {
+            Some((tensor, in_flight)) => {
+                // The copy reads the host values until it lands; they are
+                // dropped with this tensor, after the guard.
+                *self.in_flight.lock().expect("in-flight lock") = Some(in_flight);
+                tensor
+            }
+            None => B::float_from_data((*data).clone(), &self.device),
+        }
+    }
+
     /// The cached device copy, or a fresh upload (cached).
     fn copy_in(self: &Arc<Self>) -> B::FloatTensorPrimitive {
         if let Some(t) = self.on_device.lock().expect("residency lock").as_ref() {
@@ -398,7 +465,40 @@ impl<B: Backend> Drop for HostTensor<B> {
 pub(crate) fn lower<B: Backend>(tensor: OffloadTensor<B>) -> B::FloatTensorPrimitive {
     match tensor {
         OffloadTensor::Host(h) => h.page_in(),
-        OffloadTensor::Device(t) => t,
+        OffloadTensor::Device(t) => t.into_inner(),
+    }
+}
+
+/// `tensor` in host memory: a device tensor is read back (waiting for it),
+/// and its device buffer goes with it.
+pub(crate) fn to_host<B: Backend, T: Transfer>(tensor: OffloadTensor<B>) -> OffloadTensor<B> {
+    match tensor {
+        OffloadTensor::Device(t) => {
+            let device = B::float_device(t.tensor());
+            read_to_host::<B, T>(t.into_inner(), &device)
+        }
+        host => host,
+    }
+}
+
+/// A device tensor's values read back (waiting for them) into a host tensor
+/// of `device`.
+pub(crate) fn read_to_host<B: Backend, T: Transfer>(
+    tensor: B::FloatTensorPrimitive,
+    device: &B::Device,
+) -> OffloadTensor<B> {
+    let data = burn::tensor::try_read_sync(B::float_into_data(tensor))
+        .expect("reading a device tensor back to the host must be possible on this platform")
+        .unwrap_or_else(|err| panic!("cannot move a tensor to host memory: {err}"));
+    OffloadTensor::Host(HostTensor::new(data, device, Link::of::<T>()))
+}
+
+/// `tensor` on the device, a host one uploaded outside the page cache and
+/// its trace (see [`HostTensor::upload_uncached`]).
+pub(crate) fn to_device_uncached<B: Backend>(tensor: OffloadTensor<B>) -> OffloadTensor<B> {
+    match tensor {
+        OffloadTensor::Host(h) => OffloadTensor::device(h.upload_uncached()),
+        device => device,
     }
 }
 

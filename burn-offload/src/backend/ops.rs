@@ -14,7 +14,7 @@ use std::ops::Range;
 
 use super::draw::random_data;
 use super::offload::{Fill, Link};
-use super::{lower, HostTensor, OffloadTensor, OffloadWith};
+use super::{lower, read_to_host, HostTensor, OffloadTensor, OffloadWith};
 use crate::transfer::Transfer;
 
 fn host<B: Backend, T: Transfer>(data: TensorData, device: &B::Device) -> OffloadTensor<B> {
@@ -80,7 +80,7 @@ impl<B: Backend, T: Transfer> FloatTensorOps<Self> for OffloadWith<B, T> {
         async move {
             match tensor {
                 OffloadTensor::Host(h) => Ok((*h.data()).clone()),
-                OffloadTensor::Device(t) => B::float_into_data(t).await,
+                OffloadTensor::Device(t) => B::float_into_data(t.into_inner()).await,
             }
         }
     }
@@ -88,7 +88,7 @@ impl<B: Backend, T: Transfer> FloatTensorOps<Self> for OffloadWith<B, T> {
     fn float_device(tensor: &FloatTensor<Self>) -> Device<Self> {
         match tensor {
             OffloadTensor::Host(h) => h.device.clone(),
-            OffloadTensor::Device(t) => B::float_device(t),
+            OffloadTensor::Device(t) => B::float_device(t.tensor()),
         }
     }
 
@@ -97,18 +97,13 @@ impl<B: Backend, T: Transfer> FloatTensorOps<Self> for OffloadWith<B, T> {
         match tensor {
             OffloadTensor::Host(h) if h.device == *device => OffloadTensor::Host(h),
             OffloadTensor::Host(h) => host::<B, T>((*h.data()).clone(), device),
-            OffloadTensor::Device(t) => {
-                let data = burn::tensor::try_read_sync(B::float_into_data(t))
-                    .expect("reading a device tensor back to the host must be possible on this platform")
-                    .unwrap_or_else(|err| panic!("cannot park tensor in host memory: {err}"));
-                host::<B, T>(data, device)
-            }
+            OffloadTensor::Device(t) => read_to_host::<B, T>(t.into_inner(), device),
         }
     }
 
     fn float_detach(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
         match tensor {
-            OffloadTensor::Device(t) => OffloadTensor::Device(B::float_detach(t)),
+            OffloadTensor::Device(t) => OffloadTensor::device(B::float_detach(t.into_inner())),
             host => host,
         }
     }
@@ -116,7 +111,7 @@ impl<B: Backend, T: Transfer> FloatTensorOps<Self> for OffloadWith<B, T> {
     fn float_set_require_grad(tensor: FloatTensor<Self>, require_grad: bool) -> FloatTensor<Self> {
         match tensor {
             OffloadTensor::Device(t) => {
-                OffloadTensor::Device(B::float_set_require_grad(t, require_grad))
+                OffloadTensor::device(B::float_set_require_grad(t.into_inner(), require_grad))
             }
             host => host,
         }
@@ -124,7 +119,7 @@ impl<B: Backend, T: Transfer> FloatTensorOps<Self> for OffloadWith<B, T> {
 
     fn float_is_require_grad(tensor: &FloatTensor<Self>) -> bool {
         match tensor {
-            OffloadTensor::Device(t) => B::float_is_require_grad(t),
+            OffloadTensor::Device(t) => B::float_is_require_grad(t.tensor()),
             OffloadTensor::Host(_) => false,
         }
     }
@@ -172,11 +167,11 @@ impl<B: Backend, T: Transfer> ModuleOps<Self> for OffloadWith<B, T> {
             options,
         );
         DeformConv2dBackward::new(
-            OffloadTensor::Device(g.x_grad),
-            OffloadTensor::Device(g.offset_grad),
-            OffloadTensor::Device(g.weight_grad),
-            g.mask_grad.map(OffloadTensor::Device),
-            g.bias_grad.map(OffloadTensor::Device),
+            OffloadTensor::device(g.x_grad),
+            OffloadTensor::device(g.offset_grad),
+            OffloadTensor::device(g.weight_grad),
+            g.mask_grad.map(OffloadTensor::device),
+            g.bias_grad.map(OffloadTensor::device),
         )
     }
 
@@ -190,7 +185,7 @@ impl<B: Backend, T: Transfer> ModuleOps<Self> for OffloadWith<B, T> {
     ) -> MaxPool2dWithIndices<Self> {
         let r =
             B::max_pool2d_with_indices(lower(x), kernel_size, stride, padding, dilation, ceil_mode);
-        MaxPool2dWithIndices::new(OffloadTensor::Device(r.output), r.indices)
+        MaxPool2dWithIndices::new(OffloadTensor::device(r.output), r.indices)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -214,7 +209,7 @@ impl<B: Backend, T: Transfer> ModuleOps<Self> for OffloadWith<B, T> {
             lower(output_grad),
             indices,
         );
-        MaxPool2dBackward::new(OffloadTensor::Device(r.x_grad))
+        MaxPool2dBackward::new(OffloadTensor::device(r.x_grad))
     }
 
     fn rfft(
@@ -223,7 +218,7 @@ impl<B: Backend, T: Transfer> ModuleOps<Self> for OffloadWith<B, T> {
         n: Option<usize>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let (re, im) = B::rfft(lower(signal), dim, n);
-        (OffloadTensor::Device(re), OffloadTensor::Device(im))
+        (OffloadTensor::device(re), OffloadTensor::device(im))
     }
 }
 

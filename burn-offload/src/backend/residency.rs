@@ -2,7 +2,10 @@
 //! every `Offload` tensor, with traffic counters.
 //!
 //! A host tensor keeps its own device copy; this module only decides which
-//! copies to drop when the cache is over its budget, and keeps the books.
+//! copies to drop when the cache is over its budget, and keeps the books:
+//! those of the cache, and the bytes of the `Offload` tensors that live on
+//! the device (operation results: activations, gradients), so a test or a
+//! loop can see what a step holds there at most.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, Weak};
@@ -30,6 +33,10 @@ struct State {
     peak: u64,
     to_device: u64,
     budget: u64,
+    /// Bytes of device tensors alive (see [`hold`]).
+    held: u64,
+    /// Largest `resident + held` since the last [`reset_peak`].
+    device_peak: u64,
 }
 
 /// The cache's budget until [`set_param_cache_bytes`] changes it: enough for
@@ -42,6 +49,8 @@ static STATE: Mutex<State> = Mutex::new(State {
     peak: 0,
     to_device: 0,
     budget: DEFAULT_PARAM_CACHE_BYTES,
+    held: 0,
+    device_peak: 0,
 });
 
 fn state() -> std::sync::MutexGuard<'static, State> {
@@ -61,6 +70,12 @@ pub struct OffloadStats {
     pub peak_resident_bytes: u64,
     /// The cache budget.
     pub budget_bytes: u64,
+    /// Bytes on the device now: cached copies and the results of
+    /// operations alive (an upper bound: two views of one buffer count
+    /// twice).
+    pub device_bytes: u64,
+    /// Largest `device_bytes` since the last [`reset_peak`].
+    pub peak_device_bytes: u64,
 }
 
 /// The page cache's counters now.
@@ -71,6 +86,8 @@ pub fn stats() -> OffloadStats {
         resident_bytes: s.resident,
         peak_resident_bytes: s.peak,
         budget_bytes: s.budget,
+        device_bytes: s.resident + s.held,
+        peak_device_bytes: s.device_peak,
     }
 }
 
@@ -83,6 +100,20 @@ pub(crate) fn budget() -> u64 {
 pub fn reset_peak() {
     let mut s = state();
     s.peak = s.resident;
+    s.device_peak = s.resident + s.held;
+}
+
+/// Counts `bytes` of a device tensor that came to life.
+pub(crate) fn hold(bytes: u64) {
+    let mut s = state();
+    s.held += bytes;
+    s.device_peak = s.device_peak.max(s.resident + s.held);
+}
+
+/// Counts `bytes` of a device tensor gone.
+pub(crate) fn release(bytes: u64) {
+    let mut s = state();
+    s.held -= bytes;
 }
 
 /// Sets how many bytes of device copies of host tensors may stay cached.
@@ -102,6 +133,7 @@ pub(crate) fn paged_in(id: u64, bytes: u64, owner: Weak<dyn Resident>) {
         s.to_device += bytes;
         s.resident += bytes;
         s.peak = s.peak.max(s.resident);
+        s.device_peak = s.device_peak.max(s.resident + s.held);
         s.entries.push_back(Entry { id, bytes, owner });
         over_budget(&mut s, Some(id))
     };

@@ -123,9 +123,9 @@ pub(crate) fn int_cube<B: Backend, const D: usize>(
 pub(crate) fn as_float<B: Backend, const D: usize>(t: CubeTensor<CudaRuntime>) -> Tensor<B, D> {
     let x = TypeId::of::<B::FloatTensorPrimitive>();
     let boxed: Box<dyn Any> = if x == TypeId::of::<OffloadTensor<CudaBackend>>() {
-        Box::new(OffloadTensor::<CudaBackend>::Device(t))
+        Box::new(OffloadTensor::<CudaBackend>::device(t))
     } else if x == TypeId::of::<OffloadTensor<Gemm<CudaBackend>>>() {
-        Box::new(OffloadTensor::<Gemm<CudaBackend>>::Device(t))
+        Box::new(OffloadTensor::<Gemm<CudaBackend>>::device(t))
     } else {
         Box::new(t)
     };

@@ -6,6 +6,7 @@ pub mod attention;
 pub mod cross_entropy;
 pub(crate) mod embedding;
 pub mod mlp;
+pub mod recompute;
 pub(crate) mod record;
 pub mod rms_norm;
 pub mod rotary;

@@ -20,7 +20,7 @@ use burn::backend::Autodiff;
 use burn::optim::{GradientsParams, Optimizer};
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
-use burn_offload::{BlockModel, HostOptimizerConfig, Offload};
+use burn_offload::{BlockModel, BlockRecompute, HostOptimizerConfig, Offload};
 use clap::Parser;
 use models::{cross_entropy, Llama, LlamaConfig};
 use rand::rngs::StdRng;
@@ -89,7 +89,7 @@ fn batch<B: Backend>(
 /// loss of each step and returns the trained model.
 fn train<B, O>(mut model: Llama<B>, mut optim: O, args: &Args, device: &B::Device) -> Llama<B>
 where
-    B: AutodiffBackend,
+    B: AutodiffBackend + BlockRecompute,
     O: Optimizer<Llama<B>, B>,
 {
     let mut rng = StdRng::seed_from_u64(SEED);

@@ -38,7 +38,7 @@ use burn::data::dataset::InMemDataset;
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::prelude::*;
 use burn::tensor::{Device, TensorPrimitive};
-use burn_offload::{AdamWConfig, BlockModel, HostOptimizerConfig, Offload};
+use burn_offload::{AdamWConfig, BlockModel, BlockRecompute, HostOptimizerConfig, Offload};
 use burn_train::metric::{LossMetric, Metric, MetricDefinition, MetricId, NumericEntry};
 use burn_train::renderer::{
     EvaluationName, EvaluationProgress, MetricState, MetricsRenderer, MetricsRendererEvaluation,
@@ -155,7 +155,7 @@ pub struct LanguageModel<B: Backend> {
     off_host: Arc<AtomicUsize>,
 }
 
-impl<B: Backend> LanguageModel<B> {
+impl<B: BlockRecompute> LanguageModel<B> {
     fn forward(&self, batch: TokenBatch<B>) -> SequenceOutput<B> {
         let logits = self.llama.forward(batch.inputs);
         let loss = cross_entropy(logits.clone(), batch.targets.clone());

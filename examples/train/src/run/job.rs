@@ -14,8 +14,8 @@ use burn::tensor::backend::{AutodiffBackend, ExecutionError};
 use burn::tensor::{ElementConversion, TensorData};
 use burn_offload::checkpoint::{CheckpointDir, CheckpointError};
 use burn_offload::{
-    BlockModel, Compute, DecoderBlock, Documents, Engine, EngineConfig, EngineError, HostValues,
-    NoHostValues, OptimizerConfig,
+    BlockModel, BlockRecompute, Compute, DecoderBlock, Documents, Engine, EngineConfig,
+    EngineError, HostValues, NoHostValues, OptimizerConfig,
 };
 use models::hf::{CheckpointValues, HfError};
 use models::lora::{LoraConfig, LoraModel};
@@ -592,7 +592,8 @@ impl Job<'_> {
         device: &AB::Device,
     ) -> Result<Outcome, JobError>
     where
-        AB: AutodiffBackend,
+        AB: AutodiffBackend + BlockRecompute,
+        AB::InnerBackend: BlockRecompute,
         M: BlockModel<AB> + AutodiffModule<AB>,
         M::InnerModule: BlockModel<AB::InnerBackend> + LoraModel<AB::InnerBackend> + Clone,
         O: Optimizer<M, AB>,
