@@ -153,7 +153,7 @@ pub trait BlockRecompute: Backend {
     }
 
     /// Where a checkpoint keeps its input until the backward (`Offload`:
-    /// host memory).
+    /// host memory, the copy queued behind the kernels that make it).
     fn stash(x: FloatTensor<Self>) -> FloatTensor<Self> {
         x
     }
@@ -165,7 +165,8 @@ pub trait BlockRecompute: Backend {
     }
 
     /// Where a checkpoint's parameter gradient waits for the optimizer
-    /// (`Offload`: host memory, its device buffer released).
+    /// (`Offload`: host memory, its device buffer released once the queued
+    /// copy has landed).
     fn release_gradient(gradient: FloatTensor<Self>) -> FloatTensor<Self> {
         gradient
     }
@@ -192,7 +193,7 @@ impl<B: Backend, T: Transfer> BlockRecompute for OffloadWith<B, T> {
     const RECOMPUTE_BLOCKS: bool = true;
 
     fn stash(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        crate::backend::to_host::<B, T>(x)
+        crate::backend::park_queued::<B, T>(x)
     }
 
     fn unstash(x: FloatTensor<Self>) -> FloatTensor<Self> {
@@ -200,7 +201,7 @@ impl<B: Backend, T: Transfer> BlockRecompute for OffloadWith<B, T> {
     }
 
     fn release_gradient(gradient: FloatTensor<Self>) -> FloatTensor<Self> {
-        crate::backend::to_host::<B, T>(gradient)
+        crate::backend::park_queued::<B, T>(gradient)
     }
 
     fn draws() -> Option<u64> {

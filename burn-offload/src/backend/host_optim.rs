@@ -22,14 +22,14 @@ use burn::optim::{LearningRate, SimpleOptimizer};
 use burn::record::Record;
 use std::cell::RefCell;
 use std::sync::mpsc::{channel, Sender};
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{DType, Scalar, Shape, Tensor, TensorData, TensorPrimitive};
+use burn::tensor::{DType, Scalar, Shape, Tensor, TensorData, TensorMetadata, TensorPrimitive};
 
 use super::offload::Link;
-use super::{HostParams, HostTensor, OffloadTensor, OffloadWith};
+use super::{read_to_host, HostParams, HostTensor, OffloadTensor, OffloadWith};
 use crate::host::optim::{
     AdamWConfig, GradSlice, MomentSlices, OptimizerConfig, SgdConfig, UpdateSlices,
 };
@@ -237,6 +237,10 @@ impl Lent {
 enum Gradient<R> {
     Queued(R, Admitted),
     Read(Vec<f32>),
+    /// Already a host tensor (a recomputed block's, its copy queued in the
+    /// backward, ahead of this update on the update thread): its values,
+    /// read where they are.
+    OnHost(Box<dyn FnOnce() -> Arc<TensorData> + Send>),
 }
 
 impl<R: QueuedRead> Gradient<R> {
@@ -274,6 +278,11 @@ impl<R: QueuedRead> Gradient<R> {
                     }
                 }
             }
+            TensorPrimitive::Float(OffloadTensor::Host(host))
+                if host.dtype() == DType::F32 && host.unwritten_fill().is_none() =>
+            {
+                return Gradient::OnHost(Box::new(move || host.data()));
+            }
             primitive => Tensor::<OffloadWith<B, T>, D>::from_primitive(primitive),
         };
         let mut values = vec![0.0; numel];
@@ -286,6 +295,7 @@ impl<R: QueuedRead> Gradient<R> {
     fn with_values(self, len: usize, f: impl FnOnce(&[f32])) {
         match self {
             Gradient::Read(values) => f(&values),
+            Gradient::OnHost(values) => f(values().as_slice::<f32>().expect("f32 values")),
             Gradient::Queued(read, admitted) => GRADIENT.with_borrow_mut(|scratch| {
                 let _admitted = admitted;
                 read.finish_with(scratch, len, f)
@@ -405,6 +415,48 @@ fn run_on_update_thread(update: Update) {
     sender
         .send(update)
         .expect("the host optimizer's thread is running");
+}
+
+/// `tensor` in host memory without waiting for it, where the copy
+/// machinery can queue the read: an f32 device tensor's copy is queued behind
+/// the kernels that make it and lands on the update thread, in order with
+/// the updates, and whatever reads the host tensor waits for it (a
+/// checkpoint's stashed input, a recomputed block's parameter gradient).
+/// Anything else is read now.
+pub(crate) fn park_queued<B: Backend, T: Transfer>(tensor: OffloadTensor<B>) -> OffloadTensor<B> {
+    let OffloadTensor::Device(held) = tensor else {
+        return tensor;
+    };
+    let primitive = held.into_inner();
+    let (shape, device) = (primitive.shape(), B::float_device(&primitive));
+    if primitive.dtype() != DType::F32 {
+        return read_to_host::<B, T>(primitive, &device);
+    }
+    let numel = shape.num_elements();
+    // Read from a buffer allocated now, as `Gradient::start` does.
+    let flat = B::float_reshape(primitive, Shape::new([numel]));
+    let fresh = B::float_mul_scalar(flat, Scalar::Float(1.0));
+    let flat = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(fresh));
+    let admitted = Admitted::wait(4 * numel as u64);
+    match T::start_read(flat, true) {
+        Ok(read) => {
+            T::flush::<B>(&device);
+            let (host, back) =
+                HostTensor::pending(shape.clone(), DType::F32, &device, Link::of::<T>());
+            run_on_update_thread(Box::new(move || {
+                let _admitted = admitted;
+                let mut values = vec![0.0f32; numel];
+                read.finish(&mut values, false);
+                let _ = back.send(TensorData::new(values, shape));
+            }));
+            OffloadTensor::Host(host)
+        }
+        Err(flat) => {
+            drop(admitted);
+            let primitive = B::float_reshape(flat.into_primitive().tensor(), shape);
+            read_to_host::<B, T>(primitive, &device)
+        }
+    }
 }
 
 fn read_into<B: Backend, T: Transfer, const D: usize>(

@@ -33,9 +33,10 @@ pub mod residency;
 
 pub(crate) use draw::{host_draws, rewind_host_draws};
 pub use gemm::{Gemm, GemmKernels, MatmulError};
+pub(crate) use host_optim::park_queued;
 pub use host_optim::{
     host_update_stats, HostOptimizer, HostOptimizerConfig, HostOptimizerState, HostUpdateStats,
     HOST_GRADIENTS_QUEUED,
 };
-pub(crate) use offload::{lower, read_to_host, to_device_uncached, to_host, HostTensor};
+pub(crate) use offload::{lower, read_to_host, to_device_uncached, HostTensor};
 pub use offload::{Held, HostParams, OffloadTensor, OffloadWith, ParkParams};

@@ -296,7 +296,7 @@ impl<B: Backend> HostTensor<B> {
     }
 
     /// A fill whose host values were never asked for.
-    fn unwritten_fill(&self) -> Option<Fill> {
+    pub(super) fn unwritten_fill(&self) -> Option<Fill> {
         match &*self.values() {
             Values::Fill(fill) => Some(fill.clone()),
             _ => None,
@@ -466,18 +466,6 @@ pub(crate) fn lower<B: Backend>(tensor: OffloadTensor<B>) -> B::FloatTensorPrimi
     match tensor {
         OffloadTensor::Host(h) => h.page_in(),
         OffloadTensor::Device(t) => t.into_inner(),
-    }
-}
-
-/// `tensor` in host memory: a device tensor is read back (waiting for it),
-/// and its device buffer goes with it.
-pub(crate) fn to_host<B: Backend, T: Transfer>(tensor: OffloadTensor<B>) -> OffloadTensor<B> {
-    match tensor {
-        OffloadTensor::Device(t) => {
-            let device = B::float_device(t.tensor());
-            read_to_host::<B, T>(t.into_inner(), &device)
-        }
-        host => host,
     }
 }
 
