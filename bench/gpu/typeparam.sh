@@ -10,7 +10,8 @@
 # A fourth field names another build: shape:tok:mode:NAME runs
 # .device/ab-NAME.tar.xz's bin/train (as bench/gpu/ab.sh packs them), to set
 # two builds' rows side by side in one call.
-# Shapes: 085b (the 0.85B Llama) and 7b (Llama-2-7B). fp32 compute, sequences
+# Shapes: 085b (the 0.85B Llama), 7b (Llama-2-7B) and 7b16 (its first 16 layers:
+# the same width, for GPU peaks against depth). fp32 compute, sequences
 # of 1024 tokens, TP_STEPS steps (6). Needs .device/bin.tar.xz (bin/train).
 # Writes $OUT/typeparam.txt (one line a row: exit, tok/s median of steps 3+,
 # host peak RSS, GPU peak from nvidia-smi, the run's offload line) and the
@@ -21,6 +22,7 @@ if [ -f .device/bin.tar.xz ]; then rm -rf .device/bin; tar xJf .device/bin.tar.x
 . bench/gpu/cublas_env.sh >/dev/null
 echo '{"arch":"llama","vocab_size":32000,"d_model":2048,"n_layer":16,"n_head":32,"n_kv_head":8,"d_ff":5632,"max_seq_len":2048}' > $W/085b.json
 echo '{"arch":"llama","vocab_size":32000,"d_model":4096,"n_layer":32,"n_head":32,"n_kv_head":32,"d_ff":11008,"max_seq_len":4096}' > $W/7b.json
+echo '{"arch":"llama","vocab_size":32000,"d_model":4096,"n_layer":16,"n_head":32,"n_kv_head":32,"d_ff":11008,"max_seq_len":4096}' > $W/7b16.json
 nvidia-smi --query-gpu=name --format=csv,noheader | tee -a $OUT/typeparam.txt
 for row in ${TP_ROWS:-085b:4:resident 085b:4:host 085b:16:resident 085b:16:host}; do
   IFS=: read -r shape tok mode build <<< "$row"
@@ -52,13 +54,14 @@ err = open(f"{w}/{name}.err", errors="replace").read()
 rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", err)
 gpu = [int(x) for x in open(f"{w}/{name}.gpu").read().split() if x.isdigit()]
 offload = [l for l in err.splitlines() if l.startswith("offload:")]
+offload += [l.split("; ", 1)[-1] for l in err.splitlines() if l.startswith("parameter cache:")]
 tok = statistics.median(r["tokens_per_s"] for r in rows[2:]) if len(rows) > 2 else None
 steady = [r for r in rows[2:] if r.get("host_update_s") is not None]
 host = (f" host_update_s {statistics.median(r['host_update_s'] for r in steady):.3f}"
         f" paged_gb_per_step {statistics.median(r['paged_in_bytes'] for r in steady) / 1e9:.2f}") if steady else ""
 print(f"{name} exit {status} tok/s {tok and round(tok)} steps {[round(r['step_s'], 3) for r in rows]}"
       f" losses {[round(r['loss'], 4) for r in rows]} host_peak_gib {rss and round(int(rss.group(1)) / 2**20, 1)}"
-      f" gpu_peak_gib {gpu and round(max(gpu) / 1024, 1)}{host} {offload[-1] if offload else ''}")
+      f" gpu_peak_gib {gpu and round(max(gpu) / 1024, 1)}{host} {'; '.join(offload)}")
 if status != "0":
     print("  " + " | ".join(l for l in err.splitlines() if l.strip() and not l.startswith(("\t", " ")))[-600:])
 EOF

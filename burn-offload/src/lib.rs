@@ -54,7 +54,7 @@ pub use host::optim::{
 pub use host::processes::{ProcessError, ProcessGroup};
 pub use host::trace;
 pub use matmul::{matmul_names, set_matmul, DEFAULT_MATMUL};
-pub use model::{BlockModel, BlockRecompute, DecoderBlock};
+pub use model::{set_offload_recompute, BlockModel, BlockRecompute, DecoderBlock};
 pub use ops::recompute::{recompute, recomputed_blocks};
 pub use precision::{cast_params, cast_to, Compute, PrecisionError};
 pub use store::{

@@ -18,6 +18,8 @@
 //!   document (attention masked across boundaries, positions counted from
 //!   each document's start).
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use burn::module::{Module, Param};
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{backend::Backend, Int, Tensor};
@@ -120,7 +122,7 @@ pub(crate) fn run_plain<B: Backend, M: DecoderBlock<B>>(
 
 /// How a backend runs a model's blocks: as they are (every method's
 /// default), or, on `Autodiff` over a backend that asks for it
-/// ([`BlockRecompute::RECOMPUTE_BLOCKS`], as `Offload` does), each as a
+/// ([`BlockRecompute::recompute_blocks`], as `Offload` does), each as a
 /// checkpoint ([`crate::recompute`]) that keeps only its input and rebuilds
 /// its graph in the backward, so a plain burn loop holds one block's
 /// activations at a time.
@@ -129,8 +131,10 @@ pub(crate) fn run_plain<B: Backend, M: DecoderBlock<B>>(
 /// takes part with `impl BlockRecompute for MyBackend {}` (stable Rust has no
 /// specialization, so the capability is a trait with defaults).
 pub trait BlockRecompute: Backend {
-    /// Whether `Autodiff<Self>` runs a model's blocks as checkpoints.
-    const RECOMPUTE_BLOCKS: bool = false;
+    /// Whether `Autodiff<Self>` runs a model's blocks as checkpoints now.
+    fn recompute_blocks() -> bool {
+        false
+    }
 
     /// Applies `block` to `x` (in `documents`, where given), as a checkpoint
     /// where this backend recomputes blocks.
@@ -189,8 +193,20 @@ impl<B: crate::backend::GemmKernels> BlockRecompute for crate::backend::Gemm<B> 
 #[cfg(feature = "cuda")]
 impl BlockRecompute for crate::cuda::CudaBackend {}
 
+static OFFLOAD_RECOMPUTE: AtomicBool = AtomicBool::new(true);
+
+/// Whether `Autodiff<Offload<_>>` runs a model's blocks as checkpoints (on
+/// by default): off, the whole step's graph stays on the device, which is
+/// faster where it fits (no second forward, no copies of block inputs and
+/// gradients to host memory); the `train` program's plan turns it off there.
+pub fn set_offload_recompute(on: bool) {
+    OFFLOAD_RECOMPUTE.store(on, Ordering::Relaxed);
+}
+
 impl<B: Backend, T: Transfer> BlockRecompute for OffloadWith<B, T> {
-    const RECOMPUTE_BLOCKS: bool = true;
+    fn recompute_blocks() -> bool {
+        OFFLOAD_RECOMPUTE.load(Ordering::Relaxed)
+    }
 
     fn stash(x: FloatTensor<Self>) -> FloatTensor<Self> {
         crate::backend::park_queued::<B, T>(x)

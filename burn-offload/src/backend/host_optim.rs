@@ -30,6 +30,7 @@ use burn::tensor::{DType, Scalar, Shape, Tensor, TensorData, TensorMetadata, Ten
 
 use super::offload::Link;
 use super::{read_to_host, HostParams, HostTensor, OffloadTensor, OffloadWith};
+use crate::host::norm::sum_of_squares;
 use crate::host::optim::{
     AdamWConfig, GradSlice, MomentSlices, OptimizerConfig, SgdConfig, UpdateSlices,
 };
@@ -138,6 +139,14 @@ fn clip_by_norm<B: Backend, T: Transfer, const D: usize>(
     let clip_coef = threshold / norm.add_scalar(min_positive);
     let clip_coef_clamped = clip_coef.clamp_max(1.0);
     grad.mul(clip_coef_clamped.unsqueeze())
+}
+
+/// [`clip_by_norm`]'s factor for a gradient whose squared norm is
+/// `sum_of_squares`, formed on the host: `threshold / (‖g‖ + f32's least
+/// positive value)`, at most one.
+fn clip_scale(sum_of_squares: f64, threshold: f32) -> f32 {
+    let norm = sum_of_squares.sqrt() as f32;
+    (threshold / (norm + f32::MIN_POSITIVE)).min(1.0)
 }
 
 /// A parameter's optimizer state, in host memory: the two moments (SGD:
@@ -490,9 +499,17 @@ impl<B: Backend, T: Transfer> SimpleOptimizer<OffloadWith<B, T>> for HostOptimiz
     ) -> (Tensor<OffloadWith<B, T>, D>, Option<Self::State<D>>) {
         let (shape, device) = (tensor.shape(), tensor.device());
         let len = shape.num_elements();
-        let grad = match self.clip_norm {
-            Some(threshold) => clip_by_norm::<B, T, D>(grad, threshold),
-            None => grad,
+        // A gradient already in host memory (a recomputed block's) is
+        // clipped there, on the update thread: clipping it on the device
+        // would page it back in and wait for it.
+        let on_host = matches!(
+            grad.clone().into_primitive(),
+            TensorPrimitive::Float(OffloadTensor::Host(_))
+        );
+        let (grad, clip_on_host) = match self.clip_norm {
+            Some(threshold) if on_host => (grad, Some(threshold)),
+            Some(threshold) => (clip_by_norm::<B, T, D>(grad, threshold), None),
+            None => (grad, None),
         };
         let gradient = Gradient::start::<B, T, D>(grad);
         let (mut params, tensor) = Lent::take(tensor);
@@ -515,10 +532,13 @@ impl<B: Backend, T: Transfer> SimpleOptimizer<OffloadWith<B, T>> for HostOptimiz
             gradient.with_values(len, |grads| {
                 let landed = Instant::now();
                 let _timed = Timed(landed - queued, landed);
+                let scale = clip_on_host.map_or(1.0, |threshold| {
+                    clip_scale(sum_of_squares(grads), threshold)
+                });
                 config.update(
                     time as u64,
                     lr,
-                    1.0,
+                    scale,
                     UpdateSlices {
                         params: params.values(),
                         moments: MomentSlices::F32 {

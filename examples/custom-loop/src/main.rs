@@ -7,8 +7,12 @@
 //! `Autodiff<Offload<B>>`, so its parameters live in host memory and each
 //! operation pages in the weights it reads, and the optimizer is
 //! burn-offload's host AdamW, which keeps its moments in host memory and
-//! parks the updated parameters there again. `--plain` runs the same loop on
-//! `Autodiff<B>` with burn's own AdamW, for comparison.
+//! parks the updated parameters there again. The model's forward
+//! (`BlockModel::forward`) runs each block as a checkpoint on this backend:
+//! the backward rebuilds one block's graph at a time and sends its
+//! gradients to host memory, so the device holds one block's activations.
+//! `--plain` runs the same loop on `Autodiff<B>` with burn's own AdamW, for
+//! comparison.
 //!
 //! The model is the workspace's tiny Llama (vocabulary 256), trained on the
 //! bytes of a short text: each byte is a token.
@@ -142,9 +146,12 @@ fn main() {
         train(model, optim, &args, &device);
         let paged = burn_offload::residency::stats();
         println!(
-            "paged in {:.1} MB of parameters over {} steps",
+            "paged in {:.1} MB of parameters over {} steps; {} blocks recomputed in the \
+             backward; device peak {:.1} MB",
             paged.bytes_to_device as f64 / 1e6,
-            args.steps
+            args.steps,
+            burn_offload::recomputed_blocks(),
+            paged.peak_device_bytes as f64 / 1e6
         );
     }
 }

@@ -58,6 +58,12 @@ fn the_loop_trains_on_offload() {
         stdout.contains("paged in"),
         "no paging report from the offload run:\n{stdout}"
     );
+    // The tiny Llama's two blocks, recomputed in every step's backward.
+    let recomputed = format!("; {} blocks recomputed", 2 * STEPS);
+    assert!(
+        stdout.contains(&recomputed),
+        "want {recomputed:?} in the offload run's report:\n{stdout}"
+    );
 }
 
 #[test]

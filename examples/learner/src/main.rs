@@ -442,6 +442,11 @@ fn main() {
         report.params,
         paged.bytes_to_device as f64 / 1e6
     );
+    println!(
+        "blocks recomputed in the backward: {}; device peak {:.1} MB",
+        burn_offload::recomputed_blocks(),
+        paged.peak_device_bytes as f64 / 1e6
+    );
 }
 
 #[cfg(test)]

@@ -1,6 +1,8 @@
 //! Builds and runs the `learner` program on the CPU (its three epochs, about
 //! a second) and checks what it prints: the first step's loss near `ln 256`,
-//! a falling loss epoch by epoch, and no parameter left off the host. The
+//! a falling loss epoch by epoch, no parameter left off the host, and every
+//! training step's blocks recomputed in its backward (the type parameter's
+//! checkpoints). The
 //! program's own `#[cfg(test)]` module checks `train`'s report in more
 //! detail; this checks the program a user runs.
 
@@ -70,5 +72,24 @@ fn the_learner_program_trains_on_offload() {
     assert!(
         stdout.contains("parameters off the host: 0 at step starts, 0 of"),
         "parameters left off the host:\n{stdout}"
+    );
+
+    // `blocks recomputed in the backward: N; …`: the type parameter ran
+    // each training step's blocks as checkpoints (two blocks a step).
+    let recomputed = stdout
+        .lines()
+        .find(|line| line.starts_with("blocks recomputed"))
+        .map(|line| number_after(line, "backward: ").trunc())
+        .unwrap_or_else(|| panic!("no recompute count:\n{stdout}"));
+    let steps = stdout
+        .lines()
+        .find(|line| line.contains("first step's loss"))
+        .map(|line| line.split(' ').next().unwrap_or_default().parse::<f64>())
+        .and_then(Result::ok)
+        .unwrap_or_else(|| panic!("no step count:\n{stdout}"));
+    assert_eq!(
+        recomputed,
+        2.0 * steps,
+        "every training step recomputes the tiny Llama's two blocks:\n{stdout}"
     );
 }

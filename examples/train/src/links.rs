@@ -124,7 +124,8 @@ impl Links {
 mod tests {
     use super::*;
     use crate::plan::{
-        BlockInputs, HostLayout, KeptGraphs, OptimState, ParamCache, GRADIENT_BLOCKS_IN_FLIGHT,
+        BlockInputs, BlockRecompute, HostLayout, KeptGraphs, OptimState, ParamCache,
+        GRADIENT_BLOCKS_IN_FLIGHT,
     };
     use burn_offload::Compute;
 
@@ -155,6 +156,7 @@ mod tests {
             gradient_blocks_in_flight: GRADIENT_BLOCKS_IN_FLIGHT,
             mlp_tile: None,
             param_cache: ParamCache::Auto,
+            block_recompute: BlockRecompute::Auto,
             trained_params: None,
             frozen_host_bytes: None,
             smaller_bases: Vec::new(),

@@ -8,7 +8,7 @@ use burn_offload::Compute;
 use clap::parser::ValueSource;
 
 use crate::instruct::DataFormat;
-use crate::plan::{BlockInputs, HostLayout, KeptGraphs, OptimState};
+use crate::plan::{BlockInputs, BlockRecompute, HostLayout, KeptGraphs, OptimState};
 use crate::processes::{PlaceError, RankOptions};
 
 mod lora;
@@ -143,6 +143,14 @@ pub struct TrainOptions {
     /// when the plan fits the GPU with them, else 1 GiB.
     #[arg(long)]
     pub param_cache_gib: Option<f64>,
+    /// With --host-params: run each block as a checkpoint (`on`: only block
+    /// inputs kept, in host memory, each block's graph rebuilt in its
+    /// backward and its gradients sent to the host as made, so the GPU holds
+    /// one block's activations), or keep the whole step's graph on the GPU
+    /// (`off`, faster where it fits). `auto`: off when the memory plan fits
+    /// the GPU with the whole graph (`--plan` shows the choice).
+    #[arg(long, default_value = "auto")]
+    pub block_recompute: BlockRecompute,
     /// Engine: apply each block's AdamW update as soon as its gradient arrives
     /// (12 host bytes/param instead of 16; no --accum). The gradient norm is
     /// needed before the first update (non-finite guard, clipping), so the
@@ -462,6 +470,11 @@ pub enum OptionsError {
          --resident --host-params"
     )]
     ParamCacheWithoutHostParams,
+    #[error(
+        "--block-recompute chooses how --host-params (the type parameter's path) runs its \
+         blocks; add --resident --host-params"
+    )]
+    BlockRecomputeWithoutHostParams,
     #[error("--param-cache-gib must be a positive number of GiB, not {0}")]
     ParamCacheGib(f64),
     #[error("checkpoints are written from the offload engine's host store; drop --resident")]
@@ -637,6 +650,9 @@ pub fn validate(opts: &TrainOptions) -> Result<(), OptionsError> {
     }
     if opts.host_params && !opts.resident {
         return Err(E::HostParamsWithoutResident);
+    }
+    if opts.given.contains("block_recompute") && !opts.host_params {
+        return Err(E::BlockRecomputeWithoutHostParams);
     }
     if let Some(gib) = opts.param_cache_gib {
         if !opts.host_params {

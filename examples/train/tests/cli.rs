@@ -261,6 +261,43 @@ fn param_cache_runs_with_host_params_and_is_refused_elsewhere() {
     );
 }
 
+/// `--block-recompute` chooses how the type parameter runs its blocks:
+/// checkpoints recomputed in the backward, or one graph (`auto` on a CPU);
+/// refused without `--resident --host-params`.
+#[test]
+fn block_recompute_runs_with_host_params_and_is_refused_elsewhere() {
+    for (choice, said) in [
+        ("on", "blocks run as checkpoints"),
+        ("off", "blocks in one graph"),
+        ("auto", "blocks in one graph"),
+    ] {
+        let (ok, stderr) = train(&[
+            "--steps",
+            "2",
+            "--resident",
+            "--host-params",
+            "--block-recompute",
+            choice,
+        ]);
+        assert!(ok, "{stderr}");
+        assert!(
+            stderr.contains(said),
+            "--block-recompute {choice}: {stderr}"
+        );
+    }
+    assert_fails_with(&["--block-recompute", "on"], "--host-params");
+    assert_fails_with(&["--block-recompute", "on", "--resident"], "--host-params");
+    assert_fails_with(
+        &[
+            "--resident",
+            "--host-params",
+            "--block-recompute",
+            "sometimes",
+        ],
+        "expected one of",
+    );
+}
+
 /// `--attention` chooses between CUDA's attention kernels; a CPU build has
 /// neither, so asking for one is refused rather than ignored, and an unknown
 /// name lists the choices.

@@ -67,7 +67,7 @@ impl<X: BlockRecompute, C: CheckpointStrategy> BlockRecompute for Autodiff<X, C>
         x: Tensor<Self, 3>,
         documents: Option<&Documents>,
     ) -> Tensor<Self, 3> {
-        if !X::RECOMPUTE_BLOCKS {
+        if !X::recompute_blocks() {
             return run_plain(block, x, documents);
         }
         let documents = documents.cloned();

@@ -239,11 +239,23 @@ impl Plan {
             host.push(Item::held("frozen base (--base-dtype)", bytes));
         }
         let mut device = Vec::new();
+        // The type parameter (`--host-params`) runs each block as a
+        // checkpoint: its input goes to host memory, its graph is rebuilt in
+        // the backward, and its parameters' gradients are sent to the host as
+        // they are made. The stem's (embedding, head, final norm) stay.
+        let block_grads = (s.layers * s.block_params).min(trained);
         if job.resident && job.host_params {
-            device.push(Item::held(
-                "gradients (every trained parameter's, until the step)",
-                F32 * trained,
-            ));
+            device.push(if job.recomputes_blocks() {
+                Item::held(
+                    "gradients of the stem (until the step) and of one recomputed block",
+                    F32 * (trained - block_grads + s.block_params.min(trained)),
+                )
+            } else {
+                Item::held(
+                    "gradients (every trained parameter's, until the step)",
+                    F32 * trained,
+                )
+            });
             // The H100 runs of the 0.85B grew by about twice the cache's
             // bytes when it grew: the next step's page-ins arrive while the
             // updated parameters' old copies are still cached.
@@ -279,10 +291,17 @@ impl Plan {
                     width * params,
                 ));
             }
-            device.push(Item::held(
-                "activations of every block (one graph)",
-                s.layers * block_saved,
-            ));
+            device.push(if job.recomputes_blocks() {
+                Item::held(
+                    "activations of one block (its graph, rebuilt in the backward)",
+                    block_saved,
+                )
+            } else {
+                Item::held(
+                    "activations of every block (one graph)",
+                    s.layers * block_saved,
+                )
+            });
             device.push(Item::phase(
                 "one block's backward temporaries",
                 backward_temporaries,
@@ -297,6 +316,16 @@ impl Plan {
                     "gradient copies queued for the host optimizer",
                     (F32 * trained).min(burn_offload::HOST_GRADIENTS_QUEUED),
                 ));
+                if job.recomputes_blocks() {
+                    host.push(Item::held(
+                        "recomputed blocks' gradients (fp32, until the step)",
+                        F32 * block_grads,
+                    ));
+                    host.push(Item::held(
+                        "block inputs (the checkpoints' stashes)",
+                        s.layers * width * tokens * s.d,
+                    ));
+                }
             } else {
                 // Resident training keeps its state on the device; the host
                 // holds only the initial copy burn makes while building it.

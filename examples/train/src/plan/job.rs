@@ -3,7 +3,7 @@
 use burn_offload::Compute;
 use models::ModelConfig;
 
-use super::knobs::{BlockInputs, HostLayout, KeptGraphs, OptimState, ParamCache};
+use super::knobs::{BlockInputs, BlockRecompute, HostLayout, KeptGraphs, OptimState, ParamCache};
 
 /// What the job is.
 #[derive(Debug, Clone)]
@@ -58,6 +58,9 @@ pub struct Job {
     pub mlp_tile: Option<usize>,
     /// With `host_params`: the device copies of parameters kept cached.
     pub param_cache: ParamCache,
+    /// With `host_params`: whether each block runs as a checkpoint (decided
+    /// by [`Job::place_block_recompute`] where `Auto`).
+    pub block_recompute: BlockRecompute,
     /// With LoRA (`--lora-rank`): the parameters that train (the adapters,
     /// and the embeddings and head with `--train-embeddings`); the rest is
     /// frozen, with no gradient and no optimizer state. `None`: every
@@ -82,6 +85,12 @@ pub struct Job {
 impl Job {
     /// How many block-input checkpoints (of `layers + 1`: every block's
     /// input and the last one's output) the engine keeps in host memory.
+    /// Whether the type parameter runs its blocks as checkpoints (`Auto`
+    /// counted as on until placed: the plan the GPU surely fits).
+    pub fn recomputes_blocks(&self) -> bool {
+        self.resident && self.host_params && self.block_recompute != BlockRecompute::Off
+    }
+
     pub fn host_block_inputs(&self, layers: u64) -> u64 {
         if self.gpu && !self.resident && self.block_inputs == BlockInputs::Host {
             (layers + 1).saturating_sub(self.device_block_inputs as u64)

@@ -5,7 +5,7 @@
 use super::estimate::{kept_attention_bytes, kept_graph_bytes, shape, Plan};
 use super::job::{Job, Machine};
 use super::knobs::F32;
-use super::knobs::{BlockInputs, HostLayout, KeptGraphs, ParamCache};
+use super::knobs::{BlockInputs, BlockRecompute, HostLayout, KeptGraphs, ParamCache};
 
 impl Job {
     /// The job with [`HostLayout::Auto`] decided for `machine` (call it
@@ -95,6 +95,25 @@ impl Job {
             && self.batch * self.seq_len > burn_offload::ops::mlp::MLP_TILE_TOKENS
     }
 
+    /// The job with [`BlockRecompute::Auto`] decided for `machine`: with
+    /// `--host-params`, off (the whole step's graph on the device, no second
+    /// forward) on a CPU and where the plan fits the GPU so, else on.
+    pub fn place_block_recompute(mut self, machine: &Machine) -> Self {
+        if self.block_recompute != BlockRecompute::Auto || !(self.resident && self.host_params) {
+            return self;
+        }
+        let whole = Job {
+            block_recompute: BlockRecompute::Off,
+            ..self.clone()
+        };
+        self.block_recompute = if !self.gpu || Plan::new(&whole).fits_device(machine) {
+            BlockRecompute::Off
+        } else {
+            BlockRecompute::On
+        };
+        self
+    }
+
     /// The job with [`ParamCache::Auto`] decided for `machine`: with
     /// `--host-params` on a GPU, every parameter's device copy (f32) when the
     /// plan fits the GPU with them, else [`ParamCache::DEFAULT`].
@@ -142,7 +161,8 @@ impl Job {
     /// the tokens.
     pub fn placed(self, machine: &Machine) -> Self {
         let chain = |job: Job| {
-            job.place_param_cache(machine)
+            job.place_block_recompute(machine)
+                .place_param_cache(machine)
                 .place_host_layout(machine)
                 .place_block_inputs(machine)
                 .place_mlp_tile(machine)

@@ -234,6 +234,7 @@ pub fn plan(opts: &TrainOptions, config: ModelConfig, machine: &Machine) -> (Pla
         optim_state: opts.optim_state,
         gradient_blocks_in_flight: GRADIENT_BLOCKS_IN_FLIGHT,
         mlp_tile: None,
+        block_recompute: opts.block_recompute,
         param_cache: match opts.param_cache_gib {
             Some(gib) => ParamCache::Bytes((gib * GIB) as u64),
             None => ParamCache::Auto,

@@ -236,10 +236,17 @@ pub fn run(opts: &TrainOptions) -> Result<TrainReport, TrainError> {
     if opts.host_params {
         let bytes = placed.param_cache.bytes();
         burn_offload::residency::set_param_cache_bytes(bytes);
+        let recompute = placed.recomputes_blocks();
+        burn_offload::set_offload_recompute(recompute);
         if opts.progress {
             eprintln!(
-                "parameter cache: {:.2} GiB of device copies",
-                bytes as f64 / GIB
+                "parameter cache: {:.2} GiB of device copies; blocks {}",
+                bytes as f64 / GIB,
+                if recompute {
+                    "run as checkpoints (recomputed in the backward)"
+                } else {
+                    "in one graph on the GPU"
+                }
             );
         }
     }
