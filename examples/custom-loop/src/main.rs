@@ -14,11 +14,15 @@
 //! `--plain` runs the same loop on `Autodiff<B>` with burn's own AdamW, for
 //! comparison.
 //!
-//! The model is the workspace's tiny Llama (vocabulary 256), trained on the
-//! bytes of a short text: each byte is a token.
+//! The model is the workspace's tiny Llama (vocabulary 256) or, with
+//! `--shape llama7b`, Llama-2-7B's shape, trained on the bytes of a short
+//! text: each byte is a token.
 //!
 //! Run: `cargo run -p custom-loop -- --steps 30` (`--features cuda` for
-//! CUDA).
+//! CUDA). A model larger than the GPU, through the same loop:
+//! `cargo run --release --features cuda -p custom-loop -- --shape llama7b
+//! --batch 16 --seq 1024 --steps 6 --lr 1e-5` (108 GB of host memory for
+//! the weights and the host AdamW's moments, 27 GB more for the gradients).
 
 use burn::backend::Autodiff;
 use burn::optim::{GradientsParams, Optimizer};
@@ -29,6 +33,7 @@ use clap::Parser;
 use models::{cross_entropy, Llama, LlamaConfig};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use std::time::Instant;
 
 /// The backend that computes: burn-flex on the CPU, or burn's CUDA backend
 /// with cuBLAS matmuls (`--features cuda`).
@@ -47,8 +52,6 @@ were all going direct to Heaven, we were all going direct the other way - in sho
 was so far like the present period, that some of its noisiest authorities insisted on its being \
 received, for good or for evil, in the superlative degree of comparison only.";
 
-/// Tokens a row is trained on; its targets are the same bytes shifted by one.
-const SEQ: usize = 64;
 /// Seeds the weights and the batches.
 const SEED: u64 = 42;
 
@@ -64,9 +67,40 @@ struct Args {
     /// Rows per batch.
     #[arg(long, default_value_t = 8)]
     batch: usize,
+    /// Tokens a row; its targets are the same bytes shifted by one (the text
+    /// repeats where a row is longer).
+    #[arg(long, default_value_t = 64)]
+    seq: usize,
+    /// The model's shape (random weights): the tiny Llama, or Llama-2-7B's
+    /// (whose weights and Adam moments, 108 GB in fp32, fit no GPU).
+    #[arg(long, value_enum, default_value = "tiny")]
+    shape: Shape,
+    /// Blocks, where not the shape's (the same width at another depth).
+    #[arg(long)]
+    layers: Option<usize>,
     /// Train on plain `Autodiff<B>` with burn's AdamW instead of offload.
     #[arg(long)]
     plain: bool,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum Shape {
+    Tiny,
+    Llama7b,
+}
+
+impl Args {
+    fn config(&self) -> LlamaConfig {
+        let shape = match self.shape {
+            Shape::Tiny => LlamaConfig::tiny(),
+            Shape::Llama7b => LlamaConfig::llama_7b(),
+        };
+        LlamaConfig {
+            n_layer: self.layers.unwrap_or(shape.n_layer),
+            max_seq_len: shape.max_seq_len.max(self.seq),
+            ..shape
+        }
+    }
 }
 
 /// A batch of `rows` windows of the text at random offsets: the inputs, and
@@ -74,18 +108,24 @@ struct Args {
 fn batch<B: Backend>(
     rng: &mut StdRng,
     rows: usize,
+    seq: usize,
     device: &B::Device,
 ) -> (Tensor<B, 2, Int>, Tensor<B, 2, Int>) {
     let bytes = TEXT.as_bytes();
     let tokens: Vec<i64> = (0..rows)
         .flat_map(|_| {
-            let start = rng.random_range(0..bytes.len() - SEQ);
-            bytes[start..=start + SEQ].iter().map(|&b| i64::from(b))
+            let start = rng.random_range(0..bytes.len());
+            bytes
+                .iter()
+                .cycle()
+                .skip(start)
+                .take(seq + 1)
+                .map(|&b| i64::from(b))
         })
         .collect();
-    let tokens = Tensor::<B, 2, Int>::from_data(TensorData::new(tokens, [rows, SEQ + 1]), device);
-    let inputs = tokens.clone().narrow(1, 0, SEQ);
-    let targets = tokens.narrow(1, 1, SEQ);
+    let tokens = Tensor::<B, 2, Int>::from_data(TensorData::new(tokens, [rows, seq + 1]), device);
+    let inputs = tokens.clone().narrow(1, 0, seq);
+    let targets = tokens.narrow(1, 1, seq);
     (inputs, targets)
 }
 
@@ -97,9 +137,11 @@ where
     O: Optimizer<Llama<B>, B>,
 {
     let mut rng = StdRng::seed_from_u64(SEED);
+    let mut seconds = Vec::with_capacity(args.steps);
     for step in 1..=args.steps {
+        let start = Instant::now();
         // Data: next-byte prediction over random windows of the text.
-        let (inputs, targets) = batch::<B>(&mut rng, args.batch, device);
+        let (inputs, targets) = batch::<B>(&mut rng, args.batch, args.seq, device);
 
         // Forward: logits `[batch, SEQ, vocab]`, the mean cross-entropy.
         let logits = model.forward(inputs);
@@ -112,17 +154,30 @@ where
 
         // Update: the optimizer takes the model and gives back the new one.
         model = optim.step(args.lr, model, grads);
+        seconds.push(start.elapsed().as_secs_f64());
+    }
+    // Steps after the first two (warm-up: kernels built, pools grown).
+    let mut steady = seconds.iter().skip(2).copied().collect::<Vec<_>>();
+    steady.sort_by(f64::total_cmp);
+    if let Some(median) = steady.get(steady.len() / 2) {
+        println!(
+            "median step {median:.3} s, {:.0} tokens/s",
+            (args.batch * args.seq) as f64 / median
+        );
     }
     model
 }
 
 fn main() {
     let args = Args::parse();
-    let config = LlamaConfig::tiny();
+    let config = args.config();
     println!(
-        "tiny Llama, {} parameters; {} text bytes; uniform loss ln 256 = {:.4}",
+        "{:?} Llama, {} layers, {} parameters; {} text bytes; uniform loss ln {} = {:.4}",
+        args.shape,
+        config.n_layer,
         config.num_params(),
         TEXT.len(),
+        config.vocab_size,
         (config.vocab_size as f64).ln()
     );
 

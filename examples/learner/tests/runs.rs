@@ -16,7 +16,7 @@ fn number_after(line: &str, key: &str) -> f64 {
         + key.len();
     let text: String = line[at..]
         .chars()
-        .take_while(|c| !matches!(c, ' ' | ','))
+        .take_while(|c| !matches!(c, ' ' | ',' | ';'))
         .collect();
     text.parse()
         .unwrap_or_else(|_| panic!("not a number after {key:?}: {line:?}"))
