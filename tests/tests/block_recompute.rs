@@ -185,6 +185,51 @@ fn gpt2_gradients_with_blocks_recomputed_equal_plain_burn() {
     check_gradients(model, reference, per_block);
 }
 
+/// A module straight from burn's initializers (its parameters lazy until
+/// first read), checkpointed before anything read them: the forward, its
+/// recompute and the caller's module see the same weights, and the
+/// gradient reaches the caller's parameter.
+#[test]
+fn a_lazily_initialised_module_recomputes_its_own_weights() {
+    let _turn = serial();
+    lazy_module_on::<Off>();
+    lazy_module_on::<Reference>();
+}
+
+fn lazy_module_on<AB: AutodiffBackend + BlockRecompute>() {
+    let device = Default::default();
+    let linear = burn::nn::LinearConfig::new(8, 8).init::<AB>(&device);
+    let x = Tensor::<AB, 2>::ones([3, 8], &device).require_grad();
+    let checkpointed = recompute(&linear, x.clone(), |l, x| l.forward(x)).sum();
+    let got: f32 = checkpointed.clone().into_scalar().elem();
+    let grads = checkpointed.backward();
+    let gradient = linear
+        .weight
+        .val()
+        .grad(&grads)
+        .expect("the caller's weight has its gradient");
+    let plain = linear.forward(x).sum();
+    let want: f32 = plain.clone().into_scalar().elem();
+    assert!(
+        ((got - want) / want).abs() <= TOL,
+        "checkpointed {got} against {want} from the module's own weights"
+    );
+    let want_gradient = linear.weight.val().grad(&plain.backward()).unwrap();
+    let err = rel_err(
+        &gradient
+            .into_data()
+            .convert::<f32>()
+            .to_vec::<f32>()
+            .unwrap(),
+        &want_gradient
+            .into_data()
+            .convert::<f32>()
+            .to_vec::<f32>()
+            .unwrap(),
+    );
+    assert!(err <= TOL, "weight gradient relative error {err}");
+}
+
 /// Twenty AdamW steps, the same optimizer on both sides (burn-optim's, on
 /// `Offload` wrapped in `HostParams`): losses equal within [`TOL`] at every
 /// step.
@@ -377,4 +422,18 @@ fn a_captured_tracked_tensor_is_refused_at_the_forward() {
     let _ = recompute(&model.blocks()[0], x, move |block, x| {
         DecoderBlock::forward(block, x) + captured.clone()
     });
+}
+
+/// A function that reads none of its module's trained parameters, behind
+/// an untracked input: nothing to differentiate, and the backward says so
+/// by giving no gradient rather than failing.
+#[test]
+fn a_function_reading_no_trained_parameter_has_no_gradient() {
+    let _turn = serial();
+    let device = Default::default();
+    let linear = burn::nn::LinearConfig::new(4, 4).init::<Reference>(&device);
+    let x = Tensor::<Reference, 2>::ones([2, 4], &device);
+    let y = recompute(&linear, x, |_, x| x * 2.0).sum();
+    let grads = y.backward();
+    assert!(linear.weight.val().grad(&grads).is_none());
 }

@@ -85,11 +85,16 @@ impl<X: BlockRecompute, C: CheckpointStrategy> BlockRecompute for Autodiff<X, C>
     }
 }
 
-/// Whether some float parameter of a module requires gradients.
+/// Whether some float parameter of a module requires gradients. Reading
+/// each one initialises a lazy parameter (burn's initializers) in place,
+/// before the module is cloned: a clone of one not yet read draws values of
+/// its own, so the forward, the recompute and the caller's module would each
+/// see different weights.
 struct Trains(bool);
 
 impl<B: burn::tensor::backend::Backend> ModuleVisitor<B> for Trains {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let _initialised = param.val();
         self.0 |= param.is_require_grad();
     }
 }
@@ -245,6 +250,12 @@ where
         let y = (self.f)(&module, input.clone());
         if let Some(now) = now {
             X::rewind_draws(now);
+        }
+        // Nothing trained reached the output (trained parameters `f` does
+        // not read, behind an untracked input): no gradient to form.
+        if !y.clone().into_primitive().tensor().is_tracked() {
+            RECOMPUTED.fetch_add(1, Ordering::Relaxed);
+            return;
         }
         // Seeded with ones, `y ⊙ dy` hands `y` exactly `dy`.
         let mut nested = (y * inner_leaf::<X, C, D>(dy)).backward();

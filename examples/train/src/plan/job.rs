@@ -83,14 +83,14 @@ pub struct Job {
 }
 
 impl Job {
-    /// How many block-input checkpoints (of `layers + 1`: every block's
-    /// input and the last one's output) the engine keeps in host memory.
     /// Whether the type parameter runs its blocks as checkpoints (`Auto`
     /// counted as on until placed: the plan the GPU surely fits).
     pub fn recomputes_blocks(&self) -> bool {
         self.resident && self.host_params && self.block_recompute != BlockRecompute::Off
     }
 
+    /// How many block-input checkpoints (of `layers + 1`: every block's
+    /// input and the last one's output) the engine keeps in host memory.
     pub fn host_block_inputs(&self, layers: u64) -> u64 {
         if self.gpu && !self.resident && self.block_inputs == BlockInputs::Host {
             (layers + 1).saturating_sub(self.device_block_inputs as u64)
