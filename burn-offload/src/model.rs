@@ -109,7 +109,7 @@ pub trait BlockModel<B: Backend>: Module<B> {
 }
 
 /// A block's forward, in or out of packed documents.
-pub(crate) fn run_plain<B: Backend, M: DecoderBlock<B>>(
+pub(crate) fn forward_block<B: Backend, M: DecoderBlock<B>>(
     block: &M,
     x: Tensor<B, 3>,
     documents: Option<&Documents>,
@@ -143,7 +143,7 @@ pub trait BlockRecompute: Backend {
         x: Tensor<Self, 3>,
         documents: Option<&Documents>,
     ) -> Tensor<Self, 3> {
-        run_plain(block, x, documents)
+        forward_block(block, x, documents)
     }
 
     /// `f(module, x)`; on `Autodiff` the checkpoint operation of

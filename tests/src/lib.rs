@@ -222,31 +222,33 @@ pub const SIDE_BY_SIDE_TOL: (f32, f32) = (1e-5, 1e-5);
 #[cfg(feature = "cuda")]
 pub const SIDE_BY_SIDE_TOL: (f32, f32) = (1e-3, 1e-1);
 
-/// Trains `model` (on `Offload`, `OA` its autodiff backend) with `optim` and `reference` (`RA`: plain
+/// Trains `model` (a `BlockModel` on `Offload`, `OA` its autodiff backend)
+/// with `optim` and `reference` (`RA`: plain
 /// burn, from the same weights) with `ref_optim` side by side for `steps`
 /// steps of the tiny batches, asserting that the losses agree at every step
 /// and the parameters at the end ([`SIDE_BY_SIDE_TOL`]), calling
 /// `after_step` with the Offload model after each.
-pub fn train_side_by_side<OA, RA, O, R>(
-    mut model: models::Llama<OA>,
-    mut reference: models::Llama<RA>,
+pub fn train_side_by_side<OA, RA, MO, MR, O, R>(
+    mut model: MO,
+    mut reference: MR,
     mut optim: O,
     mut ref_optim: R,
     steps: u64,
     lr: f64,
-    mut after_step: impl FnMut(u64, &models::Llama<OA>),
+    mut after_step: impl FnMut(u64, &MO),
 ) where
     OA: AutodiffBackend<Device = <TestBackend as burn::tensor::backend::BackendTypes>::Device>
         + burn_offload::BlockRecompute,
     RA: AutodiffBackend<InnerBackend = TestBackend> + burn_offload::BlockRecompute,
-    O: burn::optim::Optimizer<models::Llama<OA>, OA>,
-    R: burn::optim::Optimizer<models::Llama<RA>, RA>,
+    MO: burn_offload::BlockModel<OA> + burn::module::AutodiffModule<OA>,
+    MR: burn_offload::BlockModel<RA> + burn::module::AutodiffModule<RA>,
+    O: burn::optim::Optimizer<MO, OA>,
+    R: burn::optim::Optimizer<MR, RA>,
 {
     use burn::optim::GradientsParams;
-    use burn_offload::BlockModel;
     use models::cross_entropy;
     let device = Default::default();
-    let vocab = models::LlamaConfig::tiny().vocab_size;
+    let vocab = model.vocab_size();
     for step in 0..steps {
         let tokens = random_tokens::<TestBackend>(2, 17, vocab, step, &device);
         let (x, y) = (tokens.clone().narrow(1, 0, 16), tokens.narrow(1, 1, 16));

@@ -22,8 +22,8 @@ use burn_offload::{
     HostOptimizerConfig, HostParams,
 };
 use burn_offload_tests::{
-    random_tokens, rel_err, OffloadAutodiff as Off, ReadParams, TestAutodiff as Reference,
-    TestBackend, WriteParams, TOL, TRAJECTORY_TOL,
+    random_tokens, rel_err, train_side_by_side, OffloadAutodiff as Off, ReadParams,
+    TestAutodiff as Reference, TestBackend, WriteParams, TOL,
 };
 use models::{cross_entropy, Gpt2, Gpt2Config, Llama, LlamaConfig};
 
@@ -125,11 +125,16 @@ fn never(_: TensorPrimitive<TestBackend>) -> bool {
 /// One batch's loss and gradients on `Offload` (blocks recomputed) against
 /// plain burn on the whole graph: equal within [`TOL`]; every block's eight
 /// or more parameter gradients left in host memory; one recompute a block.
-fn check_gradients<MO, MR>(model: MO, reference: MR, block_params: usize)
+fn check_gradients<MO, MR>(model: MO, reference: MR)
 where
     MO: BlockModel<Off> + AutodiffModule<Off>,
     MR: BlockModel<Reference> + AutodiffModule<Reference>,
 {
+    let block_params = {
+        let mut n = ReadParams(Vec::new());
+        model.blocks()[0].visit(&mut n);
+        n.0.len()
+    };
     let before = recomputed_blocks();
     let got = loss(&model, 0);
     let want = loss(&reference, 0);
@@ -165,24 +170,14 @@ where
 fn llama_gradients_with_blocks_recomputed_equal_plain_burn() {
     let _turn = serial();
     let (model, reference) = llama_pair(DEPTH);
-    let per_block = {
-        let mut n = ReadParams(Vec::new());
-        model.blocks()[0].visit(&mut n);
-        n.0.len()
-    };
-    check_gradients(model, reference, per_block);
+    check_gradients(model, reference);
 }
 
 #[test]
 fn gpt2_gradients_with_blocks_recomputed_equal_plain_burn() {
     let _turn = serial();
     let (model, reference) = gpt2_pair(DEPTH);
-    let per_block = {
-        let mut n = ReadParams(Vec::new());
-        model.blocks()[0].visit(&mut n);
-        n.0.len()
-    };
-    check_gradients(model, reference, per_block);
+    check_gradients(model, reference);
 }
 
 /// A module straight from burn's initializers (its parameters lazy until
@@ -231,32 +226,18 @@ fn lazy_module_on<AB: AutodiffBackend + BlockRecompute>() {
 }
 
 /// Twenty AdamW steps, the same optimizer on both sides (burn-optim's, on
-/// `Offload` wrapped in `HostParams`): losses equal within [`TOL`] at every
-/// step.
-fn check_twenty_steps<MO, MR>(mut model: MO, mut reference: MR)
+/// `Offload` wrapped in `HostParams`): losses equal at every step and
+/// parameters at the end (`train_side_by_side`).
+fn check_twenty_steps<MO, MR>(model: MO, reference: MR)
 where
     MO: BlockModel<Off> + AutodiffModule<Off>,
     MR: BlockModel<Reference> + AutodiffModule<Reference>,
 {
-    let mut optim = HostParams(AdamWConfig::new().with_weight_decay(0.01).init::<Off, MO>());
-    let mut ref_optim = AdamWConfig::new()
+    let optim = HostParams(AdamWConfig::new().with_weight_decay(0.01).init::<Off, MO>());
+    let ref_optim = AdamWConfig::new()
         .with_weight_decay(0.01)
         .init::<Reference, MR>();
-    for step in 0..20 {
-        let got = loss(&model, step);
-        let got_value: f32 = got.clone().into_scalar().elem();
-        let grads = GradientsParams::from_grads(got.backward(), &model);
-        model = optim.step(3e-3, model, grads);
-
-        let want = loss(&reference, step);
-        let want_value: f32 = want.clone().into_scalar().elem();
-        let grads = GradientsParams::from_grads(want.backward(), &reference);
-        reference = ref_optim.step(3e-3, reference, grads);
-        assert!(
-            ((got_value - want_value) / want_value).abs() <= TOL,
-            "step {step}: loss {got_value} vs {want_value}"
-        );
-    }
+    train_side_by_side(model, reference, optim, ref_optim, 20, 3e-3, |_, _| {});
 }
 
 #[test]
@@ -275,32 +256,19 @@ fn gpt2_trains_twenty_steps_like_plain_burn() {
 
 /// The host AdamW (which updates each parameter in place, in host memory)
 /// through recomputed blocks: it follows burn's AdamW on the whole graph
-/// within [`TRAJECTORY_TOL`], and from the second step on the page-ins of
+/// (`train_side_by_side`: losses and final parameters), and from the second
+/// step on the page-ins of
 /// every step, the recomputes' included, replay the trace of the step
 /// before.
 #[test]
 fn the_host_optimizer_trains_through_recomputes_and_replays_the_trace() {
     let _turn = serial();
-    let (mut model, mut reference) = llama_pair(DEPTH);
-    let mut optim =
+    let (model, reference) = llama_pair(DEPTH);
+    let optim =
         HostOptimizerConfig::adamw(burn_offload::AdamWConfig::default()).init::<Off, Llama<Off>>();
-    let mut ref_optim = AdamWConfig::new().init::<Reference, Llama<Reference>>();
+    let ref_optim = AdamWConfig::new().init::<Reference, Llama<Reference>>();
     let replayed = prefetch::stats().replayed;
-    for step in 0..6 {
-        let got = loss(&model, step);
-        let got_value: f32 = got.clone().into_scalar().elem();
-        let grads = GradientsParams::from_grads(got.backward(), &model);
-        model = optim.step(3e-3, model, grads);
-
-        let want = loss(&reference, step);
-        let want_value: f32 = want.clone().into_scalar().elem();
-        let grads = GradientsParams::from_grads(want.backward(), &reference);
-        reference = ref_optim.step(3e-3, reference, grads);
-        assert!(
-            ((got_value - want_value) / want_value).abs() <= TRAJECTORY_TOL,
-            "step {step}: loss {got_value} vs {want_value}"
-        );
-    }
+    train_side_by_side(model, reference, optim, ref_optim, 6, 3e-3, |_, _| {});
     let replays = prefetch::stats().replayed - replayed;
     assert!(
         replays >= 4,

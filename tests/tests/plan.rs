@@ -10,7 +10,7 @@ use models::{Gpt2Config, LlamaConfig, ModelConfig};
 use plan_common::{h100, job, llama_085b, machine, medium_llama};
 use trainer::options::TrainOptions;
 use trainer::plan::{
-    BlockInputs, BlockRecompute, HostLayout, Job, KeptGraphs, Machine, OptimState, ParamCache, Plan,
+    BlockInputs, HostLayout, Job, KeptGraphs, Machine, OptimState, ParamCache, Plan, Recompute,
 };
 use trainer::run::run;
 
@@ -438,7 +438,7 @@ fn host_params_085b(batch: usize) -> Job {
         gpu: true,
         resident: true,
         host_params: true,
-        block_recompute: BlockRecompute::Off,
+        block_recompute: Recompute::Off,
         ..job(llama_085b(), false)
     }
 }
@@ -452,48 +452,48 @@ fn host_params_recomputes_blocks_where_the_whole_graph_does_not_fit() {
     let gpu = h100();
     let auto = |job: Job| {
         Job {
-            block_recompute: BlockRecompute::Auto,
+            block_recompute: Recompute::Auto,
             ..job
         }
         .placed(&gpu)
     };
     for batch in [4, 16] {
         let placed = auto(host_params_085b(batch));
-        assert_eq!(placed.block_recompute, BlockRecompute::Off, "batch {batch}");
+        assert_eq!(placed.block_recompute, Recompute::Off, "batch {batch}");
         assert!(!placed.recomputes_blocks());
     }
     let seven = auto(Job {
         config: ModelConfig::Llama(LlamaConfig::llama_7b()),
         ..host_params_085b(16)
     });
-    assert_eq!(seven.block_recompute, BlockRecompute::On);
+    assert_eq!(seven.block_recompute, Recompute::On);
     let chosen = Job {
-        block_recompute: BlockRecompute::On,
+        block_recompute: Recompute::On,
         ..host_params_085b(4)
     };
-    assert_eq!(chosen.placed(&gpu).block_recompute, BlockRecompute::On);
+    assert_eq!(chosen.placed(&gpu).block_recompute, Recompute::On);
 }
 
 /// With every block recomputed the device holds one block's activations and
 /// gradients beside the stem's and the cache; the host also holds the
 /// blocks' gradients and inputs. Measured on the H200 (whole process,
-/// nvidia-smi; bench/results/cuda-bench/run49 call 1, the cache holding every
-/// parameter): 0.85B fp32 at 4k and 16k tokens, 11.5 and 17.7 GiB. The
-/// prediction may not fall short of them.
+/// nvidia-smi, the cache holding every parameter; bench/results/cuda-bench,
+/// the type parameter's per-block recompute): 0.85B fp32 at 4k and 16k
+/// tokens, 11.5 and 17.7 GiB. The prediction may not fall short of them.
 #[test]
 fn host_params_plan_with_recompute_matches_the_h200_runs() {
     let h200 = machine(125 << 30, Some(139 << 30));
     let params = llama_085b().num_params() as u64;
     for (batch, measured_gib) in [(4, 11.5), (16, 17.7)] {
         let job = Job {
-            block_recompute: BlockRecompute::On,
+            block_recompute: Recompute::On,
             param_cache: ParamCache::Bytes(4 * params),
             ..host_params_085b(batch)
         };
         let plan = Plan::new(&job);
         let predicted = plan.device_peak(&h200) as f64 / (1u64 << 30) as f64;
         let whole = Plan::new(&Job {
-            block_recompute: BlockRecompute::Off,
+            block_recompute: Recompute::Off,
             ..job.clone()
         })
         .device_peak(&h200) as f64

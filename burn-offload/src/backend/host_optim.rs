@@ -30,7 +30,7 @@ use burn::tensor::{DType, Scalar, Shape, Tensor, TensorData, TensorMetadata, Ten
 
 use super::offload::Link;
 use super::{read_to_host, HostParams, HostTensor, OffloadTensor, OffloadWith};
-use crate::host::norm::sum_of_squares;
+use crate::host::norm::{clip_scale, sum_of_squares};
 use crate::host::optim::{
     AdamWConfig, GradSlice, MomentSlices, OptimizerConfig, SgdConfig, UpdateSlices,
 };
@@ -139,14 +139,6 @@ fn clip_by_norm<B: Backend, T: Transfer, const D: usize>(
     let clip_coef = threshold / norm.add_scalar(min_positive);
     let clip_coef_clamped = clip_coef.clamp_max(1.0);
     grad.mul(clip_coef_clamped.unsqueeze())
-}
-
-/// [`clip_by_norm`]'s factor for a gradient whose squared norm is
-/// `sum_of_squares`, formed on the host: `threshold / (‖g‖ + f32's least
-/// positive value)`, at most one.
-fn clip_scale(sum_of_squares: f64, threshold: f32) -> f32 {
-    let norm = sum_of_squares.sqrt() as f32;
-    (threshold / (norm + f32::MIN_POSITIVE)).min(1.0)
 }
 
 /// A parameter's optimizer state, in host memory: the two moments (SGD:
@@ -532,13 +524,15 @@ impl<B: Backend, T: Transfer> SimpleOptimizer<OffloadWith<B, T>> for HostOptimiz
             gradient.with_values(len, |grads| {
                 let landed = Instant::now();
                 let _timed = Timed(landed - queued, landed);
-                let scale = clip_on_host.map_or(1.0, |threshold| {
-                    clip_scale(sum_of_squares(grads), threshold)
-                });
+                // burn-optim's factor, `threshold / ‖g‖` where that is below
+                // one (its `+ f32::MIN_POSITIVE` vanishes beside any norm
+                // that clips).
+                let clip = clip_on_host.map(f64::from);
+                let (_, scale) = clip_scale(sum_of_squares(grads).sqrt(), clip);
                 config.update(
                     time as u64,
                     lr,
-                    scale,
+                    scale as f32,
                     UpdateSlices {
                         params: params.values(),
                         moments: MomentSlices::F32 {

@@ -383,15 +383,19 @@ impl<B: Backend> HostTensor<B> {
         if let Some(t) = self.on_device.lock().expect("residency lock").as_ref() {
             return t.clone();
         }
-        let data = self.data();
+        self.upload(&self.data())
+    }
+
+    /// Uploads `data` (this tensor's values), keeping the copy in flight
+    /// until it lands: the values are dropped with this tensor, after it.
+    fn upload(&self, data: &TensorData) -> B::FloatTensorPrimitive {
         match (self.link.upload)(data.as_bytes(), data.dtype, &data.shape, &self.device) {
             Some((tensor, in_flight)) => {
-                // The copy reads the host values until it lands; they are
-                // dropped with this tensor, after the guard.
+                // The copy before this one from the same bytes landed long ago.
                 *self.in_flight.lock().expect("in-flight lock") = Some(in_flight);
                 tensor
             }
-            None => B::float_from_data((*data).clone(), &self.device),
+            None => B::float_from_data(data.clone(), &self.device),
         }
     }
 
@@ -409,14 +413,7 @@ impl<B: Backend> HostTensor<B> {
                 *pinned = (self.link.pin)(&self.device, bytes);
             }
         }
-        let tensor = match (self.link.upload)(bytes, data.dtype, &data.shape, &self.device) {
-            Some((tensor, in_flight)) => {
-                // The copy before this one from the same bytes landed long ago.
-                *self.in_flight.lock().expect("in-flight lock") = Some(in_flight);
-                tensor
-            }
-            None => B::float_from_data((*data).clone(), &self.device),
-        };
+        let tensor = self.upload(&data);
         *self.on_device.lock().expect("residency lock") = Some(tensor.clone());
         let weak: Weak<dyn residency::Resident> = Arc::downgrade(self) as _;
         residency::paged_in(self.id, self.bytes(), weak);

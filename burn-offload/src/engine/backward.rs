@@ -9,8 +9,9 @@ use burn::tensor::Tensor;
 
 use super::forward::ForwardState;
 use super::sink::{group_prefix, Sink};
-use super::{run_block, StreamedModel};
+use super::StreamedModel;
 use super::{BlockAd, DeviceTransfer, Engine, EngineError, AD};
+use crate::model::forward_block;
 use crate::ops::attention::{replay, AttentionMemo};
 use crate::transfer::{sum_lanes, PendingGradients};
 use crate::Documents;
@@ -90,9 +91,9 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
                     // The forward's attention outputs, where it kept them.
                     let y = match attention[d].pop() {
                         Some(kept) => {
-                            replay(kept, || run_block(&block, x_in.clone(), documents[d]))
+                            replay(kept, || forward_block(&block, x_in.clone(), documents[d]))
                         }
-                        None => run_block(&block, x_in.clone(), documents[d]),
+                        None => forward_block(&block, x_in.clone(), documents[d]),
                     };
                     (block, x_in, y)
                 };

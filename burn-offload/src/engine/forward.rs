@@ -8,10 +8,11 @@ use burn::module::{AutodiffModule, HasAutodiffModule, Module, ParamId};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Int, Tensor};
 
-use super::{embed_tokens, run_block, StreamedModel};
+use super::{embed_tokens, StreamedModel};
 use super::{BlockAd, Engine, EngineError, AD};
 use crate::engine::config::BatchError;
 use crate::host::{throttle, trace};
+use crate::model::forward_block;
 use crate::ops::attention::{capture, AttentionMemo};
 use crate::precision::{cast_leaves, cast_to};
 use crate::transfer::Stash;
@@ -170,11 +171,12 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
                         // backward recomputes them first, taking these last in, first out.
                         let keep = i.saturating_add(self.config.kept_attention) >= first_kept;
                         let output = if train && keep {
-                            let (output, kept) = capture(|| run_block(&block, input, documents[d]));
+                            let (output, kept) =
+                                capture(|| forward_block(&block, input, documents[d]));
                             state[d].attention.push(kept);
                             output
                         } else {
-                            run_block(&block, input, documents[d])
+                            forward_block(&block, input, documents[d])
                         };
                         drop(block);
                         self.lanes[d].pager.evict(i + 1);
@@ -183,7 +185,7 @@ impl<B: Backend, M: StreamedModel<B>> Engine<B, M> {
                     ForwardBlock::Graph(block) => {
                         // Bound until its backward, which reads this graph.
                         let input = Tensor::<AD<B>, 3>::from_inner(input).require_grad();
-                        let output = run_block(&block, input.clone(), documents[d]);
+                        let output = forward_block(&block, input.clone(), documents[d]);
                         let inner = output.clone().inner();
                         state[d].graphs.push((block, input, output));
                         inner

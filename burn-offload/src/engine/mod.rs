@@ -141,18 +141,6 @@ fn documents_of(documents: BatchDocuments<'_>, i: usize) -> Option<&Documents> {
     documents.map(|d| &d[i]).filter(|d| !d.is_whole())
 }
 
-/// `block` on `x`, within `documents` where given.
-fn run_block<X: Backend, T: DecoderBlock<X>>(
-    block: &T,
-    x: Tensor<X, 3>,
-    documents: Option<&Documents>,
-) -> Tensor<X, 3> {
-    match documents {
-        Some(documents) => block.forward_in(x, documents),
-        None => block.forward(x),
-    }
-}
-
 /// `model`'s embedding of `tokens`, within `documents` where given.
 fn embed_tokens<X: Backend, T: BlockModel<X>>(
     model: &T,

@@ -124,7 +124,7 @@ impl Links {
 mod tests {
     use super::*;
     use crate::plan::{
-        BlockInputs, BlockRecompute, HostLayout, KeptGraphs, OptimState, ParamCache,
+        BlockInputs, HostLayout, KeptGraphs, OptimState, ParamCache, Recompute,
         GRADIENT_BLOCKS_IN_FLIGHT,
     };
     use burn_offload::Compute;
@@ -156,7 +156,7 @@ mod tests {
             gradient_blocks_in_flight: GRADIENT_BLOCKS_IN_FLIGHT,
             mlp_tile: None,
             param_cache: ParamCache::Auto,
-            block_recompute: BlockRecompute::Auto,
+            block_recompute: Recompute::Auto,
             trained_params: None,
             frozen_host_bytes: None,
             smaller_bases: Vec::new(),

@@ -8,7 +8,7 @@ use burn_offload::Compute;
 use clap::parser::ValueSource;
 
 use crate::instruct::DataFormat;
-use crate::plan::{BlockInputs, BlockRecompute, HostLayout, KeptGraphs, OptimState};
+use crate::plan::{BlockInputs, HostLayout, KeptGraphs, OptimState, Recompute};
 use crate::processes::{PlaceError, RankOptions};
 
 mod lora;
@@ -149,8 +149,8 @@ pub struct TrainOptions {
     /// one block's activations), or keep the whole step's graph on the GPU
     /// (`off`, faster where it fits). `auto`: off when the memory plan fits
     /// the GPU with the whole graph (`--plan` shows the choice).
-    #[arg(long, default_value = "auto")]
-    pub block_recompute: BlockRecompute,
+    #[arg(long, value_enum, default_value = "auto")]
+    pub block_recompute: Recompute,
     /// Engine: apply each block's AdamW update as soon as its gradient arrives
     /// (12 host bytes/param instead of 16; no --accum). The gradient norm is
     /// needed before the first update (non-finite guard, clipping), so the

@@ -287,14 +287,17 @@ fn block_recompute_runs_with_host_params_and_is_refused_elsewhere() {
     }
     assert_fails_with(&["--block-recompute", "on"], "--host-params");
     assert_fails_with(&["--block-recompute", "on", "--resident"], "--host-params");
-    assert_fails_with(
-        &[
-            "--resident",
-            "--host-params",
-            "--block-recompute",
-            "sometimes",
-        ],
-        "expected one of",
+    let unknown = [
+        "--resident",
+        "--host-params",
+        "--block-recompute",
+        "sometimes",
+    ];
+    assert_fails_with(&unknown, "invalid value 'sometimes' for '--block-recompute");
+    let (_, stderr) = train(&unknown);
+    assert!(
+        stderr.contains("[possible values: auto, on, off]"),
+        "{stderr}"
     );
 }
 

@@ -30,7 +30,7 @@ pub fn job(config: ModelConfig, fused: bool) -> Job {
         gradient_blocks_in_flight: trainer::plan::GRADIENT_BLOCKS_IN_FLIGHT,
         mlp_tile: None,
         param_cache: trainer::plan::ParamCache::Auto,
-        block_recompute: trainer::plan::BlockRecompute::Auto,
+        block_recompute: trainer::plan::Recompute::Auto,
         trained_params: None,
         frozen_host_bytes: None,
         smaller_bases: Vec::new(),

@@ -32,7 +32,7 @@ use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Tensor, TensorPrimitive};
 
 use crate::documents::Documents;
-use crate::model::{run_plain, BlockRecompute, DecoderBlock};
+use crate::model::{forward_block, BlockRecompute, DecoderBlock};
 
 static RECOMPUTED: AtomicU64 = AtomicU64::new(0);
 
@@ -68,11 +68,11 @@ impl<X: BlockRecompute, C: CheckpointStrategy> BlockRecompute for Autodiff<X, C>
         documents: Option<&Documents>,
     ) -> Tensor<Self, 3> {
         if !X::recompute_blocks() {
-            return run_plain(block, x, documents);
+            return forward_block(block, x, documents);
         }
         let documents = documents.cloned();
         Self::recompute(block, x, move |block, x| {
-            run_plain(block, x, documents.as_ref())
+            forward_block(block, x, documents.as_ref())
         })
     }
 

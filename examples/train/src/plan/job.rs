@@ -3,7 +3,7 @@
 use burn_offload::Compute;
 use models::ModelConfig;
 
-use super::knobs::{BlockInputs, BlockRecompute, HostLayout, KeptGraphs, OptimState, ParamCache};
+use super::knobs::{BlockInputs, HostLayout, KeptGraphs, OptimState, ParamCache, Recompute};
 
 /// What the job is.
 #[derive(Debug, Clone)]
@@ -60,7 +60,7 @@ pub struct Job {
     pub param_cache: ParamCache,
     /// With `host_params`: whether each block runs as a checkpoint (decided
     /// by [`Job::place_block_recompute`] where `Auto`).
-    pub block_recompute: BlockRecompute,
+    pub block_recompute: Recompute,
     /// With LoRA (`--lora-rank`): the parameters that train (the adapters,
     /// and the embeddings and head with `--train-embeddings`); the rest is
     /// frozen, with no gradient and no optimizer state. `None`: every
@@ -86,7 +86,7 @@ impl Job {
     /// Whether the type parameter runs its blocks as checkpoints (`Auto`
     /// counted as on until placed: the plan the GPU surely fits).
     pub fn recomputes_blocks(&self) -> bool {
-        self.resident && self.host_params && self.block_recompute != BlockRecompute::Off
+        self.resident && self.host_params && self.block_recompute != Recompute::Off
     }
 
     /// How many block-input checkpoints (of `layers + 1`: every block's

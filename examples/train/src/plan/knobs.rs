@@ -222,48 +222,10 @@ impl std::str::FromStr for BlockInputs {
 /// inputs kept, in host memory, each block's graph rebuilt in its backward
 /// and its gradients sent to host memory, so the GPU holds one block's
 /// activations; or the whole step's graph on the GPU, faster where it fits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BlockRecompute {
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Recompute {
     /// Off when the plan fits the GPU with the whole graph, else on.
     Auto,
     On,
     Off,
-}
-
-impl BlockRecompute {
-    pub const ALL: [BlockRecompute; 3] = [
-        BlockRecompute::Auto,
-        BlockRecompute::On,
-        BlockRecompute::Off,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            BlockRecompute::Auto => "auto",
-            BlockRecompute::On => "on",
-            BlockRecompute::Off => "off",
-        }
-    }
-}
-
-impl std::fmt::Display for BlockRecompute {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl std::str::FromStr for BlockRecompute {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        BlockRecompute::ALL
-            .into_iter()
-            .find(|b| b.name().eq_ignore_ascii_case(s))
-            .ok_or_else(|| {
-                format!(
-                    "unknown block recompute `{s}`; expected one of: {}",
-                    BlockRecompute::ALL.map(BlockRecompute::name).join(", ")
-                )
-            })
-    }
 }

@@ -28,6 +28,6 @@ pub(crate) use estimate::shape;
 pub use estimate::{kept_attention_bytes, kept_graph_bytes, Item, Plan};
 pub use job::{Job, Machine};
 pub use knobs::{
-    BlockInputs, BlockRecompute, HostLayout, KeptGraphs, OptimState, ParamCache,
+    BlockInputs, HostLayout, KeptGraphs, OptimState, ParamCache, Recompute,
     GRADIENT_BLOCKS_IN_FLIGHT,
 };

@@ -5,7 +5,7 @@
 use super::estimate::{kept_attention_bytes, kept_graph_bytes, shape, Plan};
 use super::job::{Job, Machine};
 use super::knobs::F32;
-use super::knobs::{BlockInputs, BlockRecompute, HostLayout, KeptGraphs, ParamCache};
+use super::knobs::{BlockInputs, HostLayout, KeptGraphs, ParamCache, Recompute};
 
 impl Job {
     /// The job with [`HostLayout::Auto`] decided for `machine` (call it
@@ -95,21 +95,21 @@ impl Job {
             && self.batch * self.seq_len > burn_offload::ops::mlp::MLP_TILE_TOKENS
     }
 
-    /// The job with [`BlockRecompute::Auto`] decided for `machine`: with
+    /// The job with [`Recompute::Auto`] decided for `machine`: with
     /// `--host-params`, off (the whole step's graph on the device, no second
     /// forward) on a CPU and where the plan fits the GPU so, else on.
     pub fn place_block_recompute(mut self, machine: &Machine) -> Self {
-        if self.block_recompute != BlockRecompute::Auto || !(self.resident && self.host_params) {
+        if self.block_recompute != Recompute::Auto || !(self.resident && self.host_params) {
             return self;
         }
         let whole = Job {
-            block_recompute: BlockRecompute::Off,
+            block_recompute: Recompute::Off,
             ..self.clone()
         };
         self.block_recompute = if !self.gpu || Plan::new(&whole).fits_device(machine) {
-            BlockRecompute::Off
+            Recompute::Off
         } else {
-            BlockRecompute::On
+            Recompute::On
         };
         self
     }
