@@ -316,7 +316,7 @@ fn add_rows(
 }
 
 /// The forward: a cube per `TILE` queries (the last tiles, which see the
-/// most keys, first) of head `CUBE_POS_Y` of sequence `CUBE_POS_Z`.
+/// most keys, first) of head `CUBE_POS_X` of sequence `CUBE_POS_Z`.
 #[cube(launch_unchecked, fast_math = FastMath::ReducedPrecision | FastMath::NotNaN | FastMath::NotInf)]
 pub(super) fn forward_kernel<F: Float, S: Float>(
     q: &Tensor<F>,
@@ -332,8 +332,8 @@ pub(super) fn forward_kernel<F: Float, S: Float>(
     #[define(S)] _stage: StorageType,
 ) {
     let seq = q.shape(2);
-    let tile = (seq + TILE - 1) / TILE - 1 - CUBE_POS_X as usize;
-    let (head, batch) = (CUBE_POS_Y as usize, CUBE_POS_Z as usize);
+    let tile = (seq + TILE - 1) / TILE - 1 - CUBE_POS_Y as usize;
+    let (head, batch) = (CUBE_POS_X as usize, CUBE_POS_Z as usize);
     let kv_head = head / (q.shape(1) / k.shape(1));
     let (plane, lane) = (UNIT_POS_Y as usize, UNIT_POS_X as usize);
     let first = tile * TILE;
@@ -488,7 +488,7 @@ pub(super) fn forward_kernel<F: Float, S: Float>(
     );
 }
 
-/// The backward: a cube per `TILE` keys of key/value head `CUBE_POS_Y`
+/// The backward: a cube per `TILE` keys of key/value head `CUBE_POS_X`
 /// of sequence `CUBE_POS_Z`, over the group's query heads and the query
 /// tiles at or past its keys. It sums `dk` and `dv` in registers and adds
 /// each query tile's share of `dq` to the f32 sums `dq` (atomically:
@@ -514,9 +514,9 @@ pub(super) fn backward_kernel<F: Float, S: Float>(
 ) {
     let seq = q.shape(2);
     let groups = q.shape(1) / k.shape(1);
-    let (kv_head, batch) = (CUBE_POS_Y as usize, CUBE_POS_Z as usize);
+    let (kv_head, batch) = (CUBE_POS_X as usize, CUBE_POS_Z as usize);
     let (plane, lane) = (UNIT_POS_Y as usize, UNIT_POS_X as usize);
-    let first_key = CUBE_POS_X as usize * TILE;
+    let first_key = CUBE_POS_Y as usize * TILE;
     let lp = comptime!(TILE + PAD);
     // Two f32 score-shaped tiles a plane (p, then dp), or one output.
     let half_scratch = comptime!(TILE * (TILE + PAD));
@@ -587,7 +587,7 @@ pub(super) fn backward_kernel<F: Float, S: Float>(
     let mut g = 0usize;
     while g < groups {
         let head = kv_head * groups + g;
-        let mut i = CUBE_POS_X as usize;
+        let mut i = CUBE_POS_Y as usize;
         while i < query_tiles {
             let first = i * TILE;
             sync_cube();

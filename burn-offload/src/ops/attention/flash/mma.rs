@@ -18,11 +18,11 @@ use cubecl::ir::{FastMath, MatrixIdent};
 use cubecl::prelude::*;
 
 use super::kernels::{visible_columns, LOWEST, PAD, TILE};
-use super::tiles::{fetch, fetch_stat, load_octets, stash, stash_stat, Octet};
+use super::tiles::{fetch, load_octets, stash, Octet};
 
 /// Two consecutive values of a row: one 32-bit register of bf16 or f16, or
 /// two of f32 (an accumulator's).
-type Pair<E> = Vector<E, Const<2>>;
+pub(super) type Pair<E> = Vector<E, Const<2>>;
 
 /// Above every masked score, below every real one: a row whose keys are all
 /// masked so far keeps [`LOWEST`] as its maximum and must not take
@@ -33,7 +33,7 @@ const MASKED_BELOW: f32 = -1.0e29;
 /// `l` gives the address of its row, at `row`, `col`, of matrix `l / 8`;
 /// `transpose` hands each lane a column's values instead of a row's.
 #[cube]
-fn ldmatrix<F: Float>(
+pub(super) fn ldmatrix<F: Float>(
     tile: &SharedMemory<F>,
     row: usize,
     col: usize,
@@ -75,7 +75,7 @@ fn mma<F: Float>(
 
 /// `len` zeroed pairs of f32.
 #[cube]
-fn zeros(#[comptime] len: usize) -> Array<Pair<f32>> {
+pub(super) fn zeros(#[comptime] len: usize) -> Array<Pair<f32>> {
     let mut acc = Array::<Pair<f32>>::new(len);
     #[unroll]
     for i in 0..len {
@@ -88,7 +88,7 @@ fn zeros(#[comptime] len: usize) -> Array<Pair<f32>> {
 /// as left operands: block `b`'s 16 rows are the `width / 4` pairs from
 /// `b · width / 4` on (4 pairs for each 16 columns).
 #[cube]
-fn left_operands<F: Float>(
+pub(super) fn left_operands<F: Float>(
     tile: &SharedMemory<F>,
     row: usize,
     #[comptime] blocks: usize,
@@ -124,7 +124,7 @@ fn left_operands<F: Float>(
 /// right operand read from shared memory serves every block.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn times_transposed<F: Float>(
+pub(super) fn times_transposed<F: Float>(
     a: &Array<Pair<F>>,
     tile: &SharedMemory<F>,
     from: usize,
@@ -165,7 +165,7 @@ fn times_transposed<F: Float>(
 /// of `acc` from `b · dim / 4` on.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn accumulate<F: Float>(
+pub(super) fn accumulate<F: Float>(
     a: &Array<Pair<F>>,
     tile: &SharedMemory<F>,
     from: usize,
@@ -201,7 +201,7 @@ fn accumulate<F: Float>(
 /// Accumulator pairs `s` (rows `g`, `g + 8` of `cols / 8` column blocks)
 /// as left operands: block `n`'s pairs are the `n % 2` half of step `n / 2`.
 #[cube]
-fn as_left<F: Float>(s: &Array<Pair<f32>>, #[comptime] cols: usize) -> Array<Pair<F>> {
+pub(super) fn as_left<F: Float>(s: &Array<Pair<f32>>, #[comptime] cols: usize) -> Array<Pair<F>> {
     let mut a = Array::<Pair<F>>::new(comptime!(2 * cols / 8));
     #[unroll]
     for n in 0..comptime!(cols / 8) {
@@ -271,7 +271,7 @@ fn mask_scores(
 }
 
 /// The forward for bf16 and f16 (see `forward_kernel`): a cube per
-/// `TILE · blocks` queries (the last tiles first) of head `CUBE_POS_Y` of
+/// `TILE · blocks` queries (the last tiles first) of head `CUBE_POS_X` of
 /// sequence `CUBE_POS_Z`; each plane's `16 · blocks` rows keep their
 /// scores, probabilities and output in registers. With two blocks a plane
 /// (heads of 64) each key and value fragment read from shared memory feeds
@@ -291,8 +291,8 @@ pub(super) fn forward_mma_kernel<F: Float>(
 ) {
     let queries = comptime!(TILE * blocks);
     let seq = q.shape(2);
-    let tile = (seq + queries - 1) / queries - 1 - CUBE_POS_X as usize;
-    let (head, batch) = (CUBE_POS_Y as usize, CUBE_POS_Z as usize);
+    let tile = (seq + queries - 1) / queries - 1 - CUBE_POS_Y as usize;
+    let (head, batch) = (CUBE_POS_X as usize, CUBE_POS_Z as usize);
     let kv_head = head / (q.shape(1) / k.shape(1));
     let (plane, lane) = (UNIT_POS_Y as usize, UNIT_POS_X as usize);
     let t = lane % 4;
@@ -457,313 +457,6 @@ pub(super) fn forward_mma_kernel<F: Float>(
         }
         if t == 0 && mine < seq {
             lse[lse_base + mine * lse.stride(2)] = fma(max[r], scale, total.ln());
-        }
-    }
-}
-
-/// Sets to zero the probabilities `pᵀ` (the backward's: the plane's 16
-/// keys, the lane's first `key`, × the 16 queries from `first_query` on)
-/// of the queries that must not see their key: before it, or past its
-/// `window`.
-#[cube]
-fn mask_probabilities(s: &mut Array<Pair<f32>>, key: usize, first_query: usize, window: usize) {
-    let t = UNIT_POS_X as usize % 4;
-    #[unroll]
-    for n in 0..2usize {
-        #[unroll]
-        for h in 0..2usize {
-            let mine = key + comptime!(8 * h);
-            let mut p = s[comptime!(2 * n + h)];
-            #[unroll]
-            for e in 0..2usize {
-                let query = first_query + comptime!(8 * n + e) + 2 * t;
-                p[e] = select(query >= mine && query < mine + window, p[e], f32::new(0.0));
-            }
-            s[comptime!(2 * n + h)] = p;
-        }
-    }
-}
-
-/// The backward for bf16 and f16 with heads of at most 64 values (see
-/// `backward_kernel`): a cube per `TILE` keys of key/value head
-/// `CUBE_POS_Y` of sequence `CUBE_POS_Z`, each plane's 16 keys keeping
-/// their fragments of `k` and `v`, `sᵀ`, `dpᵀ`, and the sums `dk`, `dv` in
-/// registers. `dsᵀ` goes through shared memory once a query tile: each
-/// plane then adds its 16 queries' `ds·k` to the f32 sums `dq` atomically.
-#[cube(launch_unchecked, fast_math = FastMath::ReducedPrecision | FastMath::NotNaN | FastMath::NotInf)]
-pub(super) fn backward_mma_kernel<F: Float>(
-    q: &Tensor<Octet<F>>,
-    k: &Tensor<Octet<F>>,
-    v: &Tensor<Octet<F>>,
-    grad: &Tensor<Octet<F>>,
-    lse: &Tensor<f32>,
-    dot: &Tensor<f32>,
-    dq: &mut Tensor<Atomic<Pair<f32>>>,
-    dk: &mut Tensor<F>,
-    dv: &mut Tensor<F>,
-    scale: f32,
-    window: u32,
-    #[comptime] dim: usize,
-    #[define(F)] _input: StorageType,
-) {
-    let seq = q.shape(2);
-    let groups = q.shape(1) / k.shape(1);
-    let (kv_head, batch) = (CUBE_POS_Y as usize, CUBE_POS_Z as usize);
-    let (plane, lane) = (UNIT_POS_Y as usize, UNIT_POS_X as usize);
-    let t = lane % 4;
-    let first_key = CUBE_POS_X as usize * TILE;
-    let ld = comptime!(dim + PAD);
-    let lp = comptime!(TILE + PAD);
-    let window = window as usize;
-
-    // Two tiles of the queries, output gradients and their statistics:
-    // the products read one while the next query tile goes into the other
-    // (see the loop).
-    let mut qs = SharedMemory::<F>::new_aligned(comptime!(2 * TILE * (dim + PAD)), 16usize);
-    let mut gs = SharedMemory::<F>::new_aligned(comptime!(2 * TILE * (dim + PAD)), 16usize);
-    let mut ks_ = SharedMemory::<F>::new_aligned(comptime!(TILE * (dim + PAD)), 16usize);
-    let mut dst = SharedMemory::<F>::new_aligned(comptime!(TILE * (TILE + PAD)), 16usize);
-    let mut lses = SharedMemory::<f32>::new(comptime!(2 * TILE));
-    let mut dots = SharedMemory::<f32>::new(comptime!(2 * TILE));
-    // Strides read once (see `load_rows`).
-    let (q_row, g_row) = (q.stride(2), grad.stride(2));
-    let (lse_row, dot_row) = (lse.stride(2), dot.stride(2));
-    let dq_row = dq.stride(2);
-    let (q_batch, q_head) = (batch * q.stride(0), q.stride(1));
-    let (g_batch, g_head) = (batch * grad.stride(0), grad.stride(1));
-    let (lse_batch, lse_head) = (batch * lse.stride(0), lse.stride(1));
-    let (dot_batch, dot_head) = (batch * dot.stride(0), dot.stride(1));
-    let (dq_batch, dq_head) = (batch * dq.stride(0), dq.stride(1));
-    load_octets::<F>(
-        k,
-        &mut ks_,
-        0usize,
-        batch * k.stride(0) + kv_head * k.stride(1),
-        k.stride(2),
-        seq,
-        first_key,
-        dim,
-    );
-    // The values are only read as fragments, before the loop: they pass
-    // through the output gradients' second tile, which the first iteration
-    // stores to only past its sync on `dsᵀ`, when every plane has its
-    // fragments.
-    load_octets::<F>(
-        v,
-        &mut gs,
-        TILE,
-        batch * v.stride(0) + kv_head * v.stride(1),
-        v.stride(2),
-        seq,
-        first_key,
-        dim,
-    );
-    // The first query tile (of the group's first head): the cube's own.
-    let head_0 = kv_head * groups;
-    load_octets::<F>(
-        q,
-        &mut qs,
-        0usize,
-        q_batch + head_0 * q_head,
-        q_row,
-        seq,
-        first_key,
-        dim,
-    );
-    load_octets::<F>(
-        grad,
-        &mut gs,
-        0usize,
-        g_batch + head_0 * g_head,
-        g_row,
-        seq,
-        first_key,
-        dim,
-    );
-    // Past the end: p = exp(s − 1e30) = 0.
-    let lse_0 = fetch_stat(lse, lse_batch + head_0 * lse_head, lse_row, seq, first_key);
-    let dot_0 = fetch_stat(dot, dot_batch + head_0 * dot_head, dot_row, seq, first_key);
-    stash_stat(lse_0, &mut lses, 0usize, seq, first_key, f32::new(1.0e30));
-    stash_stat(dot_0, &mut dots, 0usize, seq, first_key, f32::new(0.0));
-    sync_cube();
-    let k_frag = left_operands::<F>(&ks_, plane * 16, 1usize, dim, ld);
-    let v_frag = left_operands::<F>(&gs, TILE + plane * 16, 1usize, dim, ld);
-
-    // The lane's keys, `key` and `key + 8`.
-    let key = first_key + plane * 16 + lane / 4;
-    let mut dk_acc = zeros(comptime!(2 * dim / 8));
-    let mut dv_acc = zeros(comptime!(2 * dim / 8));
-    // The queries that see the cube's last key end at its position plus
-    // the window.
-    let mut query_tiles = (seq + TILE - 1) / TILE;
-    let reach = (first_key + TILE - 1 + window + TILE - 1) / TILE;
-    if reach < query_tiles {
-        query_tiles = reach;
-    }
-    // The query tile of iteration `j` is in rows `now..now + TILE` of `qs`
-    // and `gs` (and of `lses`, `dots`); that of `j + 1` goes into the
-    // other `TILE` rows. Its loads issue first, run during the products,
-    // and are stored after them. The products walk the tile 16 queries at
-    // a time (`sᵀ`, `dpᵀ`, then `pᵀ`, `dsᵀ` and their sums), so only a
-    // slice's scores are in registers beside the cube's sums: with the
-    // whole tile's the kernel spilled. Two syncs a tile: on `dsᵀ`, and at
-    // the end, between the rows stored in iteration `j` and their reads in
-    // `j + 1` (they were last read in `j − 1`, before the previous end).
-    let mut now = 0usize;
-    let mut g = 0usize;
-    while g < groups {
-        let head = head_0 + g;
-        let mut i = CUBE_POS_X as usize;
-        while i < query_tiles {
-            let first = i * TILE;
-            let next = TILE - now;
-            // The next tile: this head's next, else the next head's first
-            // (the cube's own), else this one again (in bounds, stored
-            // where nothing reads it): no branch.
-            let head_done = i + 1 >= query_tiles;
-            let next_first = select(head_done, first_key, first + TILE);
-            let next_head = select(head_done && g + 1 < groups, head + 1, head);
-            let q_next = fetch::<F>(q, q_batch + next_head * q_head, q_row, seq, next_first, dim);
-            let g_next = fetch::<F>(
-                grad,
-                g_batch + next_head * g_head,
-                g_row,
-                seq,
-                next_first,
-                dim,
-            );
-            let lse_base = lse_batch + next_head * lse_head;
-            let lse_next = fetch_stat(lse, lse_base, lse_row, seq, next_first);
-            let dot_base = dot_batch + next_head * dot_head;
-            let dot_next = fetch_stat(dot, dot_base, dot_row, seq, next_first);
-            // Whether some query of the tile must not see some key of the
-            // cube: the diagonal or the window's end (queries past the
-            // sequence's end have p = 0 through their log-sum-exp).
-            let masks = first < first_key + TILE - 1 || first + TILE > first_key + window;
-            #[unroll]
-            for slice in 0..comptime!(TILE / 16) {
-                let from = now + comptime!(16 * slice);
-                // sᵀ and dpᵀ (the plane's keys × the slice's queries),
-                // then pᵀ and dsᵀ in place.
-                let mut s = times_transposed::<F>(&k_frag, &qs, from, 1usize, 16usize, dim, ld);
-                let mut dp = times_transposed::<F>(&v_frag, &gs, from, 1usize, 16usize, dim, ld);
-                #[unroll]
-                for n in 0..2usize {
-                    #[unroll]
-                    for h in 0..2usize {
-                        let mut p = s[comptime!(2 * n + h)];
-                        #[unroll]
-                        for e in 0..2usize {
-                            let col = comptime!(16 * slice + 8 * n + e) + 2 * t;
-                            p[e] = fma(p[e], scale, -lses[now + col]).exp();
-                        }
-                        s[comptime!(2 * n + h)] = p;
-                    }
-                }
-                // One branch a slice: most mask nothing.
-                if masks {
-                    mask_probabilities(&mut s, key, first + comptime!(16 * slice), window);
-                }
-                #[unroll]
-                for n in 0..2usize {
-                    #[unroll]
-                    for h in 0..2usize {
-                        let p = s[comptime!(2 * n + h)];
-                        let mut d = dp[comptime!(2 * n + h)];
-                        #[unroll]
-                        for e in 0..2usize {
-                            let col = comptime!(16 * slice + 8 * n + e) + 2 * t;
-                            d[e] = p[e] * (d[e] - dots[now + col]);
-                        }
-                        dp[comptime!(2 * n + h)] = d;
-                    }
-                }
-                let p = as_left::<F>(&s, 16usize);
-                let ds = as_left::<F>(&dp, 16usize);
-                // dsᵀ into shared memory, rows the cube's keys: the same
-                // roundings of `dpᵀ` as the sums take.
-                #[unroll]
-                for n in 0..2usize {
-                    #[unroll]
-                    for h in 0..2usize {
-                        let d = ds[comptime!(2 * n + h)];
-                        let at = (plane * 16 + lane / 4 + comptime!(8 * h)) * lp
-                            + comptime!(16 * slice + 8 * n)
-                            + 2 * t;
-                        dst[at] = d[0];
-                        dst[at + 1] = d[1];
-                    }
-                }
-                accumulate::<F>(&p, &gs, from, &mut dv_acc, 1usize, 16usize, dim, ld);
-                accumulate::<F>(&ds, &qs, from, &mut dk_acc, 1usize, 16usize, dim, ld);
-            }
-            sync_cube();
-            // The plane's 16 queries' ds·k over the cube's keys: ds as left
-            // operands, transposed out of dsᵀ.
-            let mut ds_rows = Array::<Pair<F>>::new(comptime!(4 * TILE / 16));
-            #[unroll]
-            for kk in 0..comptime!(TILE / 16) {
-                let regs = ldmatrix::<F>(
-                    &dst,
-                    comptime!(kk * 16) + lane % 8 + (lane / 16) * 8,
-                    plane * 16 + ((lane / 8) % 2) * 8,
-                    lp,
-                    true,
-                );
-                #[unroll]
-                for r in 0..4usize {
-                    ds_rows[comptime!(4 * kk + r)] = regs[r];
-                }
-            }
-            let mut dq_part = zeros(comptime!(2 * dim / 8));
-            accumulate::<F>(&ds_rows, &ks_, 0usize, &mut dq_part, 1usize, TILE, dim, ld);
-            // The lane's two rows of `dq` (contiguous rows: the launcher
-            // allocates it), each of whose pairs is a constant offset from
-            // the row's first, added as one 8-byte atomic (a quad's four
-            // then cover a whole 32-byte sector of the row); rows past the
-            // sequence's end only in its last tile.
-            let query = first + plane * 16 + lane / 4;
-            let at = (dq_batch + head * dq_head + query * dq_row) / 2 + t;
-            let whole = first + TILE <= seq;
-            #[unroll]
-            for h in 0..2usize {
-                if whole || query + comptime!(8 * h) < seq {
-                    let row_at = at + comptime!(8 * h) * (dq_row / 2);
-                    #[unroll]
-                    for nd in 0..comptime!(dim / 8) {
-                        dq[row_at + comptime!(4 * nd)].fetch_add(dq_part[comptime!(2 * nd + h)]);
-                    }
-                }
-            }
-            stash::<F>(&q_next, &mut qs, next, seq, next_first, dim);
-            stash::<F>(&g_next, &mut gs, next, seq, next_first, dim);
-            stash_stat(lse_next, &mut lses, next, seq, next_first, f32::new(1.0e30));
-            stash_stat(dot_next, &mut dots, next, seq, next_first, f32::new(0.0));
-            sync_cube();
-            now = next;
-            i += 1;
-        }
-        g += 1;
-    }
-    let dk_base = batch * dk.stride(0) + kv_head * dk.stride(1);
-    let dv_base = batch * dv.stride(0) + kv_head * dv.stride(1);
-    let (dk_row, dk_col, dv_row, dv_col) = (dk.stride(2), dk.stride(3), dv.stride(2), dv.stride(3));
-    #[unroll]
-    for nd in 0..comptime!(dim / 8) {
-        #[unroll]
-        for h in 0..2usize {
-            let a = dk_acc[comptime!(2 * nd + h)];
-            let b = dv_acc[comptime!(2 * nd + h)];
-            let row = key + comptime!(8 * h);
-            #[unroll]
-            for e in 0..2usize {
-                let col = comptime!(8 * nd + e) + 2 * t;
-                let (x, y) = (F::cast_from(a[e] * scale), F::cast_from(b[e]));
-                if row < seq {
-                    dk[dk_base + row * dk_row + col * dk_col] = x;
-                    dv[dv_base + row * dv_row + col * dv_col] = y;
-                }
-            }
         }
     }
 }

@@ -21,17 +21,24 @@
 //! visited; rows past the sequence's end are zeros, so any length works.
 //! The backward runs FlashAttention-2's five products a tile.
 //!
-//! For bf16 and f16 (the training compute types), `mma` holds the same two
-//! passes on `mma.sync` with the scores, probabilities and their gradients
-//! in registers, FlashAttention-2's own layout (the backward for heads of at
-//! most 64 values; the forward of such heads a cube per 128 queries, 32 a
-//! plane, so each fragment of keys and values read feeds two products); the WMMA kernels above run f32 (as tf32) and the 16-bit
-//! backward of wider heads. Those read their tiles in 16-byte vectors
-//! (`tiles`).
+//! For bf16 and f16 (the training compute types), `mma` and `mma_backward`
+//! hold the same two passes on `mma.sync` with the scores, probabilities and
+//! their gradients in registers, FlashAttention-2's own layout (the backward
+//! for heads of at most 64 values). With such heads each plane holds 32 rows
+//! in two blocks of 16, so each fragment read from shared memory feeds two
+//! products: the forward a cube per 128 queries, the backward a cube per 128
+//! keys, its next query tile coming in through `cp.async`. The WMMA kernels
+//! above run f32 (as tf32) and the 16-bit backward of wider heads. Those read
+//! their tiles in 16-byte vectors (`tiles`).
+//!
+//! Every kernel's grid has heads along x and tiles along y, and takes its
+//! heaviest tiles at the lowest y: the GPU starts cubes x first, so every
+//! head's heaviest cubes start before any head's lighter ones.
 
 mod kernels;
 mod launch;
 mod mma;
+mod mma_backward;
 mod tiles;
 
 pub(crate) use launch::{backward, forward, takes};

@@ -8,6 +8,7 @@
 //! kernel can issue the loads of its next tile before its products on the
 //! current one and store them after, instead of waiting for them.
 
+use cubecl::prelude::barrier::copy_async;
 use cubecl::prelude::*;
 
 use super::kernels::{PAD, TILE, UNITS};
@@ -110,6 +111,48 @@ pub(super) fn load_octets<F: Float>(
 ) {
     let regs = fetch::<F>(t, base, row_stride, seq, first, dim);
     stash::<F>(&regs, tile, from, seq, first, dim);
+}
+
+/// [`fetch`] and [`stash`] at once through `cp.async`: the unit's octets
+/// go from global to shared memory without passing through its registers,
+/// and are there once the unit has committed them to a barrier
+/// (`commit_copy_async`) and that barrier's phase has completed. Rows past
+/// the sequence's end (`seq`) hold a copy of its last row, not zeros: the
+/// backward gives them no weight (their log-sum-exp is `1e30`).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn copy_octets<F: Float>(
+    t: &Tensor<Octet<F>>,
+    tile: &mut SharedMemory<F>,
+    from: usize,
+    base: usize,
+    row_stride: usize,
+    seq: usize,
+    first: usize,
+    #[comptime] dim: usize,
+) {
+    let across = comptime!(dim / OCTET);
+    let down = comptime!(UNITS / (dim / OCTET));
+    let ld = comptime!(dim + PAD);
+    let unit = UNIT_POS as usize;
+    let (row, col) = (unit / across, unit % across);
+    let at = base / OCTET + col;
+    let rows = row_stride / OCTET;
+    #[unroll]
+    for i in 0..comptime!(TILE / down) {
+        let r = row + comptime!(i * down);
+        let pos = first + r;
+        let src = at + select(pos < seq, pos, seq - 1) * rows;
+        // The destination in elements of `tile` (the copy's raw pointer
+        // arithmetic is in the slice's own element type, so the shared
+        // slice stays scalar and is only retyped).
+        let dst = (from + r) * ld + col * OCTET;
+        let mut octet = unsafe {
+            tile.slice_mut(dst, dst + OCTET)
+                .downcast_unchecked::<Octet<F>>()
+        };
+        copy_async(&t.slice(src, src + 1), &mut octet, comptime!(OCTET as u32));
+    }
 }
 
 /// The unit's value of the `TILE` values of an f32 `[b, h, s, 1]` tensor
