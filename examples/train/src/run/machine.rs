@@ -2,13 +2,13 @@
 //! memory plan of a run on it.
 
 use burn_offload::quant::BaseDtype;
-use burn_offload::FrozenDtype;
+use burn_offload::{Compute, FrozenDtype};
 use models::ModelConfig;
 
 use crate::options::*;
 use crate::plan::{
-    BlockInputs, DoesNotFit, Job as PlanJob, KeptGraphs, Machine, ParamCache, Plan,
-    GRADIENT_BLOCKS_IN_FLIGHT,
+    BlockInputs, DoesNotFit, HostLayout, Job as PlanJob, KeptGraphs, Machine, OptimState,
+    ParamCache, Plan, GRADIENT_BLOCKS_IN_FLIGHT,
 };
 use crate::DefaultBackend;
 
@@ -190,6 +190,13 @@ fn cudnn_runs(opts: &TrainOptions) -> bool {
 
 /// The memory plan of this job on `machine` (nothing is allocated).
 pub fn plan(opts: &TrainOptions, config: ModelConfig, machine: &Machine) -> (Plan, PlanJob) {
+    let job = unplaced_job(opts, config).placed(machine);
+    (Plan::new(&job), job)
+}
+
+/// The job `opts` describe for `config`, its knobs not yet placed on a
+/// machine.
+fn unplaced_job(opts: &TrainOptions, config: ModelConfig) -> PlanJob {
     // A bad LoRA option was refused before any plan (`preflight`).
     let lora = super::lora::lora_config(opts, &config).ok().flatten();
     let trained_params = lora
@@ -213,7 +220,7 @@ pub fn plan(opts: &TrainOptions, config: ModelConfig, machine: &Machine) -> (Pla
             .collect(),
         _ => Vec::new(),
     };
-    let job = PlanJob {
+    PlanJob {
         config,
         batch: opts.batch,
         seq_len: opts.seq_len,
@@ -244,9 +251,7 @@ pub fn plan(opts: &TrainOptions, config: ModelConfig, machine: &Machine) -> (Pla
         smaller_bases,
         frozen_stem: lora.is_some() && !opts.lora.train_embeddings,
         gpu_budget: opts.gpu_mem_gib.is_some(),
-    };
-    let job = job.placed(machine);
-    (Plan::new(&job), job)
+    }
 }
 
 /// The longest sequence, in whole thousands (1024) of tokens, whose plan
@@ -324,6 +329,165 @@ pub fn largest_lora_bases(
             (dtype, largest)
         })
         .collect()
+}
+
+/// A full fine-tune's store mode, as `--plan` and the README's table of big
+/// models compare them: the flags a user passes, and what they set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreMode {
+    /// The flags, as given to `train`.
+    pub flags: &'static str,
+    compute: Compute,
+    fused: bool,
+    optim_state: OptimState,
+}
+
+impl StoreMode {
+    const fn new(flags: &'static str, compute: Compute, fused: bool, eight_bit: bool) -> Self {
+        let optim_state = if eight_bit {
+            OptimState::EightBit
+        } else {
+            OptimState::Fp32
+        };
+        Self {
+            flags,
+            compute,
+            fused,
+            optim_state,
+        }
+    }
+
+    /// `opts` in this mode: the engine, the host layout left to the plan
+    /// (compact where the full one does not fit), one micro-batch when
+    /// fused (which applies each gradient as it arrives).
+    fn apply(&self, opts: &TrainOptions) -> TrainOptions {
+        let mut with = opts.clone();
+        with.compute = self.compute;
+        with.fused = self.fused;
+        with.optim_state = self.optim_state;
+        with.host_layout = HostLayout::Auto;
+        with.resident = false;
+        with.host_params = false;
+        if self.fused {
+            with.accum = 1;
+        }
+        with
+    }
+}
+
+/// The store modes of a full fine-tune, from the most host bytes a
+/// parameter to the fewest (16, 14, 12, 8 and 6 where the compact layout
+/// applies).
+pub const STORE_MODES: [StoreMode; 5] = [
+    StoreMode::new("--compute fp32", Compute::Fp32, false, false),
+    StoreMode::new("--compute bf16", Compute::Bf16, false, false),
+    StoreMode::new("--compute bf16 --fused", Compute::Bf16, true, false),
+    StoreMode::new(
+        "--compute bf16 --optim-state 8bit",
+        Compute::Bf16,
+        false,
+        true,
+    ),
+    StoreMode::new(
+        "--compute bf16 --fused --optim-state 8bit",
+        Compute::Bf16,
+        true,
+        true,
+    ),
+];
+
+/// The largest preset trained in full whose plan fits `machine`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LargestPreset {
+    /// The preset's name (`--model`).
+    pub name: &'static str,
+    /// Its parameters.
+    pub params: u64,
+    /// The store's host bytes a parameter, as the plan placed it.
+    pub bytes_per_param: u64,
+}
+
+/// For each [`STORE_MODES`] entry, the largest preset (by parameters) whose
+/// full fine-tune fits `machine` with `opts`' other settings (batch,
+/// sequence, GPU budget); `None` where not even the smallest fits. `gpu`
+/// says whether the device is a GPU (a CPU build's own plan counts none).
+pub fn largest_presets(
+    opts: &TrainOptions,
+    machine: &Machine,
+    gpu: bool,
+) -> Vec<(StoreMode, Option<LargestPreset>)> {
+    let mut presets: Vec<(&'static str, ModelConfig)> = models::PRESETS
+        .iter()
+        .filter(|name| !name.ends_with("tiny"))
+        .map(|&name| (name, ModelConfig::preset(name).expect("a preset")))
+        .collect();
+    presets.sort_by_key(|(_, config)| std::cmp::Reverse(config.num_params()));
+    STORE_MODES
+        .iter()
+        .map(|mode| {
+            let with = mode.apply(opts);
+            let largest = presets.iter().find_map(|(name, config)| {
+                let mut job = unplaced_job(&with, config.clone());
+                job.gpu = gpu;
+                job.cudnn &= gpu;
+                let job = job.placed(machine);
+                Plan::new(&job).check_quiet(machine).then(|| LargestPreset {
+                    name,
+                    params: config.num_params() as u64,
+                    bytes_per_param: job.store_bytes_per_param(),
+                })
+            });
+            (*mode, largest)
+        })
+        .collect()
+}
+
+/// The README's table of big models: for hosts of 64 GiB to 1 TiB beside
+/// an 80 GiB GPU (an H100), the largest preset each store mode fine-tunes
+/// in full, one 4,096-token sequence a step, as the planner counts it.
+pub fn big_models_table() -> String {
+    // Attention's scratch counted as the CubeCL kernels' (more than
+    // cuDNN's), so that the table is the same whether cuDNN is found or not.
+    let opts = TrainOptions {
+        batch: 1,
+        seq_len: 4096,
+        attention: AttentionKernels::Cubecl,
+        ..TrainOptions::default()
+    };
+    let mut table = String::from("| host RAM |");
+    for mode in STORE_MODES {
+        table.push_str(&format!(" `{}` |", mode.flags));
+    }
+    table.push_str("\n|---|");
+    table.push_str(&"---|".repeat(STORE_MODES.len()));
+    table.push('\n');
+    for gib in [64u64, 128, 256, 512, 1024] {
+        let machine = Machine {
+            host_bytes: gib << 30,
+            host_source: "the table's host".into(),
+            device_bytes: Some(80 << 30),
+            device_source: "the table's GPU".into(),
+        };
+        let host = if gib < 1024 {
+            format!("{gib} GiB")
+        } else {
+            "1 TiB".into()
+        };
+        table.push_str(&format!("| {host} |"));
+        for (_, largest) in largest_presets(&opts, &machine, true) {
+            match largest {
+                Some(p) => table.push_str(&format!(
+                    " {} ({:.1}B, {} B/param) |",
+                    p.name,
+                    p.params as f64 / 1e9,
+                    p.bytes_per_param
+                )),
+                None => table.push_str(" — |"),
+            }
+        }
+        table.push('\n');
+    }
+    table
 }
 
 /// Refuses, before anything is allocated, a job that does not fit the

@@ -14,7 +14,10 @@ mod state;
 
 pub use data::DataReadError;
 pub use job::JobError;
-pub use machine::{largest_lora_bases, longest_sequence, machine, plan, MachineError};
+pub use machine::{
+    big_models_table, largest_lora_bases, largest_presets, longest_sequence, machine, plan,
+    LargestPreset, MachineError, StoreMode, STORE_MODES,
+};
 pub use resume::{ResumeError, RunShape};
 pub use setup::{plan_table, preflight, run, Checked, SetupError, TrainError};
 pub use state::{BestEval, Evaluation, TrainReport, TrainerState};

@@ -563,6 +563,23 @@ pub fn plan_table(opts: &TrainOptions) -> Result<String, TrainError> {
         )),
         None => table.push_str("no sequence of 1024 tokens fits at batch 1\n"),
     }
+    if !opts.lora.enabled() {
+        table.push_str(
+            "largest preset trained in full on this machine with these settings, by store mode:\n",
+        );
+        for (mode, largest) in largest_presets(opts, &machine, job.gpu) {
+            let largest = match largest {
+                Some(p) => format!(
+                    "{} ({:.2}B parameters, {} B/param in the store)",
+                    p.name,
+                    p.params as f64 / 1e9,
+                    p.bytes_per_param
+                ),
+                None => "none".into(),
+            };
+            table.push_str(&format!("  {:<42} {largest}\n", mode.flags));
+        }
+    }
     let bases = largest_lora_bases(opts, &machine);
     if !bases.is_empty() {
         table.push_str("largest preset whose LoRA base fits these settings, by --base-dtype:\n");
