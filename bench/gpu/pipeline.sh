@@ -199,7 +199,19 @@ bench_rows() {
       echo "exit $?"; kill $poll 2>/dev/null
       sort -n $OUT/$name.gpumem | tail -1 > $OUT/$name.smi; rm -f $OUT/$name.gpumem
       cat $OUT/$name.torch.json; tail -2 $OUT/$name.err; pack ;;
-    *) echo "unknown system $sys (resident, pipelined, serial, torch-resident, torch-ckpt, torch-fsdp2, each with -bf16)"; exit 2 ;;
+    megatrain)
+      # MegaTrain's own engine (bench/peers/megatrain_llama.py, its package
+      # in .device/megatrain: bench/peers/megatrain_fetch.sh). Its model
+      # build takes minutes at 7B (about 240 s on the H200): LIMIT_ROW.
+      echo "== $name"
+      nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 > $OUT/$name.gpumem &
+      poll=$!
+      timeout ${LIMIT_ROW:-150} /usr/bin/time -v python3 bench/peers/megatrain_llama.py --config $cfg --batch $b --seq-len 1024 \
+        --steps ${BENCH_STEPS:-7} --warmup-steps 2 --lr 3e-4 --dtype $dtype > $OUT/$name.torch.json 2> $OUT/$name.err
+      echo "exit $?"; kill $poll 2>/dev/null
+      sort -n $OUT/$name.gpumem | tail -1 > $OUT/$name.smi; rm -f $OUT/$name.gpumem
+      cat $OUT/$name.torch.json; grep -E '^step' $OUT/$name.err | tail -3; pack ;;
+    *) echo "unknown system $sys (resident, pipelined, serial, compact, compact8, fused, torch-resident, torch-ckpt, torch-fsdp2, megatrain, each with -bf16)"; exit 2 ;;
     esac
     if [[ " ${BENCH_OLD:-} " == *" $sys-${b}k "* ]] && [ -x .device/bin-old/train ]; then
       # Builds before issue 7 have no --compute: fp32 rows only. The earlier

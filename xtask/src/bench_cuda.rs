@@ -95,7 +95,7 @@ pub fn run(command: Command) -> Result<()> {
 }
 
 /// Display order of the systems; the first six are the default selection.
-const SYSTEMS: [&str; 9] = [
+const SYSTEMS: [&str; 10] = [
     "resident",
     "pipelined",
     "serial",
@@ -105,6 +105,7 @@ const SYSTEMS: [&str; 9] = [
     "compact",
     "compact8",
     "fused",
+    "megatrain",
 ];
 
 /// `<base>[-bf16][-old]` → (base, bf16, earlier build).
@@ -196,7 +197,7 @@ struct Ratio {
 }
 
 fn ratios(rows: &[Row]) -> Vec<Ratio> {
-    const PAIRS: [(&str, &str, &str, Option<f64>); 15] = [
+    const PAIRS: [(&str, &str, &str, Option<f64>); 17] = [
         (
             "pipelined",
             "resident",
@@ -283,6 +284,19 @@ fn ratios(rows: &[Row]) -> Vec<Ratio> {
             "compact-bf16",
             "torch-fsdp2-bf16",
             "compact ÷ PyTorch FSDP2 offload bf16",
+            None,
+        ),
+        // Issue 54: the 7B against MegaTrain's own engine.
+        (
+            "compact-bf16",
+            "megatrain-bf16",
+            "compact ÷ MegaTrain's engine bf16",
+            Some(2.0),
+        ),
+        (
+            "pipelined-bf16",
+            "megatrain-bf16",
+            "bf16 ours ÷ MegaTrain's engine",
             None,
         ),
     ];

@@ -56,7 +56,9 @@ pub struct RunArgs {
     tokens: Vec<String>,
     /// Systems: resident, pipelined, serial, torch-resident, torch-ckpt,
     /// torch-fsdp2; `torch` names the three PyTorch peers; for models that
-    /// fill the host, compact, compact8 (8-bit Adam state) and fused.
+    /// fill the host, compact, compact8 (8-bit Adam state) and fused;
+    /// megatrain, MegaTrain's own engine (its package in .device/megatrain:
+    /// bench/peers/megatrain_fetch.sh).
     #[arg(
         long,
         alias = "system",
@@ -384,14 +386,24 @@ fn command_line(knobs: &[(String, String)], args: &[String]) -> String {
     parts.join(" ")
 }
 
+/// The repository root, where pipeline.sh and the build run: the current
+/// folder where it is one (an xtask binary carried to a GPU machine runs
+/// from a copy of the tree elsewhere), else the one xtask was built in.
+fn repository_root() -> Result<PathBuf> {
+    let here = std::env::current_dir().context("cannot read the current folder")?;
+    if here.join("bench/gpu/pipeline.sh").is_file() {
+        return Ok(here);
+    }
+    Ok(Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .context("xtask has no parent folder")?
+        .to_path_buf())
+}
+
 pub fn run(args: &RunArgs) -> Result<()> {
     // Names first: a typo must not cost a build.
     let asked = Selection::parse(args)?;
-    // The repository root: pipeline.sh and the build run from there.
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .context("xtask has no parent folder")?
-        .to_path_buf();
+    let root = repository_root()?;
     let out = match &args.out {
         Some(out) => std::env::current_dir()?.join(out),
         None => default_out(&root),
