@@ -202,11 +202,12 @@ bench_rows() {
     megatrain)
       # MegaTrain's own engine (bench/peers/megatrain_llama.py, its package
       # in .device/megatrain: bench/peers/megatrain_fetch.sh). Its model
-      # build takes minutes at 7B (about 240 s on the H200): LIMIT_ROW.
+      # build takes minutes at 7B (240-330 s on the H200, run50 calls 4-5),
+      # so its limit is LIMIT_PEER (default 900 s), not LIMIT_ROW.
       echo "== $name"
       nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 > $OUT/$name.gpumem &
       poll=$!
-      timeout ${LIMIT_ROW:-150} /usr/bin/time -v python3 bench/peers/megatrain_llama.py --config $cfg --batch $b --seq-len 1024 \
+      timeout ${LIMIT_PEER:-900} /usr/bin/time -v python3 bench/peers/megatrain_llama.py --config $cfg --batch $b --seq-len 1024 \
         --steps ${BENCH_STEPS:-7} --warmup-steps 2 --lr 3e-4 --dtype $dtype > $OUT/$name.torch.json 2> $OUT/$name.err
       echo "exit $?"; kill $poll 2>/dev/null
       sort -n $OUT/$name.gpumem | tail -1 > $OUT/$name.smi; rm -f $OUT/$name.gpumem

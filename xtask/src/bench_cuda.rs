@@ -34,7 +34,7 @@ pub enum Command {
     /// On this machine's GPU: build train, run the rows, write the report.
     ///
     /// The rows run through bench/gpu/pipeline.sh, whose knobs in the
-    /// environment apply (LIMIT_ROW, BENCH_STEPS, RESIDENT_BATCH, MATMUL,
+    /// environment apply (LIMIT_ROW, LIMIT_PEER, BENCH_STEPS, RESIDENT_BATCH, MATMUL,
     /// TAG, ARGS, ...); the report's command line quotes the ones set.
     Run(local::RunArgs),
     /// Build and pack the CUDA binaries for a remote GPU machine; print the

@@ -29,8 +29,9 @@ const SHAPES: [(&str, &[&str]); 3] = [
 
 /// pipeline.sh's knobs that `run` passes through from the environment; they
 /// change the rows, so the report's command line quotes them.
-const PIPELINE_KNOBS: [&str; 11] = [
+const PIPELINE_KNOBS: [&str; 12] = [
     "LIMIT_ROW",
+    "LIMIT_PEER",
     "BENCH_STEPS",
     "RESIDENT_BATCH",
     "MATMUL",
