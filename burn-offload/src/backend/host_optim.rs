@@ -527,12 +527,16 @@ impl<B: Backend, T: Transfer> SimpleOptimizer<OffloadWith<B, T>> for HostOptimiz
                 // burn-optim's factor, `threshold / ‖g‖` where that is below
                 // one (its `+ f32::MIN_POSITIVE` vanishes beside any norm
                 // that clips).
-                let clip = clip_on_host.map(f64::from);
-                let (_, scale) = clip_scale(sum_of_squares(grads).sqrt(), clip);
+                // The norm only where clipping is left to this thread: it
+                // is a whole pass over the gradient.
+                let scale = clip_on_host.map_or(1.0, |threshold| {
+                    let norm = sum_of_squares(grads).sqrt();
+                    clip_scale(norm, Some(f64::from(threshold))).1 as f32
+                });
                 config.update(
                     time as u64,
                     lr,
-                    scale as f32,
+                    scale,
                     UpdateSlices {
                         params: params.values(),
                         moments: MomentSlices::F32 {
