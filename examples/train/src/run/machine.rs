@@ -290,6 +290,19 @@ pub fn longest_sequence(job: &PlanJob, machine: &Machine) -> Option<usize> {
     Some(lo * 1024)
 }
 
+/// The presets of real models (not the `*-tiny` test ones), the most
+/// parameters first: the order in which the planner looks for the largest
+/// that fits.
+fn presets_largest_first() -> Vec<(&'static str, ModelConfig)> {
+    let mut presets: Vec<(&'static str, ModelConfig)> = models::PRESETS
+        .iter()
+        .filter(|name| !name.ends_with("tiny"))
+        .map(|&name| (name, ModelConfig::preset(name).expect("a preset")))
+        .collect();
+    presets.sort_by_key(|(_, config)| std::cmp::Reverse(config.num_params()));
+    presets
+}
+
 /// For a LoRA job: under each base format, the largest Llama-family preset
 /// whose plan fits `machine` with the job's other settings (batch, sequence,
 /// targets, GPU budget), with the base's host bytes per parameter; `None`
@@ -299,14 +312,11 @@ pub fn largest_lora_bases(
     opts: &TrainOptions,
     machine: &Machine,
 ) -> Vec<(FrozenDtype, Option<(&'static str, f64)>)> {
-    let mut presets: Vec<(&'static str, ModelConfig)> = models::PRESETS
-        .iter()
-        .filter(|name| !name.ends_with("tiny"))
-        .map(|&name| (name, ModelConfig::preset(name).expect("a preset")))
+    let presets: Vec<(&'static str, ModelConfig)> = presets_largest_first()
+        .into_iter()
         .filter(|(_, config)| matches!(config, ModelConfig::Llama(_)))
         .filter(|(_, config)| matches!(super::lora::lora_config(opts, config), Ok(Some(_))))
         .collect();
-    presets.sort_by_key(|(_, config)| std::cmp::Reverse(config.num_params()));
     if presets.is_empty() {
         return Vec::new();
     }
@@ -416,12 +426,7 @@ pub fn largest_presets(
     machine: &Machine,
     gpu: bool,
 ) -> Vec<(StoreMode, Option<LargestPreset>)> {
-    let mut presets: Vec<(&'static str, ModelConfig)> = models::PRESETS
-        .iter()
-        .filter(|name| !name.ends_with("tiny"))
-        .map(|&name| (name, ModelConfig::preset(name).expect("a preset")))
-        .collect();
-    presets.sort_by_key(|(_, config)| std::cmp::Reverse(config.num_params()));
+    let presets = presets_largest_first();
     STORE_MODES
         .iter()
         .map(|mode| {
