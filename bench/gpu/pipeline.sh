@@ -145,6 +145,19 @@ engine_rows() {
   done
 }
 
+# A peer's row (a Python script printing one JSON summary): peer_row NAME
+# LIMIT SCRIPT ARGS...; the GPU's memory polled with nvidia-smi throughout.
+peer_row() {
+  local name=$1 limit=$2; shift 2
+  echo "== $name"
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 > $OUT/$name.gpumem &
+  local poll=$!
+  timeout $limit python3 "$@" > $OUT/$name.torch.json 2> $OUT/$name.err
+  echo "exit $?"; kill $poll 2>/dev/null
+  sort -n $OUT/$name.gpumem | tail -1 > $OUT/$name.smi; rm -f $OUT/$name.gpumem
+  cat $OUT/$name.torch.json; tail -2 $OUT/$name.err; pack
+}
+
 bench_rows() {
   local shape=$1 tokens=$2 systems=$3 cfg
   echo '{"arch":"llama","vocab_size":32000,"d_model":3072,"n_layer":28,"n_head":24,"n_kv_head":8,"d_ff":8192,"max_seq_len":2048}' > /tmp/llama-3b.json
@@ -192,26 +205,14 @@ bench_rows() {
     fused) engine_rows $name $S --fused --host-layout full ;;
     torch-*)
       mode=${base#torch-}; mode=${mode/ckpt/resident-ckpt}; mode=${mode/fsdp2/fsdp2-offload}
-      echo "== $name"
-      nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 > $OUT/$name.gpumem &
-      poll=$!
-      timeout ${LIMIT_ROW:-150} python3 bench/peers/torch_llama.py --config $cfg --mode $mode --dtype $dtype --batch $b --seq-len 1024 --steps ${BENCH_STEPS:-7} > $OUT/$name.torch.json 2> $OUT/$name.err
-      echo "exit $?"; kill $poll 2>/dev/null
-      sort -n $OUT/$name.gpumem | tail -1 > $OUT/$name.smi; rm -f $OUT/$name.gpumem
-      cat $OUT/$name.torch.json; tail -2 $OUT/$name.err; pack ;;
+      peer_row $name ${LIMIT_ROW:-150} bench/peers/torch_llama.py --config $cfg --mode $mode --dtype $dtype --batch $b --seq-len 1024 --steps ${BENCH_STEPS:-7} ;;
     megatrain)
       # MegaTrain's own engine (bench/peers/megatrain_llama.py, its package
       # in .device/megatrain: bench/peers/megatrain_fetch.sh). Its model
       # build takes minutes at 7B (240-330 s on the H200, run50 calls 4-5),
       # so its limit is LIMIT_PEER (default 900 s), not LIMIT_ROW.
-      echo "== $name"
-      nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 > $OUT/$name.gpumem &
-      poll=$!
-      timeout ${LIMIT_PEER:-900} /usr/bin/time -v python3 bench/peers/megatrain_llama.py --config $cfg --batch $b --seq-len 1024 \
-        --steps ${BENCH_STEPS:-7} --warmup-steps 2 --lr 3e-4 --dtype $dtype > $OUT/$name.torch.json 2> $OUT/$name.err
-      echo "exit $?"; kill $poll 2>/dev/null
-      sort -n $OUT/$name.gpumem | tail -1 > $OUT/$name.smi; rm -f $OUT/$name.gpumem
-      cat $OUT/$name.torch.json; grep -E '^step' $OUT/$name.err | tail -3; pack ;;
+      peer_row $name ${LIMIT_PEER:-900} bench/peers/megatrain_llama.py --config $cfg --batch $b --seq-len 1024 \
+        --steps ${BENCH_STEPS:-7} --warmup-steps 2 --lr 3e-4 --dtype $dtype ;;
     *) echo "unknown system $sys (resident, pipelined, serial, compact, compact8, fused, torch-resident, torch-ckpt, torch-fsdp2, megatrain, each with -bf16)"; exit 2 ;;
     esac
     if [[ " ${BENCH_OLD:-} " == *" $sys-${b}k "* ]] && [ -x .device/bin-old/train ]; then
